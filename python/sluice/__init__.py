@@ -1,0 +1,1 @@
+"""Pieces shared by the engine core, the workers and the CLI: config, errors, seam types."""

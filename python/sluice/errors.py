@@ -1,0 +1,25 @@
+"""Typed errors raised at Sluice's boundaries, before any work is scheduled."""
+
+
+class SluiceError(Exception):
+    """Base class of every error Sluice raises on purpose."""
+
+
+class InvalidRequestError(SluiceError, ValueError):
+    """A request or one of its parameters is out of range; `param` names the culprit."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFoundError(SluiceError, FileNotFoundError):
+    """The model folder does not exist or lacks config.json / safetensors."""
+
+
+class UnsupportedArchitectureError(SluiceError, ValueError):
+    """The model's architecture is not one Sluice implements."""
+
+
+class KVCacheTooSmallError(SluiceError, ValueError):
+    """The KV cache memory budget cannot hold a single request of max_model_len."""

@@ -1,0 +1,55 @@
+"""What the engine core needs to know about a model folder, read from its config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.errors import ModelNotFoundError, UnsupportedArchitectureError
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    path: Path
+    architecture: str
+    hf_config: dict[str, Any]
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+
+
+def read_model_spec(path: str | Path) -> ModelSpec:
+    """Check that `path` is a loadable model folder and summarise it."""
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"model folder {str(folder)!r} does not exist")
+    if not config_file.is_file():
+        raise ModelNotFoundError(f"model folder {str(folder)!r} has no config.json")
+    if not any(folder.glob("*.safetensors")):
+        raise ModelNotFoundError(f"model folder {str(folder)!r} has no *.safetensors weights")
+    hf_config = json.loads(config_file.read_text())
+    architectures = hf_config.get("architectures") or []
+    supported = [a for a in architectures if a in SUPPORTED_ARCHITECTURES]
+    if not supported:
+        raise UnsupportedArchitectureError(
+            f"architecture {architectures or '(none)'} in {str(folder)!r} is not supported; "
+            f"Sluice runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    eos = hf_config.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return ModelSpec(
+        path=folder,
+        architecture=supported[0],
+        hf_config=hf_config,
+        max_position_embeddings=int(hf_config.get("max_position_embeddings", 2048)),
+        eos_token_ids=eos_ids,
+    )

@@ -1,0 +1,66 @@
+"""Per-request sampling parameters, validated once at the boundary."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sluice.errors import InvalidRequestError
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # -1 (or 0) disables top-k, as in vLLM.
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    # None: no logprobs. N >= 0: the sampled token's logprob plus the top N.
+    logprobs: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first parameter out of range."""
+        checks: list[tuple[bool, str, str]] = [
+            (self.n >= 1, "n", f"n must be at least 1, got {self.n}"),
+            (self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.temperature >= 0.0, "temperature", f"temperature must be non-negative, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= -1, "top_k", f"top_k must be -1 (disabled) or at least 0, got {self.top_k}"),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0.0, "repetition_penalty",
+             f"repetition_penalty must be positive, got {self.repetition_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"logprobs must be non-negative, got {self.logprobs}"),
+            (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
+            (self.min_tokens <= self.max_tokens, "min_tokens",
+             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
+        ]
+        for ok, param, message in checks:
+            if not ok:
+                raise InvalidRequestError(message, param=param)
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-friendly dict (logit_bias keys become strings only on JSON seams, not here)."""
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> SamplingParams:
+        return cls(**data)

@@ -1,0 +1,1 @@
+"""The worker: model loading, the persistent batch, attention, the forward pass, sampling."""

@@ -1,0 +1,47 @@
+"""A slow, obviously correct attention backend: the oracle that the real backends are tested against.
+
+It gathers each sequence's whole KV out of the paged cache, which is exactly
+what the real backends must not do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.attention.backend import AttentionMetadata
+
+
+class ReferenceAttentionBackend:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+        flat_k = key_cache.view(-1, num_kv_heads, head_dim)
+        flat_v = value_cache.view(-1, num_kv_heads, head_dim)
+        flat_k[metadata.slot_mapping] = key.to(key_cache.dtype)
+        flat_v[metadata.slot_mapping] = value.to(value_cache.dtype)
+        num_heads = query.shape[1]
+        group = num_heads // num_kv_heads
+        out = torch.empty_like(query)
+        starts = metadata.query_start_loc.tolist()
+        for i in range(metadata.num_seqs):
+            q = query[starts[i] : starts[i + 1]].float()
+            q_len = q.shape[0]
+            seq_len = int(metadata.seq_lens[i])
+            blocks = metadata.block_table[i, : (seq_len + block_size - 1) // block_size].long()
+            slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:seq_len]
+            k = flat_k[slots].float().repeat_interleave(group, dim=1)
+            v = flat_v[slots].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+            k_pos = torch.arange(seq_len)[None, :]
+            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+            out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+        return out

@@ -22,7 +22,7 @@ class ReferenceAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+        _, block_size, num_kv_heads, head_dim = key_cache.shape
         flat_k = key_cache.view(-1, num_kv_heads, head_dim)
         flat_v = value_cache.view(-1, num_kv_heads, head_dim)
         flat_k[metadata.slot_mapping] = key.to(key_cache.dtype)

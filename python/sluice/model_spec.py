@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.errors import ModelNotFoundError, UnsupportedArchitectureError
+from sluice.errors import InvalidRequestError, ModelNotFoundError, UnsupportedArchitectureError
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -53,3 +53,16 @@ def read_model_spec(path: str | Path) -> ModelSpec:
         max_position_embeddings=int(hf_config.get("max_position_embeddings", 2048)),
         eos_token_ids=eos_ids,
     )
+
+
+def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
+    """The context length to serve: the model's own unless a smaller one is asked for."""
+    if requested is None:
+        return spec.max_position_embeddings
+    if not 0 < requested <= spec.max_position_embeddings:
+        raise InvalidRequestError(
+            f"max_model_len {requested} must be in [1, {spec.max_position_embeddings}], "
+            "the model's max_position_embeddings",
+            param="max_model_len",
+        )
+    return requested

@@ -37,21 +37,40 @@ class SamplingParams:
         checks: list[tuple[bool, str, str]] = [
             (self.n >= 1, "n", f"n must be at least 1, got {self.n}"),
             (self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
-            (self.temperature >= 0.0, "temperature", f"temperature must be non-negative, got {self.temperature}"),
+            (
+                self.temperature >= 0.0,
+                "temperature",
+                f"temperature must be non-negative, got {self.temperature}",
+            ),
             (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= -1, "top_k", f"top_k must be -1 (disabled) or at least 0, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0.0, "repetition_penalty",
-             f"repetition_penalty must be positive, got {self.repetition_penalty}"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.logprobs is None or self.logprobs >= 0, "logprobs",
-             f"logprobs must be non-negative, got {self.logprobs}"),
+            (
+                self.repetition_penalty > 0.0,
+                "repetition_penalty",
+                f"repetition_penalty must be positive, got {self.repetition_penalty}",
+            ),
+            (
+                -2.0 <= self.presence_penalty <= 2.0,
+                "presence_penalty",
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
+            (
+                -2.0 <= self.frequency_penalty <= 2.0,
+                "frequency_penalty",
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
+            (
+                self.logprobs is None or self.logprobs >= 0,
+                "logprobs",
+                f"logprobs must be non-negative, got {self.logprobs}",
+            ),
             (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
-            (self.min_tokens <= self.max_tokens, "min_tokens",
-             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
+            (
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:

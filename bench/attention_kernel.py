@@ -1,0 +1,108 @@
+"""Times the CPU paged-attention kernel on SmolLM2-135M's shapes against the reference and SDPA.
+
+Run: .venv/bin/python bench/attention_kernel.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from reference_attention import ReferenceAttentionBackend
+from worker.attention.backend import AttentionMetadata
+from worker.native_ops import load_native_ops
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 9, 3, 64, 16, torch.bfloat16
+SCALE = HEAD_DIM**-0.5
+
+
+def batch(num_seqs: int, context: int, q_len: int) -> tuple[torch.Tensor, ...]:
+    blocks_per_seq = (context + BLOCK_SIZE - 1) // BLOCK_SIZE
+    num_blocks = num_seqs * blocks_per_seq
+    block_table = torch.randperm(num_blocks, dtype=torch.int32).view(num_seqs, blocks_per_seq)
+    shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    key_cache, value_cache = torch.randn(shape).to(DTYPE), torch.randn(shape).to(DTYPE)
+    query = torch.randn(num_seqs * q_len, HEADS, HEAD_DIM).to(DTYPE)
+    key = torch.randn(num_seqs * q_len, KV_HEADS, HEAD_DIM).to(DTYPE)
+    value = torch.randn(num_seqs * q_len, KV_HEADS, HEAD_DIM).to(DTYPE)
+    query_start_loc = torch.arange(0, num_seqs * q_len + 1, q_len, dtype=torch.int32)
+    seq_lens = torch.full((num_seqs,), context, dtype=torch.int32)
+    positions = torch.arange(context - q_len, context)
+    slots = (block_table.long()[:, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE).flatten()
+    return query, key, value, key_cache, value_cache, block_table, query_start_loc, seq_lens, slots
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int) -> None:
+    ops = load_native_ops()
+    query, key, value, key_cache, value_cache, block_table, qsl, seq_lens, slots = batch(
+        num_seqs, context, q_len
+    )
+    out = torch.empty_like(query)
+    ops.write_kv_cache(key, value, key_cache, value_cache, slots)
+    kernel = median_ms(
+        lambda: ops.paged_attention(out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE),
+        repeats,
+    )
+    write = median_ms(lambda: ops.write_kv_cache(key, value, key_cache, value_cache, slots), repeats)
+    metadata = AttentionMetadata(
+        num_tokens=query.shape[0],
+        num_seqs=num_seqs,
+        slot_mapping=slots,
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_table=block_table,
+        max_query_len=q_len,
+        max_seq_len=context,
+    )
+    reference_backend = ReferenceAttentionBackend()
+    reference = median_ms(
+        lambda: reference_backend.forward(query, key, value, key_cache, value_cache, metadata, SCALE),
+        max(3, repeats // 10),
+    )
+    line = (
+        f"{name:<34} kernel {kernel:8.3f} ms   cache write {write:6.3f} ms   "
+        f"reference {reference:8.2f} ms ({reference / kernel:5.1f}x)"
+    )
+    if q_len == context and q_len > 1:
+        q = query.view(num_seqs, q_len, HEADS, HEAD_DIM).transpose(1, 2)
+        k = key.view(num_seqs, q_len, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        v = value.view(num_seqs, q_len, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        sdpa = median_ms(
+            lambda: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=SCALE, enable_gqa=True
+            ),
+            repeats,
+        )
+        line += f"   sdpa (fresh k/v, batched) {sdpa:8.3f} ms"
+    print(line, flush=True)
+
+
+def main() -> None:
+    print(
+        f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}"
+    )
+    report("decode 64 seqs x 256 context", 64, 256, 1, 50)
+    report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20)
+    report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5)
+    report("decode 1 seq x 160 context", 1, 160, 1, 200)
+
+
+if __name__ == "__main__":
+    main()

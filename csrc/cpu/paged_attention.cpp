@@ -1,0 +1,389 @@
+// Causal paged attention on CPU. One work item is (sequence, kv head, tile of query tokens); its
+// rows are every query head of the kv head's group for every token of the tile, so each K/V row
+// fetched through the block table serves the whole group. Keys go 16 at a time: K is widened to
+// float and transposed so that scores come out as one 16-lane vector per row, then an online
+// softmax rescales the float accumulators.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "bf16_dot.h"
+#include "ops.h"
+#include "vec16.h"
+
+namespace sluice::cpu {
+namespace {
+
+constexpr int kChunk = 16;
+constexpr int kQkRows = 12;
+constexpr int kPvRows = 6;
+constexpr int kPvVecs = 4;
+// Rows (query tokens x group heads) per work item: enough to amortise widening K, few enough that
+// the float query and accumulator tiles stay near L1.
+constexpr int kTileRows = 48;
+// Below this much work (rows x keys) waking the thread pool costs more than it saves.
+constexpr int64_t kSerialWork = 4096;
+
+struct Problem {
+  const void* query;
+  int64_t q_tok, q_head;
+  void* out;
+  int64_t o_tok, o_head;
+  const void* k_cache;
+  const void* v_cache;
+  int64_t slot_stride;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int block_size, head_dim, group;
+  float scale_log2;
+};
+
+struct Tile {
+  int32_t seq, kv_head, q_row, t0, t1, prefix;
+  int64_t cost;
+};
+
+struct Scratch {
+  std::vector<float> q, acc, kt, scores, lsum, mrow, alpha, probs;
+
+  void reserve(int rows, int dim) {
+    auto grow = [](std::vector<float>& v, size_t n) {
+      if (v.size() < n) v.resize(n);
+    };
+    grow(q, size_t(rows) * dim);
+    grow(acc, size_t(rows) * dim);
+    grow(kt, size_t(dim) * kChunk);
+    grow(scores, size_t(rows) * kChunk);
+    grow(lsum, size_t(rows) * kChunk);
+    grow(mrow, rows);
+    grow(alpha, rows);
+    grow(probs, size_t(rows) * kChunk / 2);
+  }
+};
+
+// s[r] = q[r] . K for R rows, where kt holds the chunk's keys transposed: kt[d * 16 + key].
+template <int R>
+void qk_rows(const float* q, int dim, const float* kt, float* s) {
+  v16 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = v16{};
+  for (int d = 0; d < dim; ++d) {
+    const v16 k = load(kt + d * kChunk);
+    for (int r = 0; r < R; ++r) acc[r] += q[r * dim + d] * k;
+  }
+  for (int r = 0; r < R; ++r) store(s + r * kChunk, acc[r]);
+}
+
+template <int... I>
+constexpr auto make_qk_table(std::integer_sequence<int, I...>) {
+  return std::array<void (*)(const float*, int, const float*, float*), sizeof...(I)>{&qk_rows<I + 1>...};
+}
+constexpr auto kQkTable = make_qk_table(std::make_integer_sequence<int, kQkRows>{});
+
+void qk(const float* q, int dim, const float* kt, int rows, float* s) {
+  int r = 0;
+  for (; r + kQkRows <= rows; r += kQkRows) qk_rows<kQkRows>(q + r * dim, dim, kt, s + r * kChunk);
+  if (r < rows) kQkTable[rows - r - 1](q + r * dim, dim, kt, s + r * kChunk);
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_i p[r][i] * v[i] over Z vectors of dims starting at `off`.
+template <typename C, int R, int Z>
+void pv_rows(float* acc, int dim, const float* p, const float* alpha, const C* const* v, int nk, int off) {
+  v16 a[R][Z];
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < Z; ++z) a[r][z] = load(acc + r * dim + off + z * 16) * alpha[r];
+  for (int i = 0; i < nk; ++i) {
+    v16 vv[Z];
+    for (int z = 0; z < Z; ++z) vv[z] = load(v[i] + off + z * 16);
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * kChunk + i];
+      for (int z = 0; z < Z; ++z) a[r][z] += w * vv[z];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < Z; ++z) store(acc + r * dim + off + z * 16, a[r][z]);
+}
+
+template <typename C, int R>
+void pv_row_group(float* acc, int dim, const float* p, const float* alpha, const C* const* v, int nk) {
+  int off = 0;
+  for (; off + kPvVecs * 16 <= dim; off += kPvVecs * 16) pv_rows<C, R, kPvVecs>(acc, dim, p, alpha, v, nk, off);
+  switch ((dim - off) / 16) {
+    case 1: pv_rows<C, R, 1>(acc, dim, p, alpha, v, nk, off); break;
+    case 2: pv_rows<C, R, 2>(acc, dim, p, alpha, v, nk, off); break;
+    case 3: pv_rows<C, R, 3>(acc, dim, p, alpha, v, nk, off); break;
+    default: break;
+  }
+}
+
+template <typename C, int... I>
+constexpr auto make_pv_table(std::integer_sequence<int, I...>) {
+  using Fn = void (*)(float*, int, const float*, const float*, const C* const*, int);
+  return std::array<Fn, sizeof...(I)>{&pv_row_group<C, I + 1>...};
+}
+
+template <typename C>
+void pv(float* acc, int dim, const float* p, const float* alpha, const C* const* v, int nk, int rows) {
+  static constexpr auto table = make_pv_table<C>(std::make_integer_sequence<int, kPvRows>{});
+  int r = 0;
+  for (; r + kPvRows <= rows; r += kPvRows)
+    pv_row_group<C, kPvRows>(acc + r * dim, dim, p + r * kChunk, alpha + r, v, nk);
+  if (r < rows) table[rows - r - 1](acc + r * dim, dim, p + r * kChunk, alpha + r, v, nk);
+}
+
+template <typename T>
+void store_row(T* dst, const float* src, float mul, int dim) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int d = 0; d < dim; d += 16) store(dst + d, load(src + d) * mul);
+  } else {
+    for (int d = 0; d < dim; ++d) dst[d] = static_cast<T>(src[d] * mul);
+  }
+}
+
+template <typename Q, typename C, bool Dot>
+void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
+  const int dim = p.head_dim, group = p.group;
+  const int rows = (w.t1 - w.t0) * group;
+  s.reserve(rows, dim);
+  float* qs = s.q.data();
+  float* acc = s.acc.data();
+  float* kt = s.kt.data();
+  float* sc = s.scores.data();
+  float* lsum = s.lsum.data();
+  float* mrow = s.mrow.data();
+  float* alpha = s.alpha.data();
+
+  for (int m = 0; m < rows; ++m) {
+    const int t = w.t0 + m / group, h = w.kv_head * group + m % group;
+    const Q* src = static_cast<const Q*>(p.query) + (w.q_row + t) * p.q_tok + h * p.q_head;
+    if constexpr (Dot) {
+      std::memcpy(reinterpret_cast<uint16_t*>(qs) + m * dim, src, dim * sizeof(uint16_t));
+    }
+    for (int d = 0; d < dim; d += 16) {
+      if constexpr (!Dot) store(qs + m * dim + d, load(src + d) * p.scale_log2);
+      store(acc + m * dim + d, v16{});
+    }
+    store(lsum + m * kChunk, v16{});
+    mrow[m] = -std::numeric_limits<float>::infinity();
+  }
+
+  const int n_keys = w.prefix + w.t1;
+  const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
+  const C* k_base = static_cast<const C*>(p.k_cache) + int64_t(w.kv_head) * dim;
+  const C* v_base = static_cast<const C*>(p.v_cache) + int64_t(w.kv_head) * dim;
+  // Row pointers for this chunk and the next: the next chunk's rows are prefetched while this one
+  // is computed, since blocks are scattered and the hardware prefetcher cannot follow the table.
+  const C* rows_buf[2][2][kChunk];
+  int block = 0, offset = 0;
+  auto locate = [&](const C** k_rows, const C** v_rows, int count) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t slot = int64_t(blocks[block]) * p.block_size + offset;
+      k_rows[i] = k_base + slot * p.slot_stride;
+      v_rows[i] = v_base + slot * p.slot_stride;
+      if (++offset == p.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+  };
+  const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
+  const int row_bytes = dim * int(sizeof(C));
+  locate(rows_buf[0][0], rows_buf[0][1], std::min(kChunk, n_keys));
+
+  for (int k0 = 0, buf = 0; k0 < n_keys; k0 += kChunk, buf ^= 1) {
+    const int nk = std::min(kChunk, n_keys - k0);
+    const C* const* k_rows = rows_buf[buf][0];
+    const C* const* v_rows = rows_buf[buf][1];
+    const int next = std::min(kChunk, n_keys - k0 - kChunk);
+    if (next > 0) {
+      locate(rows_buf[buf ^ 1][0], rows_buf[buf ^ 1][1], next);
+      for (int i = 0; i < next; ++i) {
+        for (int b = 0; b < row_bytes; b += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(rows_buf[buf ^ 1][0][i]) + b);
+          __builtin_prefetch(reinterpret_cast<const char*>(rows_buf[buf ^ 1][1][i]) + b);
+        }
+      }
+    }
+    // Rows of tokens before k0 see none of this chunk; rows are in token order, so skip a prefix.
+    const int m0 = std::max(0, k0 - w.prefix - w.t0) * group;
+    const uint16_t* k_bits[kChunk];
+    const uint16_t* v_bits[kChunk];
+    if constexpr (Dot) {
+      for (int i = 0; i < kChunk; ++i) {
+        k_bits[i] = i < nk ? reinterpret_cast<const uint16_t*>(k_rows[i]) : bf16dot::kZeroRow;
+        v_bits[i] = i < nk ? reinterpret_cast<const uint16_t*>(v_rows[i]) : bf16dot::kZeroRow;
+      }
+      auto* kp = reinterpret_cast<uint32_t*>(kt);
+      bf16dot::pack_keys(k_bits, dim, kp);
+      bf16dot::qk(reinterpret_cast<const uint32_t*>(qs) + m0 * dim / 2, dim, kp, rows - m0, sc + m0 * kChunk);
+    } else {
+      for (int d0 = 0; d0 < dim; d0 += 16) {
+        v16 r[kChunk];
+        for (int i = 0; i < kChunk; ++i) r[i] = i < nk ? load(k_rows[i] + d0) : v16{};
+        transpose16(r);
+        for (int j = 0; j < kChunk; ++j) store(kt + (d0 + j) * kChunk, r[j]);
+      }
+      qk(qs + m0 * dim, dim, kt, rows - m0, sc + m0 * kChunk);
+    }
+    for (int m = m0; m < rows; ++m) {
+      v16 x = load(sc + m * kChunk);
+      if constexpr (Dot) x = x * p.scale_log2;
+      const int visible = std::min(nk, w.prefix + w.t0 + m / group - k0 + 1);
+      if (visible < kChunk) x = lane < visible ? x : neg_inf;
+      const float old = mrow[m];
+      const float top = std::max(old, hmax(x));
+      const float a = top > old ? std::exp2(old - top) : 1.0f;
+      const v16 e = exp2(x - top);
+      mrow[m] = top;
+      alpha[m] = a;
+      if constexpr (Dot) {
+        bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(s.probs.data()) + m * kChunk / 2);
+      } else {
+        store(sc + m * kChunk, e);
+      }
+      store(lsum + m * kChunk, load(lsum + m * kChunk) * a + e);
+    }
+    if constexpr (Dot) {
+      bf16dot::pv(acc + m0 * dim, dim, reinterpret_cast<const uint32_t*>(s.probs.data()) + m0 * kChunk / 2,
+                  alpha + m0, v_bits, nk, rows - m0);
+    } else {
+      pv<C>(acc + m0 * dim, dim, sc + m0 * kChunk, alpha + m0, v_rows, nk, rows - m0);
+    }
+  }
+
+  for (int m = 0; m < rows; ++m) {
+    const int t = w.t0 + m / group, h = w.kv_head * group + m % group;
+    Q* dst = static_cast<Q*>(p.out) + (w.q_row + t) * p.o_tok + h * p.o_head;
+    store_row(dst, acc + m * dim, 1.0f / hsum(load(lsum + m * kChunk)), dim);
+  }
+}
+
+using TileFn = void (*)(const Problem&, const Tile&, Scratch&);
+
+#ifdef SLUICE_BF16_DOT
+constexpr bool kHasBf16Dot = true;
+#else
+constexpr bool kHasBf16Dot = false;
+#endif
+
+template <typename Q>
+TileFn pick_for_cache(at::ScalarType cache, int dim) {
+  switch (cache) {
+    case at::kFloat: return &attend_tile<Q, float, false>;
+    case at::kBFloat16:
+      if constexpr (kHasBf16Dot && std::is_same_v<Q, c10::BFloat16>) {
+        if (dim % 32 == 0 && dim <= 1024) return &attend_tile<Q, c10::BFloat16, true>;
+      }
+      return &attend_tile<Q, c10::BFloat16, false>;
+    case at::kHalf: return &attend_tile<Q, c10::Half, false>;
+    default: TORCH_CHECK(false, "paged_attention: unsupported cache dtype ", cache);
+  }
+}
+
+TileFn pick_tile_fn(at::ScalarType query, at::ScalarType cache, int dim) {
+  switch (query) {
+    case at::kFloat: return pick_for_cache<float>(cache, dim);
+    case at::kBFloat16: return pick_for_cache<c10::BFloat16>(cache, dim);
+    case at::kHalf: return pick_for_cache<c10::Half>(cache, dim);
+    default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", query);
+  }
+}
+
+// Splits every sequence into work items, costliest first so that dynamic hand-out ends balanced.
+int64_t plan_tiles(std::vector<Tile>& tiles, const int32_t* qsl, const int32_t* seq_lens, int num_seqs,
+                   int num_kv_heads, int group) {
+  tiles.clear();
+  const int tile_tokens = std::max(1, kTileRows / group);
+  int64_t total = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int q_len = qsl[s + 1] - qsl[s];
+    if (q_len <= 0) continue;
+    const int prefix = seq_lens[s] - q_len;
+    TORCH_CHECK(prefix >= 0, "paged_attention: sequence ", s, " has more query tokens than context");
+    for (int t0 = 0; t0 < q_len; t0 += tile_tokens) {
+      const int t1 = std::min(q_len, t0 + tile_tokens);
+      // Widening and transposing K costs about as much as eight rows of dot products.
+      const int64_t cost = int64_t(prefix + t1) * ((t1 - t0) * group + 8);
+      for (int g = 0; g < num_kv_heads; ++g) tiles.push_back({s, g, qsl[s], t0, t1, prefix, cost});
+      total += cost * num_kv_heads;
+    }
+  }
+  std::sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
+  return total;
+}
+
+}  // namespace
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_table,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_dim]");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.scalar_type() == query.scalar_type(),
+              "out must match query's shape and dtype");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
+              "key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim]");
+  const int num_heads = query.size(1), head_dim = query.size(2);
+  const int num_kv_heads = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == head_dim && head_dim % 16 == 0, "head_dim must match and be a multiple of 16");
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
+              "block_table must be a 2-d int32 tensor with contiguous rows");
+  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                  query_start_loc.is_contiguous() && seq_lens.is_contiguous(),
+              "query_start_loc and seq_lens must be contiguous int32 tensors");
+  const int num_seqs = seq_lens.size(0);
+  TORCH_CHECK(query_start_loc.size(0) >= num_seqs + 1 && block_table.size(0) >= num_seqs,
+              "query_start_loc or block_table is shorter than seq_lens");
+  const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
+  TORCH_CHECK(qsl[num_seqs] <= query.size(0), "query_start_loc points past the query rows");
+
+  const Problem problem{
+      query.const_data_ptr(),
+      query.stride(0),
+      query.stride(1),
+      out.mutable_data_ptr(),
+      out.stride(0),
+      out.stride(1),
+      key_cache.const_data_ptr(),
+      value_cache.const_data_ptr(),
+      int64_t(num_kv_heads) * head_dim,
+      block_table.const_data_ptr<int32_t>(),
+      block_table.stride(0),
+      int(key_cache.size(1)),
+      head_dim,
+      num_heads / num_kv_heads,
+      float(scale * M_LOG2E),
+  };
+  const TileFn tile_fn = pick_tile_fn(query.scalar_type(), key_cache.scalar_type(), head_dim);
+
+  static thread_local std::vector<Tile> tiles;
+  const int64_t work =
+      plan_tiles(tiles, qsl, seq_lens.const_data_ptr<int32_t>(), num_seqs, num_kv_heads, problem.group);
+  const int64_t n = tiles.size();
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || work < kSerialWork || n == 1 || at::in_parallel_region()) {
+    static thread_local Scratch scratch;
+    for (const Tile& t : tiles) tile_fn(problem, t, scratch);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  const std::vector<Tile>& plan = tiles;
+  at::parallel_for(0, std::min<int64_t>(threads, n), 1, [&](int64_t, int64_t) {
+    static thread_local Scratch scratch;
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      tile_fn(problem, plan[i], scratch);
+  });
+}
+
+}  // namespace sluice::cpu

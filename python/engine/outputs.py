@@ -1,0 +1,39 @@
+"""What the offline API returns, in the shape vLLM users know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Logprob:
+    logprob: float
+    # 1 = the most likely token.
+    rank: int
+    decoded_token: str | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    # One dict per generated token: token id -> Logprob (the sampled token and the top N).
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None
+    # The token id that stopped generation, when a stop token did.
+    stop_reason: int | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)

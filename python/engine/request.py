@@ -1,0 +1,83 @@
+"""A request inside the engine core: token ids and the counters that chase them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sluice.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Every status from here on is final.
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI finish_reason of a final status, None while the request lives."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """No prefill or decode phase: num_computed_tokens chases num_tokens, and that is all."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    # Lower value is served first, as in vLLM.
+    priority: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    # Prompt then outputs; appended to per token so the hot path never concatenates.
+    all_token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0
+    # Prompt tokens served by the prefix cache on the first schedule (not on resumptions).
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    # The stop token id that ended the request, if one did (EOS leaves it None).
+    stop_reason: int | None = None
+    # Chained hashes of the request's full blocks, extended lazily by the KV cache manager.
+    block_hashes: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        assert len(self.prompt_token_ids) > 0, "the boundary rejects empty prompts"
+        self.all_token_ids = [*self.prompt_token_ids, *self.output_token_ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

@@ -1,0 +1,31 @@
+"""Checks a request against the served model before anything is scheduled."""
+
+from __future__ import annotations
+
+from sluice.errors import InvalidRequestError
+from sluice.sampling_params import SamplingParams
+
+
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int
+) -> None:
+    params.validate()
+    if not prompt_token_ids:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    if len(prompt_token_ids) > max_model_len:
+        raise InvalidRequestError(
+            f"the prompt has {len(prompt_token_ids)} tokens, more than max_model_len ({max_model_len})",
+            param="prompt",
+        )
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})", param="prompt"
+        )
+    for token_id in list(params.logit_bias or ()) + list(params.stop_token_ids):
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequestError(
+                f"token id {token_id} in logit_bias or stop_token_ids is outside the vocabulary "
+                f"[0, {vocab_size})",
+                param="logit_bias" if token_id in (params.logit_bias or {}) else "stop_token_ids",
+            )

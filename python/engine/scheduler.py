@@ -1,0 +1,337 @@
+"""The token-budget scheduler.
+
+There is no prefill phase and no decode phase. Each request has num_computed_tokens chasing
+num_tokens (prompt plus outputs); every step hands out allotments that close those gaps under one
+token budget and a cap on the batch width. A long prompt is chunked because its gap is clamped to
+what is left of the budget, nothing more.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable
+
+from engine.engine_core_output import EngineCoreOutput, SchedulerStats
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+from sluice.config import CacheConfig, SchedulerConfig
+from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+
+
+class FcfsQueue:
+    """Waiting requests in arrival order; a preempted request goes back to the front."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def prepend(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def peek(self) -> Request:
+        return self._queue[0]
+
+    def pop(self) -> Request:
+        return self._queue.popleft()
+
+    def remove(self, request: Request) -> None:
+        self._queue.remove(request)
+
+    def ordered(self) -> list[Request]:
+        return list(self._queue)
+
+
+class PriorityQueue:
+    """Waiting requests by (priority, arrival_time); there is no front, so a preempted one re-enters by key."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._seq), request))
+
+    prepend = add
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        self._heap = [entry for entry in self._heap if entry[3] is not request]
+        heapq.heapify(self._heap)
+
+    def ordered(self) -> list[Request]:
+        return [entry[3] for entry in sorted(self._heap, key=lambda e: e[:3])]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        max_model_len: int,
+    ) -> None:
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.policy = scheduler_config.policy
+        self.max_model_len = max_model_len
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: FcfsQueue | PriorityQueue = (
+            PriorityQueue() if self.policy == "priority" else FcfsQueue()
+        )
+        # Under the priority policy kept sorted by (priority, arrival): the last one is always the victim.
+        self.running: list[Request] = []
+        # Ids whose worker state must be dropped, reported by the next schedule().
+        self.finished_req_ids: set[str] = set()
+        # Breaks (priority, arrival) ties among running requests by admission order.
+        self._admission_seq = itertools.count()
+        self._running_key: dict[str, tuple[int, float, int]] = {}
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
+        assert request.status == RequestStatus.WAITING and request.num_computed_tokens == 0
+        assert request.num_tokens <= self.max_model_len, "the boundary checks prompt length"
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def schedule(self) -> SchedulerOutput:
+        token_budget = self.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        new_reqs: list[Request] = []
+        cached_reqs = CachedRequestData()
+        preempted = False
+
+        # Running requests first: they hold blocks already and protect inter-token latency.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if num_new_tokens == 0:
+                # Its last step's token has not come back yet (async scheduling): nothing to compute.
+                req_index += 1
+                continue
+            while True:
+                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_block_ids is not None:
+                    break
+                # Every request before req_index is scheduled; the victim is always at or after it.
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if new_block_ids is None:
+                break
+            cached_reqs.req_ids.append(request.request_id)
+            cached_reqs.new_block_ids.append(new_block_ids)
+            cached_reqs.num_computed_tokens.append(request.num_computed_tokens)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            req_index += 1
+
+        # A step that had to shed load admits nothing new.
+        if not preempted:
+            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting.peek()
+                computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
+                num_new_tokens = min(request.num_tokens - num_computed, token_budget)
+                assert num_new_tokens > 0
+                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks)
+                # Head-of-line: nobody behind the head jumps it, which keeps both policies' order strict.
+                if new_block_ids is None:
+                    break
+                self.waiting.pop()
+                if request.status == RequestStatus.WAITING:
+                    request.num_cached_tokens = num_computed
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_computed
+                self._add_running(request)
+                new_reqs.append(request)
+                num_scheduled_tokens[request.request_id] = num_new_tokens
+                token_budget -= num_new_tokens
+
+        assert len(self.running) <= self.max_num_seqs
+        assert token_budget >= 0
+        new_reqs_data = [
+            NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                num_computed_tokens=request.num_computed_tokens,
+                output_token_ids=list(request.output_token_ids),
+            )
+            for request in new_reqs
+        ]
+        # Advanced now, not when the output comes back, so the next schedule() can already plan.
+        for request_id, num_tokens in num_scheduled_tokens.items():
+            self.requests[request_id].num_computed_tokens += num_tokens
+        finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
+            finished_req_ids=finished_req_ids,
+        )
+
+    def _add_running(self, request: Request) -> None:
+        if self.policy == "priority":
+            key = (request.priority, request.arrival_time, next(self._admission_seq))
+            self._running_key[request.request_id] = key
+            index = bisect.bisect_right(self.running, key, key=lambda r: self._running_key[r.request_id])
+            self.running.insert(index, request)
+        else:
+            self.running.append(request)
+
+    def _remove_running(self, requests: set[str]) -> None:
+        self.running = [request for request in self.running if request.request_id not in requests]
+        for request_id in requests:
+            self._running_key.pop(request_id, None)
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: drop its KV; it resumes from the front of the queue."""
+        self._running_key.pop(request.request_id, None)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+        self.finished_req_ids.add(request.request_id)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append the sampled tokens, end the requests that hit a stop, report what changed."""
+        outputs: list[EngineCoreOutput] = []
+        finished: set[str] = set()
+        for request_id, token_ids, logprobs in zip(
+            model_runner_output.req_ids,
+            model_runner_output.sampled_token_ids,
+            model_runner_output.logprobs,
+            strict=True,
+        ):
+            request = self.requests.get(request_id)
+            # Frames for requests aborted or preempted since that step are dropped.
+            if not token_ids or request is None or request.status != RequestStatus.RUNNING:
+                continue
+            assert request_id in scheduler_output.num_scheduled_tokens
+            new_token_ids = []
+            for token_id in token_ids:
+                assert request.num_computed_tokens == request.num_tokens, "sampled before its prompt was in"
+                request.append_output_token(token_id)
+                new_token_ids.append(token_id)
+                if self._check_stop(request, token_id):
+                    break
+            if request.is_finished:
+                finished.add(request_id)
+                self._finish(request)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=new_token_ids,
+                    new_logprobs=[logprobs] if logprobs is not None else None,
+                    finish_reason=request.status.finish_reason,
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+        if finished:
+            self._remove_running(finished)
+        return outputs
+
+    def _check_stop(self, request: Request, token_id: int) -> bool:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token_id in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = token_id
+                return True
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def _finish(self, request: Request) -> None:
+        assert request.is_finished
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        """End the requests now and free their blocks; unknown or already-finished ids are ignored."""
+        outputs = []
+        aborted_running: set[str] = set()
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                aborted_running.add(request_id)
+            else:
+                self.waiting.remove(request)
+                assert request_id not in self.kv_cache_manager.req_to_blocks
+            request.status = RequestStatus.FINISHED_ABORTED
+            self._finish(request)
+            if request_id not in aborted_running:
+                # Workers never saw it, or dropped it when it was preempted.
+                self.finished_req_ids.discard(request_id)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=[],
+                    finish_reason="abort",
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+        if aborted_running:
+            self._remove_running(aborted_running)
+        return outputs
+
+    def make_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
+            prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )

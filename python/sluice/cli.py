@@ -1,0 +1,71 @@
+"""The `sluice` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sluice.errors import SluiceError
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        kv_cache_memory=args.kv_cache_memory,
+        device=args.device,
+    )
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
+    (result,) = llm.generate([prompt], params)
+    print(result.outputs[0].text)
+
+
+def _model_prepare(args: argparse.Namespace) -> None:
+    from sluice.default_model import prepare_default_model
+
+    print(prepare_default_model(args.cache_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="Sluice: serve and run LLMs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="print a completion of PROMPT")
+    generate.add_argument("prompt")
+    generate.add_argument("--model", default=None, help="a local Hugging Face folder (default: SmolLM2-135M)")
+    generate.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--max-model-len", type=int, default=None)
+    generate.add_argument("--kv-cache-memory", type=float, default=2.0, help="KV cache budget in GiB")
+    generate.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    generate.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    generate.set_defaults(run=_generate)
+
+    model = commands.add_parser("model", help="manage models")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    prepare = model_commands.add_parser("prepare", help="write the default model as a Hugging Face folder")
+    prepare.add_argument("--cache-dir", default=None, help="where to write it (default: ~/.cache/sluice)")
+    prepare.set_defaults(run=_model_prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except SluiceError as exc:
+        print(f"sluice: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,39 @@
+"""CPU attention: C++ kernels that write and read the paged KV cache in place."""
+
+from __future__ import annotations
+
+import torch
+
+from worker.attention.backend import AttentionMetadata
+from worker.native_ops import load_native_ops
+
+
+class CpuAttentionBackend:
+    def __init__(self) -> None:
+        ops = load_native_ops()
+        self._write_kv_cache = ops.write_kv_cache
+        self._paged_attention = ops.paged_attention
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        self._write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = query.new_empty(query.shape)
+        self._paged_attention(
+            out,
+            query,
+            key_cache,
+            value_cache,
+            metadata.block_table,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            scale,
+        )
+        return out

@@ -1,0 +1,200 @@
+"""The Llama family (Llama, Qwen2, Qwen3, Mistral) as one model over a paged KV cache.
+
+q/k/v and gate/up are fused into one weight each at load time, so a layer runs few, large
+matmuls. Every op mirrors transformers' order of float operations, so float32 outputs are
+token-identical to it and bf16 stays as close as rounding allows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.errors import UnsupportedArchitectureError
+from worker.attention.backend import AttentionBackend, AttentionMetadata
+from worker.models.rotary import RotaryEmbedding, inverse_frequencies, rope_parameters_of
+
+
+def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    # Left uninitialised: the loader overwrites every parameter and checks that it did.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _weight(size, dtype=dtype)
+        self.eps = eps
+        self.shape = (size,)
+        # torch's fused weight multiply rounds once; transformers rounds the normalised value to
+        # the model dtype before multiplying. Only in float32 are the two the same.
+        self.fuse_weight = dtype == torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fuse_weight:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, None, self.eps).mul_(self.weight)
+
+
+class Projection(nn.Module):
+    """A linear layer's weight (and optional bias); callers use F.linear directly to skip hooks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _weight(out_features, in_features, dtype=dtype)
+        self.bias = _weight(out_features, dtype=dtype) if bias else None
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
+        self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
+        self.scale = self.head_dim**-0.5
+        attention_bias = bool(cfg.get("attention_bias", False))
+        qkv_bias = attention_bias or architecture == "Qwen2ForCausalLM"
+        o_bias = attention_bias and architecture != "Qwen2ForCausalLM"
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_shards = (q_size, kv_size, kv_size)
+        self.qkv_proj = Projection(hidden, q_size + 2 * kv_size, qkv_bias, dtype)
+        self.o_proj = Projection(q_size, hidden, o_bias, dtype)
+        self.qk_norm = architecture == "Qwen3ForCausalLM"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
+            self.k_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: dict[str, Any], dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, inner = cfg["hidden_size"], cfg["intermediate_size"]
+        bias = bool(cfg.get("mlp_bias", False))
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedArchitectureError(f"hidden_act {act!r} is not supported; Sluice implements silu")
+        self.inner = inner
+        self.gate_up_shards = (inner, inner)
+        self.gate_up_proj = Projection(hidden, 2 * inner, bias, dtype)
+        self.down_proj = Projection(inner, hidden, bias, dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype, attention: AttentionBackend
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
+        self.self_attn = SelfAttention(cfg, architecture, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
+        self.mlp = MLP(cfg, dtype)
+        self.attention = attention
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rotary: RotaryEmbedding,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        attn, mlp = self.self_attn, self.mlp
+        num_tokens = hidden.shape[0]
+        heads, kv_heads = attn.num_heads, attn.num_kv_heads
+
+        x = self.input_layernorm.forward(hidden)
+        qkv = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).view(num_tokens, -1, attn.head_dim)
+        qk = qkv[:, : heads + kv_heads]
+        if attn.qk_norm:
+            qk = F.rms_norm(qk, (attn.head_dim,), None, attn.q_norm.eps)
+            qk[:, :heads] *= attn.q_norm.weight
+            qk[:, heads:] *= attn.k_norm.weight
+        qk = rotary.apply(qk, cos, sin)
+        out = self.attention.forward(
+            qk[:, :heads],
+            qk[:, heads:],
+            qkv[:, heads + kv_heads :],
+            key_cache,
+            value_cache,
+            metadata,
+            attn.scale,
+        )
+        # x + residual is bitwise residual + x, so adding in place into the fresh output is exact.
+        hidden = F.linear(out.reshape(num_tokens, -1), attn.o_proj.weight, attn.o_proj.bias).add_(hidden)
+
+        x = self.post_attention_layernorm.forward(hidden)
+        gate_up = F.linear(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
+        x = F.silu(gate_up[:, : mlp.inner]).mul_(gate_up[:, mlp.inner :])
+        return F.linear(x, mlp.down_proj.weight, mlp.down_proj.bias).add_(hidden)
+
+
+def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
+    """The attention window the model was trained with, or None when it attends to everything."""
+    if architecture == "MistralForCausalLM":
+        return hf_config.get("sliding_window")
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf_config.get("use_sliding_window"):
+        return hf_config.get("sliding_window")
+    return None
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        dtype: torch.dtype,
+        attention: AttentionBackend,
+        max_model_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        architecture = (hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
+        max_positions = int(hf_config.get("max_position_embeddings", 2048))
+        max_model_len = max_model_len or max_positions
+        window = sliding_window_of(hf_config, architecture)
+        if window is not None and window < max_model_len:
+            raise UnsupportedArchitectureError(
+                f"{architecture} uses sliding-window attention (window {window}) but max_model_len is "
+                f"{max_model_len}; Sluice does not implement sliding windows, so set max_model_len <= {window}"
+            )
+        hidden, vocab = hf_config["hidden_size"], hf_config["vocab_size"]
+        self.architecture = architecture
+        self.dtype = dtype
+        self.attention = attention
+        self.embed_tokens = Projection(hidden, vocab, False, dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(hf_config, architecture, dtype, attention)
+            for _ in range(hf_config["num_hidden_layers"])
+        )
+        self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
+        self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
+        self.lm_head = Projection(hidden, vocab, False, dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        head_dim = self.layers[0].self_attn.head_dim
+        inv_freq = inverse_frequencies(rope_parameters_of(hf_config), head_dim, max_positions)
+        self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final-normed hidden states [num_tokens, hidden] of a flattened batch."""
+        hidden = F.embedding(input_ids, self.embed_tokens.weight)
+        cos, sin = self.rotary.lookup(positions)
+        rotary = self.rotary
+        for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
+            hidden = layer.forward(hidden, cos, sin, rotary, key_cache, value_cache, metadata)
+        return self.norm.forward(hidden)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """float32 logits [n, vocab] for the rows the runner samples from."""
+        return F.linear(hidden_states, self.lm_head.weight).float()

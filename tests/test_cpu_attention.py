@@ -1,0 +1,182 @@
+"""The C++ paged-attention backend against the slow reference, on random paged caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from reference_attention import ReferenceAttentionBackend
+from worker.attention.backend import AttentionMetadata
+from worker.attention.cpu_backend import CpuAttentionBackend
+
+
+@dataclass
+class Case:
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    metadata: AttentionMetadata
+    used_slots: torch.Tensor
+
+
+def make_case(
+    seqs: list[tuple[int, int]],
+    *,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int = 16,
+    seed: int = 0,
+    fill: float | None = None,
+) -> Case:
+    """seqs holds (context length once this step's tokens are in, number of new query tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_needed = [(ctx + block_size - 1) // block_size for ctx, _ in seqs]
+    num_blocks = sum(blocks_needed) + 5
+    max_blocks = max(blocks_needed) + 2
+    # Shuffled ids make every table non-contiguous; the spare ids are never referenced.
+    ids = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    spare = ids[sum(blocks_needed)]
+    block_table = torch.full((len(seqs), max_blocks), int(spare), dtype=torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    slots, used, q_lens = [], [], []
+    taken = 0
+    for i, (ctx, q_len) in enumerate(seqs):
+        table = ids[taken : taken + blocks_needed[i]]
+        taken += blocks_needed[i]
+        block_table[i, : len(table)] = table
+        seq_slots = (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:ctx]
+        used.append(seq_slots)
+        slots.append(seq_slots[ctx - q_len :])
+        q_lens.append(q_len)
+    used_slots = torch.cat(used)
+    if fill is not None:
+        # Everything no sequence may read: other blocks and the tail of each last block.
+        unused = torch.ones(num_blocks * block_size, dtype=torch.bool)
+        unused[used_slots] = False
+        key_cache.view(-1, num_kv_heads, head_dim)[unused] = fill
+        value_cache.view(-1, num_kv_heads, head_dim)[unused] = fill
+    num_tokens = sum(q_lens)
+    query = torch.randn(num_tokens, num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.tensor(q_lens).cumsum(0)
+    metadata = AttentionMetadata(
+        num_tokens=num_tokens,
+        num_seqs=len(seqs),
+        slot_mapping=torch.cat(slots),
+        query_start_loc=query_start_loc,
+        seq_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=torch.int32),
+        block_table=block_table,
+        max_query_len=max(q_lens),
+        max_seq_len=max(ctx for ctx, _ in seqs),
+    )
+    return Case(query, key, value, key_cache, value_cache, metadata, used_slots)
+
+
+def run_both(case: Case, scale: float = 0.125) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
+    ours = Case(
+        **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
+    )
+    ref = Case(
+        **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
+    )
+    got = CpuAttentionBackend().forward(
+        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
+    )
+    want = ReferenceAttentionBackend().forward(
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale
+    )
+    return got, want, ours, ref
+
+
+# Prefill chunks that start mid-sequence, a fresh prefill, and decodes; no length a multiple of 16.
+MIXED = [(37, 37), (70, 19), (5, 1), (130, 1), (200, 33), (17, 1), (1, 1), (99, 60)]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3])
+def test_mixed_batch_matches_reference(dtype: torch.dtype, head_dim: int, group: int) -> None:
+    case = make_case(MIXED, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype)
+    got, want, ours, ref = run_both(case)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    assert torch.equal(ours.key_cache, ref.key_cache)
+    assert torch.equal(ours.value_cache, ref.value_cache)
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 32])
+def test_block_sizes_that_split_or_span_chunks(block_size: int) -> None:
+    case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32, block_size=block_size)
+    got, want, _, _ = run_both(case)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_head_dims_that_are_not_a_multiple_of_64(dtype: torch.dtype, head_dim: int) -> None:
+    case = make_case(MIXED, num_kv_heads=1, group=4, head_dim=head_dim, dtype=dtype)
+    got, want, _, _ = run_both(case)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_long_fresh_prefill_and_many_decodes() -> None:
+    seqs = [(300, 300)] + [(40 + 7 * i, 1) for i in range(40)]
+    case = make_case(seqs, num_kv_heads=3, group=3, head_dim=64, dtype=torch.bfloat16, seed=3)
+    got, want, _, _ = run_both(case)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), 1e30])
+def test_slots_outside_the_table_do_not_leak_in(fill: float) -> None:
+    case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32, fill=fill)
+    got, want, _, _ = run_both(case)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_new_rows_land_in_their_slots_and_nowhere_else() -> None:
+    case = make_case([(21, 4), (9, 1)], num_kv_heads=2, group=1, head_dim=64, dtype=torch.bfloat16)
+    before_k, before_v = case.key_cache.clone(), case.value_cache.clone()
+    CpuAttentionBackend().forward(
+        case.query, case.key, case.value, case.key_cache, case.value_cache, case.metadata, 0.125
+    )
+    slots = case.metadata.slot_mapping
+    flat_k = case.key_cache.view(-1, 2, 64)
+    flat_v = case.value_cache.view(-1, 2, 64)
+    assert torch.equal(flat_k[slots], case.key)
+    assert torch.equal(flat_v[slots], case.value)
+    untouched = torch.ones(flat_k.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(flat_k[untouched], before_k.view(-1, 2, 64)[untouched])
+    assert torch.equal(flat_v[untouched], before_v.view(-1, 2, 64)[untouched])
+
+
+def test_strided_query_and_key_views_are_read_correctly() -> None:
+    case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32)
+    # The model slices q, k and v out of one fused projection, so they arrive as strided views.
+    qkv = torch.cat([case.query, case.key, case.value], dim=1)
+    case.query, case.key, case.value = qkv[:, :9], qkv[:, 9:12], qkv[:, 12:]
+    got, want, _, _ = run_both(case)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_negative_slots_are_skipped() -> None:
+    case = make_case([(10, 3)], num_kv_heads=1, group=1, head_dim=64, dtype=torch.float32)
+    before = case.key_cache.clone()
+    from worker.native_ops import load_native_ops
+
+    padded = torch.full_like(case.metadata.slot_mapping, -1)
+    load_native_ops().write_kv_cache(case.key, case.value, case.key_cache, case.value_cache, padded)
+    assert torch.equal(case.key_cache, before)

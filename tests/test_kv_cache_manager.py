@@ -1,0 +1,119 @@
+"""Prefix-cache lookups, shared blocks' ref counts and the order in which freed blocks are evicted."""
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request
+from sluice.sampling_params import SamplingParams
+
+BLOCK = 4
+
+
+def make_request(request_id: str, tokens: list[int]) -> Request:
+    return Request(request_id, list(tokens), SamplingParams())
+
+
+def admit(manager: KVCacheManager, request: Request) -> list[int]:
+    """Look up the prefix cache, allocate the rest of the prompt, advance as the scheduler would."""
+    computed, num_computed = manager.get_computed_blocks(request)
+    new_ids = manager.allocate_slots(request, request.num_tokens - num_computed, computed)
+    assert new_ids is not None
+    request.num_computed_tokens = request.num_tokens
+    return new_ids
+
+
+def test_shared_prefix_is_served_from_cache_and_ref_counted():
+    manager = KVCacheManager(num_blocks=10, block_size=BLOCK, enable_caching=True)
+    first = make_request("a", list(range(10)))
+    second = make_request("b", list(range(8)) + [50, 51, 52])
+    admit(manager, first)
+    computed, num_computed = manager.get_computed_blocks(second)
+    assert num_computed == 8
+    assert [block.block_id for block in computed] == manager.get_block_ids("a")[:2]
+    admit(manager, second)
+    shared = manager.req_to_blocks["a"][:2]
+    assert all(block.ref_cnt == 2 for block in shared)
+    assert manager.get_block_ids("b")[:2] == manager.get_block_ids("a")[:2]
+    assert manager.prefix_cache_hits == 8 and manager.prefix_cache_queries == 10 + 11
+    manager.free(first)
+    assert all(block.ref_cnt == 1 for block in shared)
+    manager.free(second)
+    assert manager.num_free_blocks == 10
+
+
+def test_lookup_never_covers_the_whole_prompt():
+    manager = KVCacheManager(num_blocks=10, block_size=BLOCK, enable_caching=True)
+    admit(manager, make_request("a", list(range(8))))
+    # The same 8 tokens: two full cached blocks, but the last token must be recomputed.
+    computed, num_computed = manager.get_computed_blocks(make_request("b", list(range(8))))
+    assert num_computed == 4 and len(computed) == 1
+
+
+def test_freed_cached_blocks_are_hit_after_the_owner_finished():
+    manager = KVCacheManager(num_blocks=6, block_size=BLOCK, enable_caching=True)
+    first = make_request("a", list(range(9)))
+    admit(manager, first)
+    manager.free(first)
+    assert manager.num_free_blocks == 6
+    second = make_request("b", list(range(9)))
+    _, num_computed = manager.get_computed_blocks(second)
+    assert num_computed == 8
+    admit(manager, second)
+    assert manager.num_free_blocks == 3
+
+
+def test_free_evicts_a_request_tail_first():
+    manager = KVCacheManager(num_blocks=3, block_size=BLOCK, enable_caching=True)
+    request = make_request("a", list(range(12)))
+    admit(manager, request)
+    block_ids = manager.get_block_ids("a")
+    manager.free(request)
+    free_order = [block.block_id for block in manager.block_pool.free_block_queue.blocks()]
+    assert free_order == block_ids[::-1]
+    # Reusing one block evicts the tail: the prefix is still a hit.
+    other = make_request("x", [99] * 4)
+    admit(manager, other)
+    _, num_computed = manager.get_computed_blocks(make_request("c", list(range(12))))
+    assert num_computed == 8
+
+
+def test_allocate_returns_none_when_the_pool_is_short_and_changes_nothing():
+    manager = KVCacheManager(num_blocks=2, block_size=BLOCK, enable_caching=True)
+    request = make_request("a", list(range(12)))
+    assert manager.allocate_slots(request, 12) is None
+    assert manager.num_free_blocks == 2 and manager.get_block_ids("a") == []
+    assert manager.allocate_slots(request, 8) is not None
+    assert manager.num_free_blocks == 0
+
+
+def test_evictable_cache_hits_count_against_free_blocks():
+    manager = KVCacheManager(num_blocks=3, block_size=BLOCK, enable_caching=True)
+    first = make_request("a", list(range(8)))
+    admit(manager, first)
+    manager.free(first)
+    # A hit on a free cached block uses that block up: 1 hit + 2 new blocks > 3 free - 1 hit.
+    second = make_request("b", list(range(4)) + [70] * 9)
+    computed, num_computed = manager.get_computed_blocks(second)
+    assert num_computed == 4
+    assert manager.allocate_slots(second, 9, computed) is None
+    assert all(block.ref_cnt == 0 for block in manager.block_pool.blocks)
+    assert manager.allocate_slots(second, 8, computed) is not None
+
+
+def test_caching_disabled_never_hits():
+    manager = KVCacheManager(num_blocks=6, block_size=BLOCK, enable_caching=False)
+    admit(manager, make_request("a", list(range(9))))
+    assert manager.get_computed_blocks(make_request("b", list(range(9)))) == ([], 0)
+    assert manager.prefix_cache_queries == 0
+
+
+def test_decode_allocates_a_block_only_when_the_last_one_fills():
+    manager = KVCacheManager(num_blocks=4, block_size=BLOCK, enable_caching=True)
+    request = make_request("a", list(range(3)))
+    admit(manager, request)
+    request.append_output_token(5)
+    assert manager.allocate_slots(request, 1) == []
+    request.num_computed_tokens += 1
+    request.append_output_token(6)
+    new_ids = manager.allocate_slots(request, 1)
+    assert new_ids is not None and len(new_ids) == 1
+    # The first block filled with prompt + output tokens and is now cached.
+    assert manager.req_to_blocks["a"][0].block_hash == request.block_hashes[0]

@@ -1,0 +1,126 @@
+"""The offline API's shape, n > 1, and its answers to bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, SamplingParams
+from sluice.errors import (
+    InvalidRequestError,
+    KVCacheTooSmallError,
+    ModelNotFoundError,
+    UnsupportedArchitectureError,
+)
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_path: Path) -> LLM:
+    return LLM(model=str(default_model_path), dtype="bfloat16", max_model_len=512)
+
+
+def test_text_prompt_gives_text_tokens_and_finish_reason(llm):
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    (result,) = llm.generate("The capital of France is", params)
+    out = result.outputs[0]
+    assert result.prompt_token_ids == llm.tokenizer.encode("The capital of France is")
+    assert 1 <= len(out.token_ids) <= 8
+    assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert out.finish_reason in ("stop", "length")
+    assert out.logprobs is None
+
+
+def test_logprobs_hold_the_sampled_token_and_the_top_n(llm):
+    params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=3, ignore_eos=True)
+    (result,) = llm.generate({"prompt_token_ids": [504, 476, 3391, 18]}, params)
+    out = result.outputs[0]
+    assert len(out.logprobs) == 4
+    for token, entry in zip(out.token_ids, out.logprobs):
+        assert entry[token].rank == 1  # greedy picks the most likely token
+        ranks = sorted(lp.rank for lp in entry.values())
+        assert ranks == [1, 2, 3]
+        assert all(lp.logprob <= 0.0 for lp in entry.values())
+
+
+def test_max_tokens_gives_length_finish(llm):
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    (result,) = llm.generate({"prompt_token_ids": [504, 476, 3391]}, params)
+    assert len(result.outputs[0].token_ids) == 5
+    assert result.outputs[0].finish_reason == "length"
+
+
+def test_stop_token_ids_end_generation(llm):
+    free = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    (free_run,) = llm.generate({"prompt_token_ids": [504, 476, 3391, 18]}, free)
+    stop_at = free_run.outputs[0].token_ids[3]
+    stopped = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_at])
+    (result,) = llm.generate({"prompt_token_ids": [504, 476, 3391, 18]}, stopped)
+    out = result.outputs[0]
+    assert out.finish_reason == "stop"
+    assert out.stop_reason == stop_at
+    assert out.token_ids == free_run.outputs[0].token_ids[: out.token_ids.index(stop_at) + 1]
+
+
+def test_n_samples_share_the_prompt_blocks(llm, w1_prompts):
+    before = llm.engine.stats().prefix_cache_hits
+    params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=7, ignore_eos=True)
+    (result,) = llm.generate({"prompt_token_ids": w1_prompts[5]}, params)
+    assert [o.index for o in result.outputs] == [0, 1, 2, 3]
+    assert all(len(o.token_ids) == 8 for o in result.outputs)
+    assert len({tuple(o.token_ids) for o in result.outputs}) > 1
+    # 128 prompt tokens = 8 full blocks; the three later samples reuse the first's blocks.
+    assert llm.engine.stats().prefix_cache_hits - before >= 3 * 7 * 16
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "param"),
+    [
+        ({"prompt_token_ids": []}, SamplingParams(), "prompt"),
+        ({"prompt_token_ids": [1] * 513}, SamplingParams(), "prompt"),
+        ({"prompt_token_ids": [10**7]}, SamplingParams(), "prompt"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=0), "max_tokens"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(temperature=-0.5), "temperature"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(top_p=0.0), "top_p"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(top_p=1.5), "top_p"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(top_k=-2), "top_k"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(n=0), "n"),
+    ],
+)
+def test_bad_request_raises_before_scheduling(llm, prompt, params, param):
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(prompt, params)
+    assert info.value.param == param
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_bad_request_leaves_running_requests_alone(llm):
+    engine = llm.engine
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    (expected,) = llm.generate({"prompt_token_ids": [504, 476, 3391]}, params)
+    engine.add_request("running", [504, 476, 3391], params, time.monotonic())
+    tokens = [t for o in engine.step() for t in o.new_token_ids]
+    with pytest.raises(InvalidRequestError):
+        engine.add_request("bad", [], params, time.monotonic())
+    while engine.has_unfinished_requests():
+        tokens += [t for o in engine.step() for t in o.new_token_ids]
+    assert tokens == expected.outputs[0].token_ids
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        LLM(model=str(tmp_path / "nowhere"))
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UnsupportedArchitectureError, match="GPT2LMHeadModel"):
+        LLM(model=str(tmp_path))
+
+
+def test_kv_budget_too_small_for_one_request_says_so(default_model_path):
+    with pytest.raises(KVCacheTooSmallError, match="max_model_len 8192"):
+        LLM(model=str(default_model_path), kv_cache_memory=0.01)

@@ -1,0 +1,205 @@
+"""Random arrivals, steps, finishes and aborts against the scheduler, with pools small enough to preempt.
+
+A fake worker mirrors the block tables from the SchedulerOutput diffs and writes each computed
+token into its KV slot, so prefix sharing is checked against content, not just bookkeeping.
+"""
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from engine.request import Request, RequestStatus
+from engine.scheduler import Scheduler
+from sluice.config import CacheConfig, SchedulerConfig
+from sluice.sampling_params import SamplingParams
+from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
+
+EOS = 2
+VOCAB = [EOS, 3, 4, 5, 6]
+MAX_PROMPT = 40
+MAX_TOKENS = 8
+MAX_MODEL_LEN = 64
+BASES = [[10 + (i * 7 + j) % 5 for i in range(MAX_PROMPT)] for j in range(2)]
+ARRIVAL = st.tuples(
+    st.integers(0, len(BASES) - 1),
+    st.one_of(st.sampled_from([8, 16, 40]), st.integers(0, MAX_PROMPT)),
+    st.lists(st.sampled_from(VOCAB[1:]), max_size=8),
+    st.integers(0, 3),
+    st.integers(1, MAX_TOKENS),
+    st.integers(0, 2),
+)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        extra_blocks=st.integers(0, 4),
+        budget=st.sampled_from([1, 3, 8, 16, 64]),
+        max_num_seqs=st.integers(1, 6),
+        policy=st.sampled_from(["fcfs", "priority"]),
+        caching=st.booleans(),
+    )
+    def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching):
+        self.block_size = block_size
+        # The pool always holds one request of the longest possible length alone, so nothing livelocks.
+        self.num_blocks = -(-(MAX_PROMPT + MAX_TOKENS) // block_size) + extra_blocks
+        self.budget = budget
+        self.max_num_seqs = max_num_seqs
+        self.policy = policy
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=policy),
+            CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+            self.num_blocks,
+            MAX_MODEL_LEN,
+        )
+        self.next_id = 0
+        self.worker_blocks: dict[str, list[int]] = {}
+        self.slots: dict[tuple[int, int], int] = {}
+
+    @rule(arrivals=st.lists(ARRIVAL, min_size=1, max_size=4))
+    def add(self, arrivals):
+        for base, prefix_len, suffix, priority, max_tokens, min_tokens in arrivals:
+            prompt = (BASES[base][:prefix_len] + suffix)[:MAX_PROMPT] or [1]
+            params = SamplingParams(max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens))
+            request_id = f"r{self.next_id}"
+            self.scheduler.add_request(
+                Request(request_id, prompt, params, float(self.next_id), priority, eos_token_ids=(EOS,))
+            )
+            self.next_id += 1
+
+    @rule(num_steps=st.integers(1, 6), data=st.data())
+    def step(self, num_steps, data):
+        for _ in range(num_steps):
+            self.run_step(lambda: data.draw(st.sampled_from(VOCAB)))
+
+    @precondition(lambda self: self.scheduler.has_unfinished_requests())
+    @rule(data=st.data())
+    def abort(self, data):
+        request_ids = sorted(self.scheduler.requests)
+        request_id = data.draw(st.sampled_from(request_ids))
+        [output] = self.scheduler.abort_requests([request_id])
+        assert output.finish_reason == "abort" and request_id not in self.scheduler.requests
+
+    def teardown(self):
+        if hasattr(self, "scheduler"):
+            self.drain()
+
+    def drain(self):
+        for _ in range(5000):
+            if not self.scheduler.has_unfinished_requests():
+                break
+            self.run_step(lambda: 3)
+        assert not self.scheduler.has_unfinished_requests(), "requests never finished"
+        # The last finishes are reported to the workers by one more step.
+        self.run_step(lambda: 3)
+        assert not self.worker_blocks
+        pool = self.scheduler.kv_cache_manager.block_pool
+        assert pool.num_free_blocks == self.num_blocks
+        assert all(block.ref_cnt == 0 for block in pool.blocks)
+        stats = self.scheduler.make_stats()
+        event(f"preempted: {stats.num_preemptions > 0}")
+        event(f"prefix cache hit: {stats.prefix_cache_hits > 0}")
+
+    def run_step(self, draw_token) -> None:
+        scheduler = self.scheduler
+        waiting_before = scheduler.waiting.ordered()
+        out = scheduler.schedule()
+        self.check_budget(out)
+        self.check_admission_order(out, waiting_before)
+        self.mirror_worker(out)
+        req_ids, sampled = [], []
+        for request_id in out.num_scheduled_tokens:
+            request = scheduler.requests[request_id]
+            req_ids.append(request_id)
+            sampled.append([draw_token()] if request.num_computed_tokens == request.num_tokens else [])
+        outputs = scheduler.update_from_output(
+            out, ModelRunnerOutput(req_ids, sampled, [None] * len(req_ids))
+        )
+        for output in outputs:
+            assert output.new_token_ids or output.finished
+
+    def check_budget(self, out: SchedulerOutput) -> None:
+        assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values()) <= self.budget
+        assert len(out.num_scheduled_tokens) <= self.max_num_seqs
+        assert all(n > 0 for n in out.num_scheduled_tokens.values())
+
+    def check_admission_order(self, out: SchedulerOutput, waiting_before: list[Request]) -> None:
+        # Admissions are a prefix of the waiting order: (priority, arrival) under the priority
+        # policy, so no request is admitted while a strictly higher-priority one is left waiting.
+        admitted = [new.req_id for new in out.scheduled_new_reqs]
+        assert admitted == [request.request_id for request in waiting_before[: len(admitted)]]
+        if self.policy == "priority" and admitted:
+            left = [r.priority for r in waiting_before[len(admitted) :] if r.status != RequestStatus.RUNNING]
+            worst_admitted = max(r.priority for r in waiting_before[: len(admitted)])
+            assert all(worst_admitted <= priority for priority in left)
+
+    def mirror_worker(self, out: SchedulerOutput) -> None:
+        """Apply the diffs as a worker would, write the step's KV, then check what each request reads."""
+        manager = self.scheduler.kv_cache_manager
+        for request_id in out.finished_req_ids:
+            self.worker_blocks.pop(request_id, None)
+        starts = {}
+        for new in out.scheduled_new_reqs:
+            assert new.req_id not in self.worker_blocks, "a request the workers know was sent in full"
+            request = self.scheduler.requests[new.req_id]
+            assert new.output_token_ids == request.output_token_ids
+            self.worker_blocks[new.req_id] = list(new.block_ids)
+            starts[new.req_id] = new.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for request_id, new_block_ids, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
+            self.worker_blocks[request_id].extend(new_block_ids)
+            starts[request_id] = num_computed
+        assert starts.keys() == out.num_scheduled_tokens.keys()
+        size = self.block_size
+        for request_id, start in starts.items():
+            block_ids = self.worker_blocks[request_id]
+            assert block_ids == manager.get_block_ids(request_id), "worker block table drifted"
+            tokens = self.scheduler.requests[request_id].all_token_ids
+            for pos in range(start, start + out.num_scheduled_tokens[request_id]):
+                self.slots[(block_ids[pos // size], pos % size)] = tokens[pos]
+        # Attention reads after every write of the step, as each layer does.
+        for request_id, start in starts.items():
+            block_ids = self.worker_blocks[request_id]
+            tokens = self.scheduler.requests[request_id].all_token_ids
+            end = start + out.num_scheduled_tokens[request_id]
+            read = [self.slots.get((block_ids[pos // size], pos % size)) for pos in range(end)]
+            assert read == tokens[:end], f"{request_id} would attend to someone else's KV"
+
+    @invariant()
+    def ref_counts_match_holders(self):
+        if not hasattr(self, "scheduler"):
+            return
+        manager = self.scheduler.kv_cache_manager
+        pool = manager.block_pool
+        holders = [0] * self.num_blocks
+        for request_id, blocks in manager.req_to_blocks.items():
+            request = self.scheduler.requests[request_id]
+            assert request.status == RequestStatus.RUNNING
+            assert len({block.block_id for block in blocks}) == len(blocks)
+            assert len(blocks) == -(-request.num_computed_tokens // self.block_size)
+            for block in blocks:
+                holders[block.block_id] += 1
+        assert [block.ref_cnt for block in pool.blocks] == holders
+        free = pool.free_block_queue.blocks()
+        assert {block.block_id for block in free} == {b.block_id for b in pool.blocks if b.ref_cnt == 0}
+        assert len(free) == pool.num_free_blocks
+        for block_hash, block in pool.cached_block_hash_to_block.items():
+            assert block.block_hash == block_hash
+        for request in self.scheduler.requests.values():
+            assert request.num_computed_tokens <= request.num_tokens <= MAX_MODEL_LEN
+            if request.status != RequestStatus.RUNNING:
+                assert request.request_id not in manager.req_to_blocks and request.num_computed_tokens == 0
+        stats = self.scheduler.make_stats()
+        assert stats.num_running + stats.num_waiting == len(self.scheduler.requests)
+        assert 0 <= stats.prefix_cache_hits <= stats.prefix_cache_queries
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_scheduler_state_machine = SchedulerMachine.TestCase

@@ -1,0 +1,131 @@
+"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral) written with transformers.
+
+Biases and norm weights are randomised too, so a model that ignores them cannot pass, and the
+weights are large enough that logits have clear winners. Each folder carries a byte-level
+tokenizer (256 bytes + <s> and </s>) so that text-level code paths work on it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+VOCAB_SIZE = 320
+BOS_ID = 256
+EOS_ID = 257
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.08,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "tie_word_embeddings": False,
+}
+
+_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "qwen2": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    "qwen3": {"head_dim": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    "mistral": {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+}
+
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<s>' + message['role'] + ': ' + message['content'] + '</s>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant: ' }}{% endif %}"
+)
+
+
+def write_tiny_model(arch: str, folder: Path, dtype: str = "float32", seed: int = 0) -> Path:
+    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral") into `folder`; returns it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    config = AutoConfig.for_model(arch, **{**_COMMON, **_ARCHITECTURES[arch]})
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.2 * noise)
+            else:
+                param.copy_(config.initializer_range * noise)
+    model.to(torch_dtype).save_pretrained(folder)
+    _write_tokenizer(folder)
+    return folder
+
+
+@functools.cache
+def tiny_model_dir(arch: str, dtype: str = "float32") -> Path:
+    """A tiny folder shared by the whole test process, written on first use and removed at exit."""
+    return write_tiny_model(arch, _session_root() / f"{arch}-{dtype}", dtype)
+
+
+@functools.cache
+def _session_root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="sluice-tiny-models-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def _write_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab=_byte_level_vocab(), merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<s>", "</s>"])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": _COMMON["max_position_embeddings"],
+        "chat_template": _CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+
+
+def _byte_level_vocab() -> dict[str, int]:
+    """ByteLevel's printable stand-in for each byte, mapped to id == byte value."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    vocab = {chr(b): b for b in printable}
+    unprintable = [b for b in range(256) if b not in vocab.values()]
+    vocab.update({chr(256 + i): b for i, b in enumerate(unprintable)})
+    return vocab

@@ -43,5 +43,7 @@ class ReferenceAttentionBackend:
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
             k_pos = torch.arange(seq_len)[None, :]
             scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-            out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+            out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(
+                query.dtype
+            )
         return out

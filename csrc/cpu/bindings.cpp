@@ -9,4 +9,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"));
   m.def("write_kv_cache", &sluice::cpu::write_kv_cache, "copy new key/value rows into their cache slots",
         py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"));
+  m.def("rms_norm", &sluice::cpu::rms_norm, "rms_norm(x) * weight over each row", py::arg("x"), py::arg("weight"),
+        py::arg("eps"));
+  m.def("add_rms_norm", &sluice::cpu::add_rms_norm, "residual += delta, then rms_norm(residual) * weight",
+        py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
+  m.def("silu_and_mul", &sluice::cpu::silu_and_mul, "silu(gate) * up", py::arg("gate_up"));
+  m.def("rotary_embedding", &sluice::cpu::rotary_embedding, "rotate q and k in place", py::arg("qk"),
+        py::arg("cos"), py::arg("sin_signed"));
 }

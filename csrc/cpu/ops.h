@@ -14,4 +14,16 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                     at::Tensor& value_cache, const at::Tensor& slot_mapping);
 
+// rms_norm(x) * weight for each row of x [rows, width].
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// residual += delta in place, then returns rms_norm(residual) * weight: a layer's residual step.
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight, double eps);
+
+// silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.
+void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin_signed);
+
 }  // namespace sluice::cpu

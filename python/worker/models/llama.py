@@ -7,6 +7,7 @@ token-identical to it and bf16 stays as close as rounding allows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
 from worker.attention.backend import AttentionBackend, AttentionMetadata
+from worker.layer_ops import LayerOps, layer_ops_for
 from worker.models.rotary import RotaryEmbedding, inverse_frequencies, rope_parameters_of
 
 
@@ -24,19 +26,12 @@ def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class RMSNorm(nn.Module):
+    """An RMSNorm's weight and epsilon; the layer ops apply it."""
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _weight(size, dtype=dtype)
         self.eps = eps
-        self.shape = (size,)
-        # torch's fused weight multiply rounds once; transformers rounds the normalised value to
-        # the model dtype before multiplying. Only in float32 are the two the same.
-        self.fuse_weight = dtype == torch.float32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fuse_weight:
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        return F.rms_norm(x, self.shape, None, self.eps).mul_(self.weight)
 
 
 class Projection(nn.Module):
@@ -86,7 +81,12 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype, attention: AttentionBackend
+        self,
+        cfg: dict[str, Any],
+        architecture: str,
+        dtype: torch.dtype,
+        attention: AttentionBackend,
+        ops: LayerOps,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
@@ -94,29 +94,55 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
         self.mlp = MLP(cfg, dtype)
         self.attention = attention
+        self.ops = ops
+        # nn.Module attribute lookups cost microseconds each; the per-token path reads plain slots.
+        # The loader fills these parameters in place, so the references stay valid.
+        attn, mlp = self.self_attn, self.mlp
+        self.tensors = _LayerTensors(
+            input_norm=self.input_layernorm.weight,
+            post_norm=self.post_attention_layernorm.weight,
+            eps=self.input_layernorm.eps,
+            qkv_weight=attn.qkv_proj.weight,
+            qkv_bias=attn.qkv_proj.bias,
+            o_weight=attn.o_proj.weight,
+            o_bias=attn.o_proj.bias,
+            gate_up_weight=mlp.gate_up_proj.weight,
+            gate_up_bias=mlp.gate_up_proj.bias,
+            down_weight=mlp.down_proj.weight,
+            down_bias=mlp.down_proj.bias,
+            q_norm=attn.q_norm.weight if attn.qk_norm else None,
+            k_norm=attn.k_norm.weight if attn.qk_norm else None,
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            scale=attn.scale,
+        )
 
     def forward(
         self,
-        hidden: torch.Tensor,
+        delta: torch.Tensor | None,
+        residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        rotary: RotaryEmbedding,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        attn, mlp = self.self_attn, self.mlp
-        num_tokens = hidden.shape[0]
-        heads, kv_heads = attn.num_heads, attn.num_kv_heads
-
-        x = self.input_layernorm.forward(hidden)
-        qkv = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).view(num_tokens, -1, attn.head_dim)
+        """Adds the previous layer's output `delta` into `residual` (in place); returns this layer's."""
+        t, ops = self.tensors, self.ops
+        num_tokens = residual.shape[0]
+        heads, kv_heads = t.num_heads, t.num_kv_heads
+        if delta is None:
+            x = ops.rms_norm(residual, t.input_norm, t.eps)
+        else:
+            x = ops.add_rms_norm(residual, delta, t.input_norm, t.eps)
+        qkv = F.linear(x, t.qkv_weight, t.qkv_bias).view(num_tokens, -1, t.head_dim)
         qk = qkv[:, : heads + kv_heads]
-        if attn.qk_norm:
-            qk = F.rms_norm(qk, (attn.head_dim,), None, attn.q_norm.eps)
-            qk[:, :heads] *= attn.q_norm.weight
-            qk[:, heads:] *= attn.k_norm.weight
-        qk = rotary.apply(qk, cos, sin)
+        if t.q_norm is not None:
+            qk = F.rms_norm(qk, (t.head_dim,), None, t.eps)
+            qk[:, :heads] *= t.q_norm
+            qk[:, heads:] *= t.k_norm
+        ops.rotary_embedding(qk, cos, sin)
         out = self.attention.forward(
             qk[:, :heads],
             qk[:, heads:],
@@ -124,15 +150,33 @@ class DecoderLayer(nn.Module):
             key_cache,
             value_cache,
             metadata,
-            attn.scale,
+            t.scale,
         )
-        # x + residual is bitwise residual + x, so adding in place into the fresh output is exact.
-        hidden = F.linear(out.reshape(num_tokens, -1), attn.o_proj.weight, attn.o_proj.bias).add_(hidden)
+        delta = F.linear(out.view(num_tokens, -1), t.o_weight, t.o_bias)
+        x = ops.add_rms_norm(residual, delta, t.post_norm, t.eps)
+        gate_up = F.linear(x, t.gate_up_weight, t.gate_up_bias)
+        return F.linear(ops.silu_and_mul(gate_up), t.down_weight, t.down_bias)
 
-        x = self.post_attention_layernorm.forward(hidden)
-        gate_up = F.linear(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-        x = F.silu(gate_up[:, : mlp.inner]).mul_(gate_up[:, mlp.inner :])
-        return F.linear(x, mlp.down_proj.weight, mlp.down_proj.bias).add_(hidden)
+
+@dataclass(slots=True, frozen=True)
+class _LayerTensors:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
 
 
 def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
@@ -166,9 +210,10 @@ class LlamaForCausalLM(nn.Module):
         self.architecture = architecture
         self.dtype = dtype
         self.attention = attention
+        self.ops = layer_ops_for(torch.get_default_device())
         self.embed_tokens = Projection(hidden, vocab, False, dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, architecture, dtype, attention)
+            DecoderLayer(hf_config, architecture, dtype, attention, self.ops)
             for _ in range(hf_config["num_hidden_layers"])
         )
         self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
@@ -188,12 +233,13 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Final-normed hidden states [num_tokens, hidden] of a flattened batch."""
-        hidden = F.embedding(input_ids, self.embed_tokens.weight)
+        residual = F.embedding(input_ids, self.embed_tokens.weight)
         cos, sin = self.rotary.lookup(positions)
-        rotary = self.rotary
+        delta = None
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
-            hidden = layer.forward(hidden, cos, sin, rotary, key_cache, value_cache, metadata)
-        return self.norm.forward(hidden)
+            delta = layer.forward(delta, residual, cos, sin, key_cache, value_cache, metadata)
+        assert delta is not None
+        return self.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the rows the runner samples from."""

@@ -64,7 +64,7 @@ class RotaryEmbedding(torch.nn.Module):
     """Holds cos and a sign-folded sin table, [max_positions, head_dim] in the model dtype.
 
     transformers rotates with rotate_half(x) = cat(-x2, x1); folding the minus sign into the
-    sin table turns that into roll(x) * sin, which is bitwise the same and one op cheaper.
+    sin table turns that into a plain half-rotation of x times sin, which is bitwise the same.
     """
 
     def __init__(self, inv_freq: torch.Tensor, max_positions: int, dtype: torch.dtype) -> None:
@@ -73,17 +73,11 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         sin_half = freqs.sin()
-        self.half = inv_freq.shape[0]
         self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
         self.register_buffer(
             "sin_signed", torch.cat((-sin_half, sin_half), dim=-1).to(dtype), persistent=False
         )
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for each token, [num_tokens, 1, head_dim], to broadcast over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        """Rotate x [num_tokens, heads, head_dim] (may be a strided view); returns a new tensor."""
-        rotated = x.roll(self.half, dims=-1).mul_(sin_signed)
-        return (x * cos).add_(rotated)
+        """cos and signed sin for each token, [num_tokens, head_dim]."""
+        return self.cos[positions], self.sin_signed[positions]

@@ -1,0 +1,58 @@
+"""The elementwise ops of a decoder layer, picked per device.
+
+On CPU they are fused C++ kernels (csrc/cpu/layer_ops.cpp), one dispatch each; elsewhere they
+are the torch compositions below, written in transformers' order of operations.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class LayerOps(Protocol):
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rms_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += delta in place; returns rms_norm(residual) * weight."""
+        ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+        """Rotate qk [num_tokens, heads, head_dim] in place; sin_signed carries rotate_half's sign."""
+        ...
+
+
+class TorchLayerOps:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * normed.to(x.dtype)
+
+    def add_rms_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        residual.add_(delta)
+        return self.rms_norm(residual, weight, eps)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+        half = qk.shape[-1] // 2
+        rotated = qk.roll(half, dims=-1) * sin_signed[:, None]
+        qk.copy_(qk * cos[:, None] + rotated)
+
+
+def layer_ops_for(device: torch.device) -> LayerOps:
+    if device.type == "cpu":
+        from worker.native_ops import load_native_ops
+
+        return load_native_ops()
+    return TorchLayerOps()

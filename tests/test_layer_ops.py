@@ -1,0 +1,110 @@
+"""The fused C++ layer ops against transformers' formulas written out in torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker.layer_ops import TorchLayerOps
+from worker.native_ops import load_native_ops
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return load_native_ops()
+
+
+def assert_matches(ours: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None) -> None:
+    """float32 to rounding; half types allow a rare rounding flip (from a different summation order)
+    of one ulp of `magnitude`, the size of the intermediate that was rounded (default: the result).
+    """
+    if ours.dtype == torch.float32:
+        torch.testing.assert_close(ours, expected, rtol=2e-6, atol=2e-6)
+        return
+    magnitude = expected.float().abs() if magnitude is None else magnitude
+    ulp = torch.finfo(ours.dtype).eps * magnitude.clamp_min(1e-3)
+    diff = (ours.float() - expected.float()).abs()
+    assert bool((diff <= ulp * 1.01).all()), f"max diff {diff.max()}"
+    assert (diff > 0).float().mean() < 0.01
+
+
+def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 37])
+def test_rms_norm_matches_transformers(ops, dtype, rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 200, dtype=dtype) * 3
+    weight = torch.randn(200, dtype=dtype)
+    expected = hf_rms_norm(x, weight, 1e-5)
+    assert_matches(
+        ops.rms_norm(x, weight, 1e-5), expected, magnitude=expected.float().abs() + weight.abs() * 4
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_updates_the_residual_then_normalises(ops, dtype):
+    torch.manual_seed(1)
+    residual = torch.randn(21, 576, dtype=dtype)
+    delta = torch.randn(21, 576, dtype=dtype)
+    weight = torch.randn(576, dtype=dtype)
+    expected_residual = residual + delta
+    expected = hf_rms_norm(expected_residual, weight, 1e-6)
+    out = ops.add_rms_norm(residual, delta, weight, 1e-6)
+    assert torch.equal(residual, expected_residual)
+    # The normalised value is rounded before the weight multiplies it.
+    assert_matches(out, expected, magnitude=(expected.float().abs() + weight.float().abs() * 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1536, 40])
+def test_silu_and_mul_matches_transformers(ops, dtype, width):
+    torch.manual_seed(width)
+    gate_up = torch.randn(9, 2 * width, dtype=dtype) * 4
+    gate, up = gate_up[:, :width], gate_up[:, width:]
+    assert_matches(ops.silu_and_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_embedding_matches_rotate_half(ops, dtype):
+    torch.manual_seed(2)
+    tokens, heads, kv_heads, dim = 13, 9, 3, 64
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, dtype=dtype)
+    angles = torch.rand(tokens, dim // 2) * 6
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), -1).to(dtype)
+    sin_signed = torch.cat((-sin[:, : dim // 2], sin[:, dim // 2 :]), -1)
+    qk = qkv[:, : heads + kv_heads]
+    expected = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
+    untouched = qkv[:, heads + kv_heads :].clone()
+    ops.rotary_embedding(qk, cos, sin_signed)
+    assert_matches(qk, expected)
+    assert torch.equal(qkv[:, heads + kv_heads :], untouched)
+
+
+def test_torch_fallback_agrees_with_native(ops):
+    torch.manual_seed(3)
+    fallback = TorchLayerOps()
+    x = torch.randn(5, 64)
+    weight = torch.randn(64)
+    torch.testing.assert_close(fallback.rms_norm(x, weight, 1e-6), ops.rms_norm(x, weight, 1e-6))
+    gate_up = torch.randn(5, 128)
+    torch.testing.assert_close(fallback.silu_and_mul(gate_up), ops.silu_and_mul(gate_up))
+
+
+def test_bad_shapes_are_refused(ops):
+    with pytest.raises(RuntimeError, match="weight"):
+        ops.rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
+    with pytest.raises(RuntimeError, match="halves"):
+        ops.silu_and_mul(torch.randn(2, 7))

@@ -119,7 +119,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
     const T* src = gate_up.const_data_ptr<T>();
     T* dst = out.mutable_data_ptr<T>();
     at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-      alignas(64) float act[16];
       for (int64_t r = begin; r < end; ++r) {
         const T* gate = src + r * stride;
         const T* up = gate + n;
@@ -128,8 +127,12 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
         // silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e) on 16 lanes at a time.
         for (; i + 16 <= n; i += 16) {
           const v16 g = load(gate + i);
-          store(act, g / (splat(1.0f) + exp2(g * -1.4426950408889634f)));
-          for (int l = 0; l < 16; ++l) o[i + l] = from_float<T>(round_to<T>(act[l]) * to_float(up[i + l]));
+          const v16 act = round_to<T>(g / (splat(1.0f) + exp2(g * -1.4426950408889634f)));
+          if constexpr (std::is_same_v<T, c10::Half>) {
+            for (int l = 0; l < 16; ++l) o[i + l] = from_float<T>(act[l] * to_float(up[i + l]));
+          } else {
+            store(o + i, act * load(up + i));
+          }
         }
         for (; i < n; ++i) {
           const float g = to_float(gate[i]);

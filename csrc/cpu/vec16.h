@@ -10,6 +10,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::cpu {
@@ -47,6 +48,31 @@ inline v16 load(const c10::Half* p) {
 }
 
 inline void store(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
+
+// Round to nearest even on the upper half; NaNs become the canonical quiet NaN.
+inline vu16 bf16_bits(v16 v) {
+  const vu16 bits = reinterpret_cast<vu16>(v);
+  const vu16 rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+  return v == v ? rounded : vu16{} + 0x7FC0u;
+}
+
+inline void store(c10::BFloat16* p, v16 v) {
+  *reinterpret_cast<h16u*>(p) = __builtin_convertvector(bf16_bits(v), h16u);
+}
+
+// v rounded to T's precision and widened back, as torch rounds every op's result on T tensors.
+template <typename T>
+inline v16 round_to(v16 v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return reinterpret_cast<v16>(bf16_bits(v) << 16);
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    v16 r;
+    for (int i = 0; i < 16; ++i) r[i] = static_cast<float>(static_cast<c10::Half>(v[i]));
+    return r;
+  } else {
+    return v;
+  }
+}
 
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 

@@ -23,3 +23,7 @@ class UnsupportedArchitectureError(SluiceError, ValueError):
 
 class KVCacheTooSmallError(SluiceError, ValueError):
     """The KV cache memory budget cannot hold a single request of max_model_len."""
+
+
+class DeviceUnavailableError(SluiceError, RuntimeError):
+    """The configured device is not present on this machine."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sluice.config import SluiceConfig
-from sluice.errors import KVCacheTooSmallError
+from sluice.errors import DeviceUnavailableError, KVCacheTooSmallError
 from sluice.model_spec import ModelSpec
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
 from worker.model_runner import ModelRunner
@@ -17,7 +17,7 @@ class Worker:
     def __init__(self, config: SluiceConfig, spec: ModelSpec) -> None:
         self.config = config
         if config.device.device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+            raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
         if config.device.num_threads is not None:
             torch.set_num_threads(config.device.num_threads)
         self.device = torch.device(config.device.device)

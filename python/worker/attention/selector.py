@@ -12,6 +12,8 @@ def select_attention_backend(device: torch.device) -> AttentionBackend:
         from worker.attention.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
-    raise NotImplementedError(
-        f"no attention backend for device {device.type!r} yet: Sluice runs on CPU; CUDA backends are planned"
-    )
+    if device.type == "cuda":
+        from worker.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise NotImplementedError(f"no attention backend for device {device.type!r}: Sluice supports cpu and cuda")

@@ -16,4 +16,6 @@ def select_attention_backend(device: torch.device) -> AttentionBackend:
         from worker.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise NotImplementedError(f"no attention backend for device {device.type!r}: Sluice supports cpu and cuda")
+    raise NotImplementedError(
+        f"no attention backend for device {device.type!r}: Sluice supports cpu and cuda"
+    )

@@ -1,6 +1,7 @@
 """Times the CPU paged-attention kernel on SmolLM2-135M's shapes against the reference and SDPA.
 
 Run: .venv/bin/python bench/attention_kernel.py
+(SLUICE_CPU_DECODE_ATTENTION=0 times decode on the general tile path instead, for comparison.)
 """
 
 from __future__ import annotations
@@ -94,11 +95,25 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int) -> 
     print(line, flush=True)
 
 
+def report_from_dram(name: str, num_seqs: int, context: int, layers: int, repeats: int) -> None:
+    """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3."""
+    ops = load_native_ops()
+    batches = [batch(num_seqs, context, 1) for _ in range(layers)]
+    out = torch.empty_like(batches[0][0])
+
+    def forward() -> None:
+        for query, _, _, key_cache, value_cache, block_table, qsl, seq_lens, _ in batches:
+            ops.paged_attention(out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE)
+
+    print(f"{name:<34} kernel {median_ms(forward, repeats) / layers:8.3f} ms per layer", flush=True)
+
+
 def main() -> None:
     print(
         f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}"
     )
     report("decode 64 seqs x 256 context", 64, 256, 1, 50)
+    report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20)
     report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20)
     report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5)
     report("decode 1 seq x 160 context", 1, 160, 1, 200)

@@ -180,3 +180,31 @@ def test_negative_slots_are_skipped() -> None:
     padded = torch.full_like(case.metadata.slot_mapping, -1)
     load_native_ops().write_kv_cache(case.key, case.value, case.key_cache, case.value_cache, padded)
     assert torch.equal(case.key_cache, before)
+
+
+# Decode-only batches: contexts below, at and past one 256-key segment, none a multiple of 16 but one.
+DECODES = [(1, 1), (15, 1), (16, 1), (130, 1), (256, 1), (257, 1), (600, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("group", [1, 3, 5])
+def test_decode_rows_match_reference_with_poisoned_spare_slots(
+    dtype: torch.dtype, head_dim: int, group: int
+) -> None:
+    case = make_case(
+        DECODES, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype, seed=7, fill=float("nan")
+    )
+    got, want, _, _ = run_both(case)
+    assert torch.isfinite(got.float()).all()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_single_token_tail_of_a_prefill_chunk_is_causal() -> None:
+    # 3 query heads per kv head make 16-token tiles, so 33 new tokens leave a 1-token tile at the end.
+    case = make_case(
+        [(90, 33), (300, 17)], num_kv_heads=3, group=3, head_dim=64, dtype=torch.bfloat16, seed=5
+    )
+    got, want, _, _ = run_both(case)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

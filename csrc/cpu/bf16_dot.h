@@ -4,6 +4,37 @@
 // interleaved as pairs of keys.
 #pragma once
 
+#include "vec16.h"
+
+namespace sluice::cpu {
+
+// Regroups 4 vectors of 4 128-bit lanes so that x[j] holds lane j of a, b, c and d in that order.
+inline void key_quads(v16 a, v16 b, v16 c, v16 d, v16* x) {
+  const vi16 low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const vi16 high = low + 8;
+  const vi16 even = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const vi16 odd = even + 4;
+  const v16 ab0 = __builtin_shuffle(a, b, low), cd0 = __builtin_shuffle(c, d, low);
+  const v16 ab1 = __builtin_shuffle(a, b, high), cd1 = __builtin_shuffle(c, d, high);
+  x[0] = __builtin_shuffle(ab0, cd0, even);
+  x[1] = __builtin_shuffle(ab0, cd0, odd);
+  x[2] = __builtin_shuffle(ab1, cd1, even);
+  x[3] = __builtin_shuffle(ab1, cd1, odd);
+}
+
+// Lane 4 L + j of the result is the sum of the four lanes in 128-bit lane L of a[j].
+inline v16 sum_quads(const v16* a) {
+  const vi16 lo = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29};
+  const vi16 hi = lo + 2;
+  const vi16 first = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const vi16 second = first + 2;
+  const v16 ab = __builtin_shuffle(a[0], a[1], lo) + __builtin_shuffle(a[0], a[1], hi);
+  const v16 cd = __builtin_shuffle(a[2], a[3], lo) + __builtin_shuffle(a[2], a[3], hi);
+  return __builtin_shuffle(ab, cd, first) + __builtin_shuffle(ab, cd, second);
+}
+
+}  // namespace sluice::cpu
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SLUICE_BF16_DOT 1
 
@@ -117,6 +148,71 @@ inline void pv(float* acc, int dim, const uint32_t* probs, const float* alpha, c
   int r = 0;
   for (; r + kRows <= rows; r += kRows) pv_row_group<kRows>(acc + r * dim, dim, probs + r * 8, alpha + r, v, pairs);
   if (r < rows) table[rows - r - 1](acc + r * dim, dim, probs + r * 8, alpha + r, v, pairs);
+}
+
+// Decode rows: too few to pay for transposing K. Each 128-bit lane of an operand holds 8 dims of one
+// key and the query's matching 8 dims sit broadcast in every lane, so 4 keys share one dot product;
+// each key's 4 partial sums are added once per 16 keys. q holds dim / 8 such vectors per row.
+template <int R>
+void decode_qk(const __m512i* q, int dim, const uint16_t* const* k, float* s, int s_stride) {
+  const int q_stride = dim / 8;
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int d0 = 0; d0 < dim; d0 += 32) {
+    for (int g = 0; g < 4; ++g) {
+      v16 x[4];
+      key_quads(reinterpret_cast<v16>(as_ps(_mm512_loadu_si512(k[g] + d0))),
+                reinterpret_cast<v16>(as_ps(_mm512_loadu_si512(k[g + 4] + d0))),
+                reinterpret_cast<v16>(as_ps(_mm512_loadu_si512(k[g + 8] + d0))),
+                reinterpret_cast<v16>(as_ps(_mm512_loadu_si512(k[g + 12] + d0))), x);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j)
+          acc[r][g] = _mm512_dpbf16_ps(acc[r][g], (__m512bh)as_si(reinterpret_cast<__m512>(x[j])),
+                                       (__m512bh)_mm512_loadu_si512(q + r * q_stride + d0 / 8 + j));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    v16 a[4];
+    for (int g = 0; g < 4; ++g) a[g] = reinterpret_cast<v16>(acc[r][g]);
+    _mm512_storeu_ps(s + r * s_stride, reinterpret_cast<__m512>(sum_quads(a)));
+  }
+}
+
+// acc[r] += sum over key pairs of probs x values for R rows and 32 * H dims from `off`. Pairs of keys
+// are interleaved with in-lane unpacks, which are cheaper than a cross-lane permute but leave the
+// dims of each 32-dim block in unpack order: the block is stored as lo then hi, where lo lane
+// 4 L + j is dim 8 L + j and hi lane 4 L + j is dim 8 L + 4 + j.
+template <int R, int H>
+void decode_pv(float* acc, int dim, const uint32_t* probs, int p_stride, const uint16_t* const* v, int pairs,
+               int off) {
+  __m512 a[R][2 * H];
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < 2 * H; ++z) a[r][z] = _mm512_loadu_ps(acc + r * dim + off + z * 16);
+  for (int i = 0; i < pairs; ++i) {
+    __m512bh vv[2 * H];
+    for (int h = 0; h < H; ++h) {
+      const __m512i x = _mm512_loadu_si512(v[2 * i] + off + h * 32);
+      const __m512i y = _mm512_loadu_si512(v[2 * i + 1] + off + h * 32);
+      vv[2 * h] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+      vv[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(int(probs[r * p_stride + i]));
+      for (int z = 0; z < 2 * H; ++z) a[r][z] = _mm512_dpbf16_ps(a[r][z], w, vv[z]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < 2 * H; ++z) _mm512_storeu_ps(acc + r * dim + off + z * 16, a[r][z]);
+}
+
+// Undoes decode_pv's dim order for one 32-dim block.
+inline void unpack_order(const float* src, float* dst) {
+  const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+  const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  _mm512_storeu_ps(dst, _mm512_permutex2var_ps(lo, first, hi));
+  _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(lo, second, hi));
 }
 
 }  // namespace sluice::cpu::bf16dot

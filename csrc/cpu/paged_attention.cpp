@@ -2,7 +2,8 @@
 // rows are every query head of the kv head's group for every token of the tile, so each K/V row
 // fetched through the block table serves the whole group. Keys go 16 at a time: K is widened to
 // float and transposed so that scores come out as one 16-lane vector per row, then an online
-// softmax rescales the float accumulators.
+// softmax rescales the float accumulators. Decode items (one query token) take their own path, see
+// attend_decode.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -10,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -32,6 +34,15 @@ constexpr int kPvVecs = 4;
 constexpr int kTileRows = 48;
 // Below this much work (rows x keys) waking the thread pool costs more than it saves.
 constexpr int64_t kSerialWork = 4096;
+// Keys whose scores are computed before one softmax pass and one P.V pass; the online rescale runs
+// once per segment. 256 keys of K and V for a 64-dim bf16 head stay in L1.
+constexpr int kSegKeys = 256;
+// Query rows per decode kernel call: 4 rows x 4 key quads of accumulators fill half the registers.
+constexpr int kDecodeRows = 4;
+constexpr int kMaxDecodeRows = 16;
+constexpr int kMaxDecodeDim = 1024;
+// Stands in for keys past the context in a padded chunk, for every cache dtype (all-zero bits).
+alignas(64) const float kZeros[kMaxDecodeDim] = {};
 
 struct Problem {
   const void* query;
@@ -54,6 +65,7 @@ struct Tile {
 
 struct Scratch {
   std::vector<float> q, acc, kt, scores, lsum, mrow, alpha, probs;
+  std::vector<const void*> k_rows, v_rows;
 
   void reserve(int rows, int dim) {
     auto grow = [](std::vector<float>& v, size_t n) {
@@ -67,6 +79,28 @@ struct Scratch {
     grow(mrow, rows);
     grow(alpha, rows);
     grow(probs, size_t(rows) * kChunk / 2);
+  }
+
+  // q holds each row as dim / 4 vectors (float) or dim / 8 (bf16 pairs); scores and probs one
+  // segment per row; lsum one float per row.
+  void reserve_decode(int rows, int dim) {
+    auto grow = [](auto& v, size_t n) {
+      if (v.size() < n) v.resize(n);
+    };
+    grow(q, size_t(rows) * dim * 4);
+    grow(acc, size_t(rows) * dim + dim);
+    grow(scores, size_t(rows) * kSegKeys);
+    grow(probs, size_t(rows) * kSegKeys);
+    grow(lsum, rows);
+    grow(mrow, rows);
+    grow(alpha, rows);
+  }
+
+  void reserve_rows(int keys) {
+    if (k_rows.size() < size_t(keys)) {
+      k_rows.resize(keys);
+      v_rows.resize(keys);
+    }
   }
 };
 
@@ -267,6 +301,248 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   }
 }
 
+// s[r][key] = q[r] . k[key] for 16 keys, with q as dim / 4 vectors per row, each holding 4 of its
+// dims (pre-scaled) in every 128-bit lane; see bf16dot::decode_qk for the layout.
+template <typename C, int R>
+void decode_qk_float(const float* q, int dim, const C* const* k, float* s, int s_stride) {
+  const int q_stride = dim * 4;
+  v16 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 4; ++g) acc[r][g] = v16{};
+  for (int d0 = 0; d0 < dim; d0 += 16) {
+    for (int g = 0; g < 4; ++g) {
+      v16 x[4];
+      key_quads(load(k[g] + d0), load(k[g + 4] + d0), load(k[g + 8] + d0), load(k[g + 12] + d0), x);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][g] += x[j] * load(q + r * q_stride + (d0 / 4 + j) * 16);
+    }
+  }
+  for (int r = 0; r < R; ++r) store(s + r * s_stride, sum_quads(acc[r]));
+}
+
+// acc[r] += sum_i p[r][i] * v[i] over Z vectors of dims starting at `off`.
+template <typename C, int R, int Z>
+void decode_pv_float(float* acc, int dim, const float* p, int p_stride, const C* const* v, int nk, int off) {
+  v16 a[R][Z];
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < Z; ++z) a[r][z] = load(acc + r * dim + off + z * 16);
+  for (int i = 0; i < nk; ++i) {
+    v16 vv[Z];
+    for (int z = 0; z < Z; ++z) vv[z] = load(v[i] + off + z * 16);
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * p_stride + i];
+      for (int z = 0; z < Z; ++z) a[r][z] += w * vv[z];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int z = 0; z < Z; ++z) store(acc + r * dim + off + z * 16, a[r][z]);
+}
+
+template <typename C, bool Dot, int R>
+void decode_qk_rows(const float* q, int dim, const C* const* k, float* s) {
+  if constexpr (Dot) {
+    bf16dot::decode_qk<R>(reinterpret_cast<const __m512i*>(q), dim, reinterpret_cast<const uint16_t* const*>(k), s,
+                          kSegKeys);
+  } else {
+    decode_qk_float<C, R>(q, dim, k, s, kSegKeys);
+  }
+}
+
+template <typename C, bool Dot, int R>
+void decode_pv_rows(float* acc, int dim, const float* probs, const C* const* v, int nk) {
+  if constexpr (Dot) {
+    const auto* pp = reinterpret_cast<const uint32_t*>(probs);
+    const auto* vv = reinterpret_cast<const uint16_t* const*>(v);
+    int off = 0;
+    for (; off + 64 <= dim; off += 64) bf16dot::decode_pv<R, 2>(acc, dim, pp, kSegKeys, vv, nk / 2, off);
+    if (off < dim) bf16dot::decode_pv<R, 1>(acc, dim, pp, kSegKeys, vv, nk / 2, off);
+  } else {
+    int off = 0;
+    for (; off + 64 <= dim; off += 64) decode_pv_float<C, R, 4>(acc, dim, probs, kSegKeys, v, nk, off);
+    switch ((dim - off) / 16) {
+      case 1: decode_pv_float<C, R, 1>(acc, dim, probs, kSegKeys, v, nk, off); break;
+      case 2: decode_pv_float<C, R, 2>(acc, dim, probs, kSegKeys, v, nk, off); break;
+      case 3: decode_pv_float<C, R, 3>(acc, dim, probs, kSegKeys, v, nk, off); break;
+      default: break;
+    }
+  }
+}
+
+// GCC drops __builtin_prefetch of addresses it loads from the row tables here, so x86 gets the
+// instruction itself.
+inline void prefetch_line(const char* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+// One query token, so only `group` rows: per 16-key chunk the work is too small to carry the fixed
+// costs of the tile path (widening or transposing K, a horizontal max, a rescale). Instead, a whole
+// segment of keys is scored first, then one softmax pass per row, then one P.V pass that keeps the
+// accumulators in registers. Keys are padded to a multiple of 16 with zero rows and -inf scores.
+template <typename Q, typename C, bool Dot>
+void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
+  const int dim = p.head_dim, rows = p.group;
+  s.reserve_decode(rows, dim);
+  float* qv = s.q.data();
+  float* acc = s.acc.data();
+  float* sc = s.scores.data();
+  float* probs = s.probs.data();
+  float* lsum = s.lsum.data();
+  float* mrow = s.mrow.data();
+  // Floats per prepared query row: dim / 8 vectors of bf16 pairs, or dim / 4 vectors of floats.
+  const int q_stride = Dot ? dim * 2 : dim * 4;
+
+  for (int m = 0; m < rows; ++m) {
+    const int h = w.kv_head * rows + m;
+    const Q* src = static_cast<const Q*>(p.query) + (w.q_row + w.t0) * p.q_tok + h * p.q_head;
+    float* dst = qv + m * q_stride;
+    if constexpr (Dot) {
+      for (int j = 0; j < dim / 8; ++j)
+        _mm512_storeu_si512(dst + j * 16, _mm512_broadcast_i32x4(_mm_loadu_si128(
+                                              reinterpret_cast<const __m128i*>(src + j * 8))));
+    } else {
+      for (int c = 0; c < dim / 16; ++c) {
+        const v16 x = load(src + c * 16) * p.scale_log2;
+        for (int j = 0; j < 4; ++j) {
+          const vi16 quad = vi16{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3} + 4 * j;
+          store(dst + (c * 4 + j) * 16, __builtin_shuffle(x, quad));
+        }
+      }
+    }
+    for (int d = 0; d < dim; d += 16) store(acc + m * dim + d, v16{});
+    lsum[m] = 0.0f;
+    mrow[m] = -std::numeric_limits<float>::infinity();
+  }
+
+  const int n_keys = w.prefix + w.t1;
+  const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
+  const C* k_base = static_cast<const C*>(p.k_cache) + int64_t(w.kv_head) * dim;
+  const C* v_base = static_cast<const C*>(p.v_cache) + int64_t(w.kv_head) * dim;
+  const C* zeros = reinterpret_cast<const C*>(kZeros);
+  const int row_bytes = dim * int(sizeof(C));
+  const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
+  // Blocks are scattered, so the hardware prefetcher cannot follow the table: K and V rows are fetched
+  // one chunk ahead of the dot products (V is read a whole pass later). Prefetching further ahead
+  // measured slower from DRAM.
+  auto prefetch = [&](const C* const* r, int count) {
+    for (int i = 0; i < count; ++i)
+      for (int b = 0; b < row_bytes; b += 64) prefetch_line(reinterpret_cast<const char*>(r[i]) + b);
+  };
+  const int n_padded = (n_keys + kChunk - 1) / kChunk * kChunk;
+  s.reserve_rows(n_padded);
+  const C** k_rows = reinterpret_cast<const C**>(s.k_rows.data());
+  const C** v_rows = reinterpret_cast<const C**>(s.v_rows.data());
+  for (int i = 0, block = 0; i < n_keys; ++block) {
+    const int64_t first = int64_t(blocks[block]) * p.block_size;
+    // Keys inside one block are evenly spaced, so their rows need no per-key lookup.
+    const int run = std::min(p.block_size, n_keys - i);
+    for (int j = 0; j < run; ++j) {
+      const int64_t at = (first + j) * p.slot_stride;
+      k_rows[i + j] = k_base + at;
+      v_rows[i + j] = v_base + at;
+    }
+    i += run;
+  }
+  for (int i = n_keys; i < n_padded; ++i) k_rows[i] = v_rows[i] = zeros;
+  auto prefetch_chunk = [&](const C* const* r, int k0) {
+    if (k0 < n_keys) prefetch(r + k0, std::min(kChunk, n_keys - k0));
+  };
+  prefetch_chunk(k_rows, 0);
+  prefetch_chunk(v_rows, 0);
+
+  for (int seg0 = 0; seg0 < n_keys; seg0 += kSegKeys) {
+    const int n = std::min(kSegKeys, n_keys - seg0);
+    const int padded = (n + kChunk - 1) / kChunk * kChunk;
+    for (int k0 = 0; k0 < padded; k0 += kChunk) {
+      prefetch_chunk(k_rows, seg0 + k0 + kChunk);
+      prefetch_chunk(v_rows, seg0 + k0 + kChunk);
+      int r0 = 0;
+      const C* const* kr = k_rows + seg0 + k0;
+      for (; r0 + kDecodeRows <= rows; r0 += kDecodeRows)
+        decode_qk_rows<C, Dot, kDecodeRows>(qv + r0 * q_stride, dim, kr, sc + r0 * kSegKeys + k0);
+      switch (rows - r0) {
+        case 1: decode_qk_rows<C, Dot, 1>(qv + r0 * q_stride, dim, kr, sc + r0 * kSegKeys + k0); break;
+        case 2: decode_qk_rows<C, Dot, 2>(qv + r0 * q_stride, dim, kr, sc + r0 * kSegKeys + k0); break;
+        case 3: decode_qk_rows<C, Dot, 3>(qv + r0 * q_stride, dim, kr, sc + r0 * kSegKeys + k0); break;
+        default: break;
+      }
+    }
+
+    for (int m = 0; m < rows; ++m) {
+      float* x = sc + m * kSegKeys;
+      v16 top = neg_inf;
+      for (int k0 = 0; k0 < padded; k0 += kChunk) {
+        v16 v = load(x + k0);
+        if constexpr (Dot) v = v * p.scale_log2;
+        if (k0 + kChunk > n) v = lane < n - k0 ? v : neg_inf;
+        store(x + k0, v);
+        top = vmax(top, v);
+      }
+      const float old = mrow[m];
+      const float t = std::max(old, hmax(top));
+      const float a = t > old ? std::exp2(old - t) : 1.0f;
+      mrow[m] = t;
+      v16 sum{};
+      for (int k0 = 0; k0 < padded; k0 += kChunk) {
+        const v16 e = exp2(load(x + k0) - t);
+        sum += e;
+        if constexpr (Dot) {
+          bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(probs + m * kSegKeys) + k0 / 2);
+        } else {
+          store(probs + m * kSegKeys + k0, e);
+        }
+      }
+      lsum[m] = lsum[m] * a + hsum(sum);
+      if (a != 1.0f)
+        for (int d = 0; d < dim; d += 16) store(acc + m * dim + d, load(acc + m * dim + d) * a);
+    }
+
+    int r0 = 0;
+    for (; r0 + kDecodeRows <= rows; r0 += kDecodeRows)
+      decode_pv_rows<C, Dot, kDecodeRows>(acc + r0 * dim, dim, probs + r0 * kSegKeys, v_rows + seg0, padded);
+    switch (rows - r0) {
+      case 1: decode_pv_rows<C, Dot, 1>(acc + r0 * dim, dim, probs + r0 * kSegKeys, v_rows + seg0, padded); break;
+      case 2: decode_pv_rows<C, Dot, 2>(acc + r0 * dim, dim, probs + r0 * kSegKeys, v_rows + seg0, padded); break;
+      case 3: decode_pv_rows<C, Dot, 3>(acc + r0 * dim, dim, probs + r0 * kSegKeys, v_rows + seg0, padded); break;
+      default: break;
+    }
+  }
+
+  float* ordered = acc + rows * dim;
+  for (int m = 0; m < rows; ++m) {
+    const int h = w.kv_head * rows + m;
+    Q* dst = static_cast<Q*>(p.out) + (w.q_row + w.t0) * p.o_tok + h * p.o_head;
+    const float* row = acc + m * dim;
+    if constexpr (Dot) {
+      for (int d = 0; d < dim; d += 32) bf16dot::unpack_order(row + d, ordered + d);
+      row = ordered;
+    }
+    store_row(dst, row, 1.0f / lsum[m], dim);
+  }
+}
+
+// The decode path can be switched off (SLUICE_CPU_DECODE_ATTENTION=0) to measure what it gains.
+bool decode_path_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SLUICE_CPU_DECODE_ATTENTION");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+template <typename Q, typename C, bool Dot>
+void attend(const Problem& p, const Tile& w, Scratch& s) {
+  if (w.t1 - w.t0 == 1 && p.group <= kMaxDecodeRows && p.head_dim <= kMaxDecodeDim && decode_path_enabled()) {
+    attend_decode<Q, C, Dot>(p, w, s);
+  } else {
+    attend_tile<Q, C, Dot>(p, w, s);
+  }
+}
+
 using TileFn = void (*)(const Problem&, const Tile&, Scratch&);
 
 #ifdef SLUICE_BF16_DOT
@@ -278,13 +554,13 @@ constexpr bool kHasBf16Dot = false;
 template <typename Q>
 TileFn pick_for_cache(at::ScalarType cache, int dim) {
   switch (cache) {
-    case at::kFloat: return &attend_tile<Q, float, false>;
+    case at::kFloat: return &attend<Q, float, false>;
     case at::kBFloat16:
       if constexpr (kHasBf16Dot && std::is_same_v<Q, c10::BFloat16>) {
-        if (dim % 32 == 0 && dim <= 1024) return &attend_tile<Q, c10::BFloat16, true>;
+        if (dim % 32 == 0 && dim <= 1024) return &attend<Q, c10::BFloat16, true>;
       }
-      return &attend_tile<Q, c10::BFloat16, false>;
-    case at::kHalf: return &attend_tile<Q, c10::Half, false>;
+      return &attend<Q, c10::BFloat16, false>;
+    case at::kHalf: return &attend<Q, c10::Half, false>;
     default: TORCH_CHECK(false, "paged_attention: unsupported cache dtype ", cache);
   }
 }

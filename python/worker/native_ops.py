@@ -16,7 +16,10 @@ import torch
 from sluice.errors import SluiceError
 
 _SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast"]
+# at::parallel_for splits work only when built with OpenMP; the extension then shares the
+# libgomp.so.1 that torch has already loaded, so there is one OpenMP runtime in the process.
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"]
+_LDFLAGS = ["-fopenmp"]
 _MODULE_NAME = "sluice_cpu_ops"
 
 
@@ -71,6 +74,7 @@ def load_native_ops() -> ModuleType:
         name=_MODULE_NAME,
         sources=sources,
         extra_cflags=_CFLAGS,
+        extra_ldflags=_LDFLAGS,
         build_directory=str(build_dir),
         with_cuda=False,
         verbose=False,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -48,3 +50,8 @@ class SluiceConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+def sluice_cache_dir() -> Path:
+    """Where Sluice keeps what it builds once: converted models and compiled kernels."""
+    return Path(os.environ.get("SLUICE_CACHE") or Path.home() / ".cache" / "sluice").expanduser()

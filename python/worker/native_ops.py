@@ -13,6 +13,7 @@ from types import ModuleType
 
 import torch
 
+from sluice.config import sluice_cache_dir
 from sluice.errors import SluiceError
 
 _SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
@@ -45,8 +46,7 @@ def _build_dir(files: list[Path]) -> Path:
         digest.update(path.read_bytes())
     for part in (torch.__version__, sys.version, " ".join(_CFLAGS), _cpu_signature()):
         digest.update(part.encode())
-    root = Path(os.environ.get("SLUICE_CACHE") or Path.home() / ".cache" / "sluice").expanduser()
-    return root / "torch_extensions" / digest.hexdigest()[:16]
+    return sluice_cache_dir() / "torch_extensions" / digest.hexdigest()[:16]
 
 
 @functools.cache

@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from paged_attention_cases import MIXED, Case, make_case
 from reference_attention import ReferenceAttentionBackend
-from worker.attention.backend import AttentionMetadata
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -28,74 +28,7 @@ RUN_HERE = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 here = pytest.mark.skipif(not RUN_HERE, reason="runs in the TRITON_INTERPRET=1 child process")
 gpu_only = pytest.mark.skipif(not CUDA, reason="too large for Triton's interpreter")
 
-# Prefill chunks that start mid-sequence, a fresh prefill, and decodes; no length a multiple of 16.
-MIXED = [(37, 37), (70, 19), (5, 1), (130, 1), (45, 13), (17, 1), (1, 1)]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-@dataclass
-class Case:
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    metadata: AttentionMetadata
-
-
-def make_case(
-    seqs: list[tuple[int, int]],
-    *,
-    num_kv_heads: int,
-    group: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    block_size: int = 16,
-    seed: int = 0,
-    fill: float | None = None,
-) -> Case:
-    """seqs holds (context length once this step's tokens are in, number of new query tokens); on CPU."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_needed = [(ctx + block_size - 1) // block_size for ctx, _ in seqs]
-    num_blocks = sum(blocks_needed) + 3
-    # Shuffled ids make every table non-contiguous; the spare id pads the tables and is never read.
-    ids = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    spare = int(ids[sum(blocks_needed)])
-    block_table = torch.full((len(seqs), max(blocks_needed) + 2), spare, dtype=torch.int32)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.randn(shape, generator=gen).to(dtype)
-    value_cache = torch.randn(shape, generator=gen).to(dtype)
-    unused = torch.ones(num_blocks * block_size, dtype=torch.bool)
-    new_slots = []
-    taken = 0
-    for i, (ctx, q_len) in enumerate(seqs):
-        table = ids[taken : taken + blocks_needed[i]]
-        taken += blocks_needed[i]
-        block_table[i, : len(table)] = table
-        seq_slots = (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:ctx]
-        unused[seq_slots] = False
-        new_slots.append(seq_slots[ctx - q_len :])
-    if fill is not None:
-        key_cache.view(-1, num_kv_heads, head_dim)[unused] = fill
-        value_cache.view(-1, num_kv_heads, head_dim)[unused] = fill
-    q_lens = torch.tensor([q_len for _, q_len in seqs])
-    num_tokens = int(q_lens.sum())
-    query = torch.randn(num_tokens, num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
-    value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
-    query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    query_start_loc[1:] = q_lens.cumsum(0)
-    metadata = AttentionMetadata(
-        num_tokens=num_tokens,
-        num_seqs=len(seqs),
-        slot_mapping=torch.cat(new_slots),
-        query_start_loc=query_start_loc,
-        seq_lens=torch.tensor([ctx for ctx, _ in seqs], dtype=torch.int32),
-        block_table=block_table,
-        max_query_len=int(q_lens.max()),
-        max_seq_len=max(ctx for ctx, _ in seqs),
-    )
-    return Case(query, key, value, key_cache, value_cache, metadata)
 
 
 def on_device(case: Case) -> Case:

@@ -1,0 +1,1 @@
+//! Sluice's frontend: everything that touches text and HTTP.

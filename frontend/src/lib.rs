@@ -1,1 +1,3 @@
 //! Sluice's frontend: everything that touches text and HTTP.
+pub mod metrics;
+pub mod openai;

@@ -1,0 +1,350 @@
+//! The OpenAI API's request and response bodies, plus vLLM's sampling extensions.
+//!
+//! Requests deserialize leniently about unknown fields (as vLLM does) and strictly about types:
+//! a wrong type is a serde error, which the HTTP layer answers with a 400.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A completions prompt: a string, strings, token ids, or lists of token ids.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StopSequences {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSequences {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSequences::One(s) => vec![s],
+            StopSequences::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields common to completions and chat, as OpenAI and vLLM name them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub n: Option<u32>,
+    pub stop: Option<StopSequences>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Token ids as JSON object keys, which are always strings.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Completions take an int: the sampled token plus the top N.
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+}
+
+/// A chat message's content: a string, or OpenAI's array of parts of which text parts are joined.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<MessageContent>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// The newer name of max_tokens; when both are given this one wins, as in OpenAI's API.
+    pub max_completion_tokens: Option<u32>,
+    /// Chat takes a bool, and `top_logprobs` for how many alternatives.
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// Completions' logprobs: parallel arrays over the generated tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f64>>,
+    pub top_logprobs: Vec<Option<BTreeMap<String, f64>>>,
+    pub text_offset: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// Both the whole response and each stream chunk (`object` is "text_completion" in both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobToken {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatLogprobToken>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    pub max_model_len: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+/// vLLM's /tokenize: a prompt, or chat messages rendered through the template first.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: u32,
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_takes_all_four_shapes() {
+        let shapes = [
+            (r#""hi""#, Prompt::Text("hi".into())),
+            (r#"["a","b"]"#, Prompt::Texts(vec!["a".into(), "b".into()])),
+            ("[1,2,3]", Prompt::Tokens(vec![1, 2, 3])),
+            ("[[1],[2,3]]", Prompt::TokenLists(vec![vec![1], vec![2, 3]])),
+        ];
+        for (json, expected) in shapes {
+            assert_eq!(serde_json::from_str::<Prompt>(json).unwrap(), expected);
+        }
+        assert!(serde_json::from_str::<Prompt>("[1.5]").is_err());
+        assert!(serde_json::from_str::<Prompt>("{}").is_err());
+    }
+
+    #[test]
+    fn completion_request_reads_openai_and_vllm_fields() {
+        let body = r#"{"model":"m","prompt":"x","max_tokens":5,"temperature":0.5,"top_k":4,
+            "stop":"\n","logprobs":2,"echo":true,"logit_bias":{"17":-100},"ignore_eos":true,
+            "stream":true,"stream_options":{"include_usage":true},"unknown_field":1}"#;
+        let req: CompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.sampling.max_tokens, Some(5));
+        assert_eq!(req.sampling.top_k, Some(4));
+        assert_eq!(
+            req.sampling.stop.clone().map(StopSequences::into_vec),
+            Some(vec!["\n".to_string()])
+        );
+        assert_eq!(req.logprobs, Some(2));
+        assert_eq!(req.sampling.logit_bias.unwrap()["17"], -100.0);
+        assert!(req.sampling.stream_options.unwrap().include_usage);
+    }
+
+    #[test]
+    fn wrong_types_are_errors() {
+        assert!(serde_json::from_str::<CompletionRequest>(
+            r#"{"model":"m","prompt":"x","max_tokens":"5"}"#
+        )
+        .is_err());
+        assert!(
+            serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m","messages":"hi"}"#)
+                .is_err()
+        );
+        assert!(serde_json::from_str::<CompletionRequest>(r#"{"prompt":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn chat_request_reads_content_parts_and_logprob_flags() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],
+            "logprobs":true,"top_logprobs":3,"max_completion_tokens":7}"#;
+        let req: ChatCompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.logprobs, Some(true));
+        assert_eq!(req.top_logprobs, Some(3));
+        assert_eq!(req.max_completion_tokens, Some(7));
+        assert!(matches!(
+            req.messages[0].content,
+            Some(MessageContent::Parts(_))
+        ));
+    }
+
+    #[test]
+    fn chunk_delta_omits_absent_fields() {
+        let chunk = ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta::default(),
+            logprobs: None,
+            finish_reason: None,
+        };
+        let json = serde_json::to_string(&chunk).unwrap();
+        assert_eq!(
+            json,
+            r#"{"index":0,"delta":{},"logprobs":null,"finish_reason":null}"#
+        );
+    }
+}

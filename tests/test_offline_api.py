@@ -87,6 +87,7 @@ def test_n_samples_share_the_prompt_blocks(llm, w1_prompts):
         ({"prompt_token_ids": [1, 2]}, SamplingParams(top_p=1.5), "top_p"),
         ({"prompt_token_ids": [1, 2]}, SamplingParams(top_k=-2), "top_k"),
         ({"prompt_token_ids": [1, 2]}, SamplingParams(n=0), "n"),
+        ({"prompt_token_ids": [1, 2]}, SamplingParams(seed=2**63), "seed"),
     ],
 )
 def test_bad_request_raises_before_scheduling(llm, prompt, params, param):

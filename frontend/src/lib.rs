@@ -1,3 +1,11 @@
 //! Sluice's frontend: everything that touches text and HTTP.
+pub mod api_error;
+pub mod chat_template;
+pub mod detokenizer;
+pub mod engine_client;
 pub mod metrics;
 pub mod openai;
+pub mod protocol;
+pub mod sse;
+pub mod stop_strings;
+pub mod tokenizer_pool;

@@ -19,9 +19,9 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
         self.executor = InProcessExecutor(config, self.spec)
-        num_blocks = self.executor.determine_num_blocks()
-        self.executor.initialize_kv_cache(num_blocks)
-        self.scheduler = Scheduler(config.scheduler, config.cache, num_blocks, self.max_model_len)
+        self.num_kv_blocks = self.executor.determine_num_blocks()
+        self.executor.initialize_kv_cache(self.num_kv_blocks)
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len)
 
     def add_request(
         self,
@@ -47,8 +47,15 @@ class EngineCore:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         validate_request(prompt_token_ids, params, self.max_model_len, self.vocab_size)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self.scheduler.abort_requests(request_ids)
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """End the requests now and free their blocks; one "abort" output per request that was live."""
+        return self.scheduler.abort_requests(request_ids)
+
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self.scheduler.requests)
+
+    def has_request(self, request_id: str) -> bool:
+        return self.scheduler.get_request(request_id) is not None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

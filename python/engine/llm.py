@@ -52,7 +52,7 @@ class LLM:
             from sluice.default_model import prepare_default_model
 
             model = str(prepare_default_model())
-        self.config = SluiceConfig(
+        config = SluiceConfig(
             model=ModelConfig(path=model, dtype=dtype, max_model_len=max_model_len),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,
@@ -67,10 +67,20 @@ class LLM:
             ),
             device=DeviceConfig(device=device, num_threads=num_threads),  # type: ignore[arg-type]
         )
-        self.engine = EngineCore(self.config)
+        self._start(config)
+
+    @classmethod
+    def from_config(cls, config: SluiceConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: SluiceConfig) -> None:
+        self.config = config
+        self.engine = EngineCore(config)
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
         self._ids = itertools.count()
 
     def generate(

@@ -5,19 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sluice.engine_args import add_engine_arguments, config_from_args
 from sluice.errors import SluiceError
 
 
 def _generate(args: argparse.Namespace) -> None:
     from engine import LLM, SamplingParams
 
-    llm = LLM(
-        model=args.model,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        kv_cache_memory=args.kv_cache_memory,
-        device=args.device,
-    )
+    llm = LLM.from_config(config_from_args(args))
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template(
@@ -42,16 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="print a completion of PROMPT")
     generate.add_argument("prompt")
-    generate.add_argument("--model", default=None, help="a local Hugging Face folder (default: SmolLM2-135M)")
-    generate.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--top-p", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--max-model-len", type=int, default=None)
-    generate.add_argument("--kv-cache-memory", type=float, default=2.0, help="KV cache budget in GiB")
-    generate.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     generate.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    add_engine_arguments(generate)
     generate.set_defaults(run=_generate)
 
     model = commands.add_parser("model", help="manage models")

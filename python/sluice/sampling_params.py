@@ -65,6 +65,11 @@ class SamplingParams:
                 "logprobs",
                 f"logprobs must be non-negative, got {self.logprobs}",
             ),
+            (
+                self.seed is None or -(2**63) <= self.seed < 2**63,
+                "seed",
+                f"seed must fit in a signed 64-bit integer, got {self.seed}",
+            ),
             (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
             (
                 self.min_tokens <= self.max_tokens,

@@ -1,0 +1,804 @@
+//! The model's chat template, rendered the way transformers'
+//! `apply_chat_template(..., tokenize=False)` renders it.
+//!
+//! transformers runs templates in Jinja2 with `trim_blocks`, `lstrip_blocks`,
+//! the loop-controls extension, Python's string methods on values, and the
+//! globals `raise_exception` and `strftime_now`, and its own `tojson` (Python's
+//! `json.dumps`, non-ASCII kept). The environment below mirrors that, so that
+//! a prompt rendered here tokenizes exactly like one rendered in Python.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde};
+use minijinja::{Environment, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::openai::{ChatMessage, MessageContent};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Errors from loading or rendering a chat template. Loading errors
+/// (`Io`, `Config`, `Missing`, `Syntax`) are the server's; rendering errors
+/// (`Raised`, `Render`, `UnsupportedContentPart`) are the request's (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("invalid {path}: {source}")]
+    Config {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("the model has no chat template")]
+    Missing,
+    #[error("invalid chat template: {0}")]
+    Syntax(minijinja::Error),
+    /// The template called `raise_exception(message)`, usually to reject the
+    /// conversation (e.g. roles that do not alternate).
+    #[error("{0}")]
+    Raised(String),
+    #[error("chat template rendering failed: {0}")]
+    Render(minijinja::Error),
+    #[error("content part of type {0:?} is not supported; only \"text\" parts are")]
+    UnsupportedContentPart(String),
+}
+
+impl ChatTemplateError {
+    /// Whether the request (rather than the server's model files) is at fault.
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            Self::Raised(_) | Self::Render(_) | Self::UnsupportedContentPart(_)
+        )
+    }
+}
+
+/// The message of a template's `raise_exception`, carried as the render error's source.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RaisedByTemplate(String);
+
+/// A compiled chat template with the special tokens it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TokenizerConfig {
+    chat_template: Option<TemplateSource>,
+    bos_token: Option<SpecialToken>,
+    eos_token: Option<SpecialToken>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TemplateSource {
+    Single(String),
+    Named(Vec<NamedTemplate>),
+}
+
+#[derive(Deserialize)]
+struct NamedTemplate {
+    name: String,
+    template: String,
+}
+
+/// Special tokens are written as plain strings or as `AddedToken` objects.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SpecialToken {
+    Text(String),
+    Added { content: String },
+}
+
+impl SpecialToken {
+    fn into_text(self) -> String {
+        match self {
+            Self::Text(text) | Self::Added { content: text } => text,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct TemplateMessage<'a> {
+    role: &'a str,
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+impl ChatTemplate {
+    /// Loads the template of a Hugging Face model folder: `chat_template.jinja`
+    /// if present (transformers prefers it), else `tokenizer_config.json`'s
+    /// `chat_template`, a string or a list of named templates (the one named
+    /// "default" is used). Special tokens come from `tokenizer_config.json`.
+    pub fn from_model_dir(model_dir: &Path) -> Result<Self, ChatTemplateError> {
+        let config_path = model_dir.join("tokenizer_config.json");
+        let config =
+            match std::fs::read_to_string(&config_path) {
+                Ok(text) => Some(serde_json::from_str::<TokenizerConfig>(&text).map_err(
+                    |source| ChatTemplateError::Config {
+                        path: config_path.clone(),
+                        source,
+                    },
+                )?),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => None,
+                Err(source) => {
+                    return Err(ChatTemplateError::Io {
+                        path: config_path,
+                        source,
+                    })
+                }
+            };
+        let (config_template, bos_token, eos_token) = match config {
+            Some(config) => (
+                config.chat_template,
+                config.bos_token.map(SpecialToken::into_text),
+                config.eos_token.map(SpecialToken::into_text),
+            ),
+            None => (None, None, None),
+        };
+
+        let jinja_path = model_dir.join("chat_template.jinja");
+        let source = match std::fs::read_to_string(&jinja_path) {
+            Ok(source) => source,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                default_template(config_template).ok_or(ChatTemplateError::Missing)?
+            }
+            Err(source) => {
+                return Err(ChatTemplateError::Io {
+                    path: jinja_path,
+                    source,
+                })
+            }
+        };
+        Self::from_source(source, bos_token, eos_token)
+    }
+
+    /// Compiles a template given as text.
+    pub fn from_source(
+        source: String,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("the default delimiters are valid"),
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", python_tojson);
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(ChatTemplateError::Syntax)?;
+        Ok(Self {
+            env,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Renders the conversation into the prompt text.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        self.render_with_kwargs(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders with extra template variables (vLLM's `chat_template_kwargs`);
+    /// they cannot replace `messages`, `add_generation_prompt` or the special tokens.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ChatTemplateError> {
+        let messages = messages
+            .iter()
+            .map(template_message)
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let mut context: BTreeMap<String, Value> = kwargs
+            .iter()
+            .map(|(key, value)| (key.clone(), Value::from(Serde(value))))
+            .collect();
+        context.insert("messages".into(), Value::from(Serde(&messages)));
+        context.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        for (name, token) in [
+            ("bos_token", &self.bos_token),
+            ("eos_token", &self.eos_token),
+        ] {
+            if let Some(token) = token {
+                context.insert(name.into(), Value::from(token.as_str()));
+            }
+        }
+
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .expect("the template was added at construction");
+        template
+            .render(Value::from(context))
+            .map_err(|error| match raised_message(&error) {
+                Some(message) => ChatTemplateError::Raised(message),
+                None => ChatTemplateError::Render(error),
+            })
+    }
+}
+
+/// The template of a `tokenizer_config.json` entry: the single one, or the one
+/// named "default" among named ones.
+fn default_template(source: Option<TemplateSource>) -> Option<String> {
+    match source? {
+        TemplateSource::Single(template) => Some(template),
+        TemplateSource::Named(templates) => templates
+            .into_iter()
+            .find(|named| named.name == "default")
+            .map(|named| named.template),
+    }
+}
+
+/// A message as templates see it: content parts are joined into one string,
+/// one part per line, as vLLM does for text-only templates.
+fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTemplateError> {
+    let content = match &message.content {
+        None => None,
+        Some(MessageContent::Text(text)) => Some(Cow::Borrowed(text.as_str())),
+        Some(MessageContent::Parts(parts)) => {
+            let texts = parts
+                .iter()
+                .map(|part| match (part.kind.as_str(), &part.text) {
+                    ("text", Some(text)) => Ok(text.as_str()),
+                    _ => Err(ChatTemplateError::UnsupportedContentPart(part.kind.clone())),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(Cow::Owned(texts.join("\n")))
+        }
+    };
+    Ok(TemplateMessage {
+        role: &message.role,
+        content,
+        name: message.name.as_deref(),
+    })
+}
+
+fn raised_message(error: &minijinja::Error) -> Option<String> {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(raised) = cause.downcast_ref::<RaisedByTemplate>() {
+            return Some(raised.0.clone());
+        }
+        source = cause.source();
+    }
+    None
+}
+
+fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
+    Err(
+        minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
+            .with_source(RaisedByTemplate(message)),
+    )
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)` as transformers' `tojson`
+/// calls it: `", "` and `": "` separators, or pretty-printing with `indent`.
+/// Messages keep their field order (role, content) like Python dicts, but maps
+/// written in a template are ordered by key, so `sort_keys` is accepted and ignored.
+fn python_tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent = kwargs.get::<Option<usize>>("indent")?;
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let separators = kwargs.get::<Option<Vec<String>>>("separators")?;
+    let _sort_keys = kwargs.get::<Option<bool>>("sort_keys")?;
+    kwargs.assert_all_used()?;
+
+    let (item_separator, key_separator) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson separators must be two strings",
+            ))
+        }
+        // Python drops the space after commas when indenting: it would trail each line.
+        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        None => (", ".to_owned(), ": ".to_owned()),
+    };
+    let formatter = PythonJsonFormatter {
+        indent: indent.map(|width| " ".repeat(width)),
+        item_separator,
+        key_separator,
+        ensure_ascii,
+        depth: 0,
+        has_value: false,
+    };
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+    value.serialize(&mut serializer).map_err(|error| {
+        minijinja::Error::new(ErrorKind::BadSerialization, "tojson failed").with_source(error)
+    })?;
+    let json = String::from_utf8(out).expect("serde_json writes UTF-8");
+    Ok(Value::from_safe_string(json))
+}
+
+struct PythonJsonFormatter {
+    indent: Option<String>,
+    item_separator: String,
+    key_separator: String,
+    ensure_ascii: bool,
+    depth: usize,
+    /// Whether the container being written has an element (an empty one stays on one line).
+    has_value: bool,
+}
+
+impl PythonJsonFormatter {
+    fn write_line_break<W: ?Sized + io::Write>(&self, writer: &mut W) -> io::Result<()> {
+        if let Some(indent) = &self.indent {
+            writer.write_all(b"\n")?;
+            for _ in 0..self.depth {
+                writer.write_all(indent.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_container<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        open: &[u8],
+    ) -> io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        writer.write_all(open)
+    }
+
+    fn end_container<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        close: &[u8],
+    ) -> io::Result<()> {
+        self.depth -= 1;
+        if self.has_value {
+            self.write_line_break(writer)?;
+        }
+        writer.write_all(close)
+    }
+
+    fn begin_element<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if !first {
+            writer.write_all(self.item_separator.as_bytes())?;
+        }
+        self.write_line_break(writer)
+    }
+}
+
+impl serde_json::ser::Formatter for PythonJsonFormatter {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.begin_container(writer, b"[")
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.end_container(writer, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.begin_element(writer, first)
+    }
+
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, _writer: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.begin_container(writer, b"{")
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.end_container(writer, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.begin_element(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        writer.write_all(self.key_separator.as_bytes())
+    }
+
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, _writer: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        if !self.ensure_ascii {
+            return writer.write_all(fragment.as_bytes());
+        }
+        for ch in fragment.chars() {
+            if ch.is_ascii() {
+                writer.write_all(&[ch as u8])?;
+            } else {
+                let mut units = [0u16; 2];
+                for unit in ch.encode_utf16(&mut units) {
+                    write!(writer, "\\u{unit:04x}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Python's `datetime.now().strftime(format)` for the directives chat templates
+/// use (dates in system prompts), in UTC.
+fn strftime_now(format: String) -> Result<Value, minijinja::Error> {
+    let seconds = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0);
+    formatted_time(&format, seconds).map(Value::from)
+}
+
+fn formatted_time(format: &str, unix_seconds: u64) -> Result<String, minijinja::Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const WEEKDAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = (unix_seconds / 86_400) as i64;
+    let seconds_of_day = unix_seconds % 86_400;
+    let (year, month, day) = civil_date(days);
+    // 1970-01-01 was a Thursday (index 3 counting from Monday).
+    let weekday = WEEKDAYS[((days + 3) % 7) as usize];
+    let month_name = MONTHS[(month - 1) as usize];
+
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(ch) = chars.next() {
+        if ch != '%' {
+            out.push(ch);
+            continue;
+        }
+        let directive = chars.next();
+        // `%-d` is glibc's unpadded form, which Python on Linux passes through.
+        let unpadded = directive == Some('-');
+        let directive = if unpadded { chars.next() } else { directive };
+        let number = |value: u64, width: usize| {
+            if unpadded {
+                value.to_string()
+            } else {
+                format!("{value:0width$}")
+            }
+        };
+        match directive {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&number((year % 100) as u64, 2)),
+            Some('m') => out.push_str(&number(month, 2)),
+            Some('d') => out.push_str(&number(day, 2)),
+            Some('H') => out.push_str(&number(seconds_of_day / 3600, 2)),
+            Some('M') => out.push_str(&number(seconds_of_day / 60 % 60, 2)),
+            Some('S') => out.push_str(&number(seconds_of_day % 60, 2)),
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.unwrap_or(' ')
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01, by Howard
+/// Hinnant's days-to-civil algorithm over 400-year eras.
+fn civil_date(days_since_epoch: i64) -> (i64, u64, u64) {
+    let shifted = days_since_epoch + 719_468;
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u64;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    } as u64;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::ContentPart;
+    use crate::tokenizer_pool::default_model_dir;
+
+    fn message(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: Some(MessageContent::Text(content.into())),
+            name: None,
+        }
+    }
+
+    fn golden_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden_chat")
+    }
+
+    #[derive(Deserialize)]
+    struct GoldenCase {
+        name: String,
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+    }
+
+    #[test]
+    fn default_model_template_matches_transformers_golden_strings() {
+        let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
+        let cases: Vec<GoldenCase> = serde_json::from_str(
+            &std::fs::read_to_string(golden_dir().join("cases.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(cases.len() >= 6);
+        for case in cases {
+            let expected = std::fs::read(golden_dir().join(format!("{}.txt", case.name))).unwrap();
+            let rendered = template
+                .render(&case.messages, case.add_generation_prompt)
+                .unwrap();
+            assert_eq!(
+                rendered.as_bytes(),
+                expected.as_slice(),
+                "case {}:\n{rendered}",
+                case.name
+            );
+        }
+    }
+
+    #[test]
+    fn template_from_tokenizer_config_renders_like_the_jinja_file() {
+        let model_dir = default_model_dir();
+        let from_folder = ChatTemplate::from_model_dir(&model_dir).unwrap();
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(model_dir.join("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        let source = config["chat_template"].as_str().unwrap().to_owned();
+        let from_config = ChatTemplate::from_source(source, None, None).unwrap();
+        let messages = [message("user", "Hi"), message("assistant", "Hello!")];
+        assert_eq!(
+            from_folder.render(&messages, true).unwrap(),
+            from_config.render(&messages, true).unwrap()
+        );
+    }
+
+    #[test]
+    fn named_templates_in_tokenizer_config_use_the_default_one() {
+        let dir = std::env::temp_dir().join(format!("sluice-chat-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = serde_json::json!({
+            "bos_token": {"content": "<s>", "lstrip": false},
+            "eos_token": "</s>",
+            "chat_template": [
+                {"name": "tool_use", "template": "tools"},
+                {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}
+            ]
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        let template = ChatTemplate::from_model_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            template.render(&[message("user", "x")], false).unwrap(),
+            "<s>x</s>"
+        );
+    }
+
+    #[test]
+    fn content_parts_are_joined_into_one_string() {
+        let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
+        let text_part = |text: &str| ContentPart {
+            kind: "text".into(),
+            text: Some(text.into()),
+        };
+        let with_parts = ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Parts(vec![
+                text_part("Hello"),
+                text_part("world"),
+            ])),
+            name: None,
+        };
+        assert_eq!(
+            template.render(&[with_parts], true).unwrap(),
+            template
+                .render(&[message("user", "Hello\nworld")], true)
+                .unwrap()
+        );
+
+        let image = ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Parts(vec![ContentPart {
+                kind: "image_url".into(),
+                text: None,
+            }])),
+            name: None,
+        };
+        let error = template.render(&[image], true).unwrap_err();
+        assert!(
+            matches!(error, ChatTemplateError::UnsupportedContentPart(ref kind) if kind == "image_url")
+        );
+        assert!(error.is_request_error());
+    }
+
+    #[test]
+    fn raise_exception_becomes_a_typed_error() {
+        let source = "{% for m in messages %}{% if m.role == 'assistant' and loop.first %}\
+            {{ raise_exception('Conversation roles must start with user') }}{% endif %}\
+            {{ m.content }}{% endfor %}";
+        let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
+        let error = template
+            .render(&[message("assistant", "hi")], false)
+            .unwrap_err();
+        match &error {
+            ChatTemplateError::Raised(text) => {
+                assert_eq!(text, "Conversation roles must start with user")
+            }
+            other => panic!("expected Raised, got {other:?}"),
+        }
+        assert!(error.is_request_error());
+        assert_eq!(
+            template.render(&[message("user", "ok")], false).unwrap(),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn template_errors_are_typed() {
+        let error = ChatTemplate::from_source("{% for %}".into(), None, None).unwrap_err();
+        assert!(matches!(error, ChatTemplateError::Syntax(_)));
+        assert!(!error.is_request_error());
+
+        // The default template concatenates content, which a missing one cannot be.
+        let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
+        let no_content = ChatMessage {
+            role: "user".into(),
+            content: None,
+            name: None,
+        };
+        let error = template.render(&[no_content], false).unwrap_err();
+        assert!(matches!(error, ChatTemplateError::Render(_)), "{error:?}");
+    }
+
+    #[test]
+    fn loop_controls_tojson_and_string_methods_render_like_jinja2() {
+        let source = "\
+{% for m in messages %}
+{% if m.role == 'system' %}{% continue %}{% endif %}
+{% if m.content.strip().startswith('STOP') %}{% break %}{% endif %}
+[{{ m.role.upper() }}] {{ m.content.strip() | tojson }} {{ m | tojson }}
+{% endfor %}
+{{ {'list': [1, 2.5, none, true], 'text': 'é\"<'} | tojson }}
+{{ {'a': [1, {}], 'b': []} | tojson(indent=2) }}
+{{ 'é' | tojson(ensure_ascii=true) }} {{ 'x,y'.split(',') | tojson(separators=[',', ':']) }}
+{{ '  Title Case  '.strip().lower().replace('case', 'CASE') }}{{ bos_token }}{{ eos_token }}";
+        let template =
+            ChatTemplate::from_source(source.into(), Some("<s>".into()), Some("</s>".into()))
+                .unwrap();
+        let messages = [
+            message("system", "hidden"),
+            message("user", "  Héllo \"you\"  "),
+            message("assistant", "ok"),
+            message("user", " STOP here"),
+            message("assistant", "never"),
+        ];
+        // What transformers' own Jinja2 environment renders for the same input.
+        let expected = "\
+[USER] \"Héllo \\\"you\\\"\" {\"role\": \"user\", \"content\": \"  Héllo \\\"you\\\"  \"}
+[ASSISTANT] \"ok\" {\"role\": \"assistant\", \"content\": \"ok\"}
+{\"list\": [1, 2.5, null, true], \"text\": \"é\\\"<\"}
+{
+  \"a\": [
+    1,
+    {}
+  ],
+  \"b\": []
+}
+\"\\u00e9\" [\"x\",\"y\"]
+title CASE<s></s>";
+        assert_eq!(template.render(&messages, false).unwrap(), expected);
+    }
+
+    #[test]
+    fn generation_prompt_and_kwargs_reach_the_template() {
+        let source = "{{ messages | length }}{% if add_generation_prompt %}+gen{% endif %}\
+            {% if enable_thinking is defined and not enable_thinking %} no-thinking{% endif %}";
+        let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
+        let messages = [message("user", "a")];
+        assert_eq!(template.render(&messages, true).unwrap(), "1+gen");
+        assert_eq!(template.render(&messages, false).unwrap(), "1");
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), false.into());
+        kwargs.insert("messages".into(), serde_json::json!([1, 2, 3]));
+        assert_eq!(
+            template
+                .render_with_kwargs(&messages, false, &kwargs)
+                .unwrap(),
+            "1 no-thinking"
+        );
+    }
+
+    #[test]
+    fn strftime_formats_dates_like_python() {
+        // 2024-02-29T13:05:09Z, a Thursday.
+        let leap_day = 1_709_211_909;
+        assert_eq!(
+            formatted_time("%d %b %Y %H:%M:%S %A %-d %B %y %%", leap_day).unwrap(),
+            "29 Feb 2024 13:05:09 Thursday 29 February 24 %"
+        );
+        assert_eq!(formatted_time("%Y-%m-%d", 0).unwrap(), "1970-01-01");
+        assert!(formatted_time("%Q", 0).is_err());
+        let template =
+            ChatTemplate::from_source("{{ strftime_now('%Y') }}".into(), None, None).unwrap();
+        assert_eq!(template.render(&[], false).unwrap().len(), 4);
+    }
+}

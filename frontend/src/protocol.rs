@@ -1,0 +1,587 @@
+//! The frontend ↔ engine core seam, as specified in `docs/protocol.md`.
+//!
+//! Every message is a msgpack map whose first keys are `v` and `type`, then
+//! the message's own fields in the documented order. Encoding is canonical
+//! (the same value always gives the same bytes) so that the golden vectors
+//! under `tests/golden/protocol/` round-trip byte for byte.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize, Serializer};
+use thiserror::Error;
+
+/// The only protocol version this build speaks.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// Why a frame could not be turned into a [`Message`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProtocolError {
+    #[error("message is not a msgpack map")]
+    NotAMap,
+    #[error("unsupported protocol version {0}")]
+    UnsupportedVersion(u64),
+    #[error("unknown message type {0:?}")]
+    UnknownType(String),
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+impl From<rmp_serde::decode::Error> for ProtocolError {
+    fn from(err: rmp_serde::decode::Error) -> Self {
+        ProtocolError::Malformed(err.to_string())
+    }
+}
+
+/// One message on either socket of the seam.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    AddRequest(AddRequest),
+    Abort(Abort),
+    Utility(Utility),
+    Ready(Ready),
+    Outputs(Outputs),
+    UtilityResult(UtilityResult),
+}
+
+impl Message {
+    /// The value of the message's `type` key.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Message::AddRequest(_) => "add_request",
+            Message::Abort(_) => "abort",
+            Message::Utility(_) => "utility",
+            Message::Ready(_) => "ready",
+            Message::Outputs(_) => "outputs",
+            Message::UtilityResult(_) => "utility_result",
+        }
+    }
+}
+
+/// `v` and `type` ahead of the body's own fields: a serde internal tag would
+/// put `type` first and has no place for `v`.
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    v: u64,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+impl Serialize for Message {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let kind = self.type_name();
+        match self {
+            Message::AddRequest(body) => envelope(kind, body, serializer),
+            Message::Abort(body) => envelope(kind, body, serializer),
+            Message::Utility(body) => envelope(kind, body, serializer),
+            Message::Ready(body) => envelope(kind, body, serializer),
+            Message::Outputs(body) => envelope(kind, body, serializer),
+            Message::UtilityResult(body) => envelope(kind, body, serializer),
+        }
+    }
+}
+
+fn envelope<T: Serialize, S: Serializer>(
+    kind: &'static str,
+    body: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    Envelope {
+        v: PROTOCOL_VERSION,
+        kind,
+        body,
+    }
+    .serialize(serializer)
+}
+
+/// frontend → engine core: one sequence to generate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddRequest {
+    pub request_id: String,
+    pub prompt_token_ids: Vec<u32>,
+    pub params: SamplingParams,
+    pub arrival_time: f64,
+    pub priority: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    pub max_tokens: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// -1 disables top-k.
+    pub top_k: i32,
+    pub min_p: f64,
+    pub repetition_penalty: f64,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    /// A BTreeMap so that keys are encoded in ascending order, as the spec requires.
+    pub logit_bias: Option<BTreeMap<u32, f64>>,
+    pub seed: Option<i64>,
+    /// The sampled token plus the top N.
+    pub logprobs: Option<u32>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub min_tokens: u32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            max_tokens: 16,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: None,
+            seed: None,
+            logprobs: None,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+        }
+    }
+}
+
+/// frontend → engine core: end these requests now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Abort {
+    pub request_ids: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UtilityMethod {
+    Health,
+    Stats,
+}
+
+/// frontend → engine core: a call answered by a [`UtilityResult`] with the same `call_id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Utility {
+    pub call_id: u64,
+    pub method: UtilityMethod,
+}
+
+/// engine core → frontend: sent once the model is loaded and the KV cache allocated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ready {
+    pub max_model_len: u32,
+    pub num_kv_blocks: u64,
+    pub block_size: u32,
+}
+
+/// engine core → frontend: everything one engine step produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outputs {
+    pub outputs: Vec<RequestOutput>,
+    pub stats: EngineStats,
+    pub timestamp: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+    Error,
+}
+
+/// One request's share of an engine step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestOutput {
+    pub request_id: String,
+    pub new_token_ids: Vec<u32>,
+    pub new_logprobs: Option<Vec<TokenLogprobs>>,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<u32>,
+    pub num_cached_tokens: u32,
+    pub error: Option<String>,
+}
+
+impl RequestOutput {
+    /// The final output of a request that failed for `reason`.
+    pub fn failed(request_id: impl Into<String>, reason: impl Into<String>) -> Self {
+        RequestOutput {
+            request_id: request_id.into(),
+            new_token_ids: Vec::new(),
+            new_logprobs: None,
+            finish_reason: Some(FinishReason::Error),
+            stop_reason: None,
+            num_cached_tokens: 0,
+            error: Some(reason.into()),
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+}
+
+/// Logprobs of one generated token: index 0 is the sampled token, then the top N.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<f64>,
+    /// 1 = most likely.
+    pub sampled_rank: u32,
+}
+
+/// The engine's counters after a step; the last three are running totals.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub num_running: u64,
+    pub num_waiting: u64,
+    pub kv_cache_usage: f64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+}
+
+/// What a utility call returned: `{"ok": true}` for health, the stats map for stats.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum UtilityValue {
+    Health(HealthResult),
+    Stats(EngineStats),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthResult {
+    pub ok: bool,
+}
+
+/// engine core → frontend: the answer to a [`Utility`] call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UtilityResult {
+    pub call_id: u64,
+    pub result: Option<UtilityValue>,
+    pub error: Option<String>,
+}
+
+macro_rules! message_from {
+    ($($body:ident),*) => {$(
+        impl From<$body> for Message {
+            fn from(body: $body) -> Self {
+                Message::$body(body)
+            }
+        }
+    )*};
+}
+message_from!(AddRequest, Abort, Utility, Ready, Outputs, UtilityResult);
+
+/// The canonical msgpack body of `message`.
+pub fn encode(message: &Message) -> Vec<u8> {
+    // Writing into a Vec cannot fail and every field type has a msgpack form.
+    rmp_serde::to_vec_named(message).expect("protocol messages always encode")
+}
+
+#[derive(Deserialize)]
+struct Header {
+    v: u64,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// Parses one frame; never panics, whatever the bytes.
+pub fn decode(bytes: &[u8]) -> Result<Message, ProtocolError> {
+    // rmp-serde would also accept a struct encoded as an array; the spec allows only maps.
+    if !matches!(bytes.first(), Some(0x80..=0x8f | 0xde | 0xdf)) {
+        return Err(ProtocolError::NotAMap);
+    }
+    // The body types ignore the `v` and `type` keys, so a second pass over the
+    // same bytes decodes the body once the header has chosen its type.
+    let header: Header = rmp_serde::from_slice(bytes)?;
+    if header.v != PROTOCOL_VERSION {
+        return Err(ProtocolError::UnsupportedVersion(header.v));
+    }
+    let message = match header.kind.as_str() {
+        "add_request" => Message::AddRequest(rmp_serde::from_slice(bytes)?),
+        "abort" => Message::Abort(rmp_serde::from_slice(bytes)?),
+        "utility" => Message::Utility(rmp_serde::from_slice(bytes)?),
+        "ready" => Message::Ready(rmp_serde::from_slice(bytes)?),
+        "outputs" => Message::Outputs(rmp_serde::from_slice(bytes)?),
+        "utility_result" => Message::UtilityResult(rmp_serde::from_slice(bytes)?),
+        _ => return Err(ProtocolError::UnknownType(header.kind)),
+    };
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_add_request() -> AddRequest {
+        AddRequest {
+            request_id: "cmpl-1-0".into(),
+            prompt_token_ids: vec![1, 200, 70000],
+            params: SamplingParams {
+                logit_bias: Some(BTreeMap::from([(500, -1.5), (7, 2.0), (300, 0.0)])),
+                seed: Some(-3),
+                logprobs: Some(2),
+                stop_token_ids: vec![2],
+                ..SamplingParams::default()
+            },
+            arrival_time: 1_700_000_000.25,
+            priority: 0,
+        }
+    }
+
+    fn sample_outputs() -> Outputs {
+        Outputs {
+            outputs: vec![
+                RequestOutput {
+                    request_id: "a".into(),
+                    new_token_ids: vec![5],
+                    new_logprobs: Some(vec![TokenLogprobs {
+                        token_ids: vec![5, 9],
+                        logprobs: vec![-0.5, -1.25],
+                        sampled_rank: 1,
+                    }]),
+                    finish_reason: None,
+                    stop_reason: None,
+                    num_cached_tokens: 16,
+                    error: None,
+                },
+                RequestOutput {
+                    finish_reason: Some(FinishReason::Stop),
+                    stop_reason: Some(2),
+                    ..RequestOutput::failed("b", "")
+                },
+            ],
+            stats: EngineStats {
+                num_running: 1,
+                num_waiting: 0,
+                kv_cache_usage: 0.5,
+                prefix_cache_queries: 32,
+                prefix_cache_hits: 16,
+                num_preemptions: 0,
+            },
+            timestamp: 1.5,
+        }
+    }
+
+    fn all_messages() -> Vec<Message> {
+        vec![
+            sample_add_request().into(),
+            Abort {
+                request_ids: vec!["a".into(), "b".into()],
+            }
+            .into(),
+            Utility {
+                call_id: 7,
+                method: UtilityMethod::Stats,
+            }
+            .into(),
+            Ready {
+                max_model_len: 8192,
+                num_kv_blocks: 1000,
+                block_size: 16,
+            }
+            .into(),
+            sample_outputs().into(),
+            UtilityResult {
+                call_id: 7,
+                result: Some(UtilityValue::Stats(EngineStats::default())),
+                error: None,
+            }
+            .into(),
+            UtilityResult {
+                call_id: 8,
+                result: Some(UtilityValue::Health(HealthResult { ok: true })),
+                error: None,
+            }
+            .into(),
+            UtilityResult {
+                call_id: 9,
+                result: None,
+                error: Some("no such method".into()),
+            }
+            .into(),
+        ]
+    }
+
+    /// A msgpack fixstr.
+    fn s(text: &str) -> Vec<u8> {
+        let mut out = vec![0xa0 | text.len() as u8];
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for message in all_messages() {
+            let bytes = encode(&message);
+            assert_eq!(decode(&bytes).unwrap(), message);
+            assert_eq!(encode(&decode(&bytes).unwrap()), bytes);
+        }
+    }
+
+    #[test]
+    fn abort_encodes_to_exact_bytes_with_v_and_type_first() {
+        let bytes = encode(&Message::Abort(Abort {
+            request_ids: vec!["a".into()],
+        }));
+        let mut expected = vec![0x83];
+        expected.extend(s("v"));
+        expected.push(0x01);
+        expected.extend(s("type"));
+        expected.extend(s("abort"));
+        expected.extend(s("request_ids"));
+        expected.push(0x91);
+        expected.extend(s("a"));
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn ready_uses_smallest_integer_encodings() {
+        let bytes = encode(&Message::Ready(Ready {
+            max_model_len: 8192,
+            num_kv_blocks: 70000,
+            block_size: 16,
+        }));
+        let mut expected = vec![0x85];
+        expected.extend(s("v"));
+        expected.push(0x01);
+        expected.extend(s("type"));
+        expected.extend(s("ready"));
+        expected.extend(s("max_model_len"));
+        expected.extend([0xcd, 0x20, 0x00]);
+        expected.extend(s("num_kv_blocks"));
+        expected.extend([0xce, 0x00, 0x01, 0x11, 0x70]);
+        expected.extend(s("block_size"));
+        expected.push(0x10);
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn params_keep_documented_order_floats_as_f64_and_nil_for_none() {
+        let message = Message::AddRequest(AddRequest {
+            params: SamplingParams {
+                logit_bias: Some(BTreeMap::from([(300, 1.0), (7, -1.0)])),
+                ..SamplingParams::default()
+            },
+            ..sample_add_request()
+        });
+        let json = serde_json::to_string(&message).unwrap();
+        let keys = [
+            "\"v\"",
+            "\"type\"",
+            "\"request_id\"",
+            "\"prompt_token_ids\"",
+            "\"params\"",
+            "\"max_tokens\"",
+            "\"temperature\"",
+            "\"top_p\"",
+            "\"top_k\"",
+            "\"min_p\"",
+            "\"repetition_penalty\"",
+            "\"presence_penalty\"",
+            "\"frequency_penalty\"",
+            "\"logit_bias\"",
+            "\"seed\"",
+            "\"logprobs\"",
+            "\"stop_token_ids\"",
+            "\"ignore_eos\"",
+            "\"min_tokens\"",
+            "\"arrival_time\"",
+            "\"priority\"",
+        ];
+        let positions: Vec<usize> = keys.iter().map(|k| json.find(k).unwrap()).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{json}");
+
+        let bytes = encode(&message);
+        // logit_bias: a 2-entry map, key 7 before key 300, values float64.
+        let mut bias = vec![0x82, 0x07, 0xcb];
+        bias.extend((-1.0f64).to_be_bytes());
+        bias.extend([0xcd, 0x01, 0x2c, 0xcb]);
+        bias.extend(1.0f64.to_be_bytes());
+        assert!(bytes.windows(bias.len()).any(|w| w == bias.as_slice()));
+        // seed and logprobs are None: `seed` nil, `logprobs` nil.
+        let mut nils = s("seed");
+        nils.push(0xc0);
+        nils.extend(s("logprobs"));
+        nils.push(0xc0);
+        assert!(bytes.windows(nils.len()).any(|w| w == nils.as_slice()));
+        // temperature 1.0 is a float64, never an integer.
+        let mut temperature = s("temperature");
+        temperature.push(0xcb);
+        temperature.extend(1.0f64.to_be_bytes());
+        assert!(bytes
+            .windows(temperature.len())
+            .any(|w| w == temperature.as_slice()));
+    }
+
+    #[test]
+    fn unknown_version_is_rejected() {
+        let mut bytes = encode(&Message::Abort(Abort {
+            request_ids: vec![],
+        }));
+        // The byte after "v" is the version's positive fixint.
+        assert_eq!(bytes[3], 0x01);
+        bytes[3] = 0x02;
+        assert_eq!(decode(&bytes), Err(ProtocolError::UnsupportedVersion(2)));
+    }
+
+    #[test]
+    fn unknown_type_is_rejected() {
+        let mut bytes = vec![0x82];
+        bytes.extend(s("v"));
+        bytes.push(0x01);
+        bytes.extend(s("type"));
+        bytes.extend(s("pickle"));
+        assert_eq!(
+            decode(&bytes),
+            Err(ProtocolError::UnknownType("pickle".into()))
+        );
+    }
+
+    #[test]
+    fn unknown_finish_reason_is_malformed() {
+        let mut message = sample_outputs();
+        message.outputs.truncate(1);
+        let bytes = encode(&message.into());
+        let needle = {
+            let mut n = s("finish_reason");
+            n.push(0xc0);
+            n
+        };
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle.as_slice())
+            .unwrap();
+        let mut corrupted = bytes[..at + needle.len() - 1].to_vec();
+        corrupted.extend(s("bored"));
+        corrupted.extend(&bytes[at + needle.len()..]);
+        assert!(matches!(
+            decode(&corrupted),
+            Err(ProtocolError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        assert_eq!(decode(&[]), Err(ProtocolError::NotAMap));
+        assert_eq!(decode(&[0x91, 0x01]), Err(ProtocolError::NotAMap));
+        for message in all_messages() {
+            let bytes = encode(&message);
+            for end in 0..bytes.len() {
+                assert!(decode(&bytes[..end]).is_err());
+            }
+            for at in 0..bytes.len() {
+                for flip in [0x01u8, 0x80, 0xff] {
+                    let mut mutated = bytes.clone();
+                    mutated[at] ^= flip;
+                    let _ = decode(&mutated);
+                }
+            }
+        }
+        // A map claiming 2^32-1 entries must fail, not allocate.
+        assert!(decode(&[0xdf, 0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+}

@@ -1,0 +1,368 @@
+"""The engine core process: an EngineCore behind the frontend's two ZeroMQ sockets.
+
+    python -m engine.engine_core_server --input ADDR --output ADDR [engine options]
+
+It binds PULL (input) and PUSH (output) on IPC or loopback addresses only, loads the model, sends
+`ready`, then loops. While there is work it drains every pending input without blocking, runs one
+step, and sends one `outputs` message. When idle it blocks on the input socket.
+
+An `outputs` message goes out after a step that produced outputs or changed the stats (so that
+/metrics never reads stale running/waiting/KV figures), and right after a drain whose aborts or
+rejected requests produced outputs, so that those never wait for a step.
+
+Exit status: 0 after SIGTERM or SIGINT, 1 when the engine fails (every unfinished request is
+first failed with finish_reason "error"), 2 for bad arguments or an address that cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import zmq
+
+from sluice.engine_args import add_engine_arguments, config_from_args
+from sluice.errors import SluiceError
+from sluice.frontend_seam import (
+    Abort,
+    AddRequest,
+    EngineOutput,
+    EngineStats,
+    Message,
+    Outputs,
+    ProtocolError,
+    Ready,
+    UtilityCall,
+    UtilityResult,
+    decode,
+    encode,
+    stats_to_wire,
+)
+
+logger = logging.getLogger("sluice.engine_core")
+
+# How long closing sockets may wait for queued outputs to reach the frontend.
+_LINGER_MS = 1000
+
+
+class UnsafeAddressError(SluiceError, ValueError):
+    """An address the engine core refuses to bind: not IPC and not loopback TCP."""
+
+
+def check_bind_address(address: str) -> None:
+    """Raise UnsafeAddressError unless `address` is ipc://PATH or tcp:// on a loopback host."""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme == "ipc":
+        # "@name" is Linux's abstract namespace, which has no file permissions to keep others out.
+        if rest and not rest.startswith("@"):
+            return
+        raise UnsafeAddressError(f"{address!r}: an ipc:// address must name a filesystem path")
+    if sep and scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UnsafeAddressError(f"{address!r}: a tcp:// address needs a port in 1..65535")
+        if host == "localhost" or _is_loopback_ip(host.removeprefix("[").removesuffix("]")):
+            return
+        raise UnsafeAddressError(
+            f"{address!r}: the engine core binds loopback only (127.x.x.x, [::1] or localhost)"
+        )
+    raise UnsafeAddressError(f"{address!r}: only ipc:// and loopback tcp:// addresses are accepted")
+
+
+def _warn_if_shared(address: str) -> None:
+    """The protocol wants IPC sockets in a folder only the serving user can open: say so if not."""
+    if not address.startswith("ipc://"):
+        return
+    folder = Path(address.removeprefix("ipc://")).parent
+    with contextlib.suppress(OSError):
+        if folder.stat().st_mode & 0o077:
+            logger.warning(
+                "%s is in %s, which other users can open: any of them can send requests", address, folder
+            )
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Stop(Exception):
+    """Raised by the signal handler to leave a blocking socket call."""
+
+
+class EngineCoreServer:
+    """The loop between the sockets and the engine. `engine` is an EngineCore (or a stand-in)."""
+
+    def __init__(self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+        self.engine = engine
+        self.input = input_socket
+        self.output = output_socket
+        # Outputs of aborts and rejected requests, sent after the drain that produced them.
+        self.pending: list[EngineOutput] = []
+        self.last_stats: EngineStats | None = None
+        self.stop_requested = False
+        # True only inside a blocking socket call, where a signal may interrupt at once;
+        # elsewhere a signal waits for the current step to end.
+        self.interruptible = False
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+        if self.interruptible:
+            raise _Stop
+
+    def run(self) -> int:
+        """Send ready, serve until stopped or failed; returns the process exit status."""
+        try:
+            self._send_blocking(
+                Ready(
+                    max_model_len=self.engine.max_model_len,
+                    num_kv_blocks=self.engine.num_kv_blocks,
+                    block_size=self.engine.config.cache.block_size,
+                )
+            )
+            logger.info(
+                "ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
+                self.engine.config.model.path,
+                self.engine.max_model_len,
+                self.engine.num_kv_blocks,
+                self.engine.config.cache.block_size,
+            )
+            while not self.stop_requested:
+                if not self.engine.has_unfinished_requests():
+                    self._handle(self._recv_blocking())
+                self._drain()
+                if self.engine.has_unfinished_requests() and not self._step():
+                    return 1
+        except _Stop:
+            pass
+        logger.info("stopping on a signal")
+        self._fail_unfinished("the engine core is shutting down")
+        return 0
+
+    def _recv_blocking(self) -> bytes:
+        self.interruptible = True
+        try:
+            # A signal that landed just before the flag was set would otherwise go unseen.
+            if self.stop_requested:
+                raise _Stop
+            return self.input.recv()
+        finally:
+            self.interruptible = False
+
+    def _send_blocking(self, message: Message) -> None:
+        data = encode(message)
+        self.interruptible = True
+        try:
+            if self.stop_requested:
+                raise _Stop
+            self.output.send(data)
+        finally:
+            self.interruptible = False
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = self.input.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._handle(data)
+        if self.pending:
+            self._send_outputs(self.pending)
+            self.pending = []
+
+    def _handle(self, data: bytes) -> None:
+        try:
+            message = decode(data)
+        except ProtocolError as exc:
+            logger.warning("dropped a malformed message (%d bytes): %s", len(data), exc)
+            # A request that named itself is answered, so that it does not hang in the frontend.
+            if exc.request_id is not None and not self._is_live(exc.request_id):
+                self.pending.append(_error_output(exc.request_id, f"malformed request: {exc}"))
+            return
+        if isinstance(message, AddRequest):
+            self._add_request(message)
+        elif isinstance(message, Abort):
+            # The scheduler's abort reports one "abort" output per live request and frees its blocks.
+            for core_output in self.engine.abort_requests(message.request_ids):
+                self.pending.append(_to_wire_output(core_output))
+        elif isinstance(message, UtilityCall):
+            self._send_blocking(self._utility_result(message))
+        else:
+            logger.warning(
+                "dropped a %s message: the engine core only receives requests", type(message).__name__
+            )
+
+    def _add_request(self, message: AddRequest) -> None:
+        if self._is_live(message.request_id):
+            logger.warning("rejected a duplicate request id %r", message.request_id)
+            self.pending.append(
+                _error_output(message.request_id, f"request id {message.request_id!r} is already live")
+            )
+            return
+        try:
+            self.engine.add_request(
+                message.request_id,
+                message.prompt_token_ids,
+                message.params,
+                message.arrival_time,
+                message.priority,
+            )
+        except SluiceError as exc:
+            self.pending.append(_error_output(message.request_id, str(exc)))
+        except Exception as exc:  # noqa: BLE001 -- validation missed it; the request fails, the loop goes on.
+            logger.error("add_request %r failed:\n%s", message.request_id, traceback.format_exc())
+            self.pending.append(_error_output(message.request_id, f"{type(exc).__name__}: {exc}"))
+
+    def _is_live(self, request_id: str) -> bool:
+        return self.engine.has_request(request_id)
+
+    def _utility_result(self, call: UtilityCall) -> UtilityResult:
+        if call.method == "health":
+            return UtilityResult(call.call_id, {"ok": True}, None)
+        if call.method == "stats":
+            return UtilityResult(call.call_id, stats_to_wire(self._stats()), None)
+        return UtilityResult(call.call_id, None, f"unknown utility method {call.method!r}")
+
+    def _step(self) -> bool:
+        """One engine step and its outputs message; False when the engine failed."""
+        try:
+            core_outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 -- any failure ends the process, after answering everyone.
+            logger.error("the engine failed:\n%s", traceback.format_exc())
+            self._fail_unfinished(f"the engine core failed: {type(exc).__name__}: {exc}")
+            return False
+        stats = self._stats()
+        if core_outputs or stats != self.last_stats:
+            self._send_outputs([_to_wire_output(o) for o in core_outputs], stats)
+        return True
+
+    def _send_outputs(self, outputs: list[EngineOutput], stats: EngineStats | None = None) -> None:
+        stats = stats or self._stats()
+        self._send_blocking(Outputs(outputs=outputs, stats=stats, timestamp=time.time()))
+        self.last_stats = stats
+
+    def _stats(self) -> EngineStats:
+        s = self.engine.stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_cache_usage=float(s.kv_cache_usage),
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+        )
+
+    def _fail_unfinished(self, reason: str) -> None:
+        """Best effort on the way out: end every accepted request with an error, never block."""
+        outputs = self.pending + [_error_output(rid, reason) for rid in self.engine.unfinished_request_ids()]
+        self.pending = []
+        if not outputs:
+            return
+        try:
+            stats = self._stats()
+        except Exception:  # noqa: BLE001 -- a broken engine may not even count; report it empty.
+            stats = EngineStats(0, 0, 0.0, 0, 0, 0)
+        message = Outputs(outputs=outputs, stats=stats, timestamp=time.time())
+        try:
+            self.output.send(encode(message), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.error("could not report %d failed requests: %s", len(outputs), exc)
+
+
+def _to_wire_output(core_output: Any) -> EngineOutput:
+    return EngineOutput(
+        request_id=core_output.request_id,
+        new_token_ids=core_output.new_token_ids,
+        new_logprobs=core_output.new_logprobs,
+        finish_reason=core_output.finish_reason,
+        stop_reason=core_output.stop_reason,
+        num_cached_tokens=core_output.num_cached_tokens,
+        error=None,
+    )
+
+
+def _error_output(request_id: str, reason: str) -> EngineOutput:
+    return EngineOutput(request_id=request_id, new_token_ids=[], finish_reason="error", error=reason)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.engine_core_server",
+        description="Sluice's engine core: serves token-id requests to the frontend over ZeroMQ.",
+    )
+    parser.add_argument("--input", required=True, metavar="ADDR", help="where the frontend's requests arrive")
+    parser.add_argument("--output", required=True, metavar="ADDR", help="where outputs are sent")
+    add_engine_arguments(parser)
+    return parser
+
+
+def _bind(context: zmq.Context, kind: int, address: str) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.linger = _LINGER_MS
+    socket.ipv6 = "[" in address
+    try:
+        socket.bind(address)
+    except zmq.ZMQError as exc:
+        socket.close(0)
+        raise UnsafeAddressError(f"cannot bind {address}: {exc}") from None
+    return socket
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="sluice engine core: %(levelname)s %(message)s"
+    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for address in (args.input, args.output):
+        try:
+            check_bind_address(address)
+        except UnsafeAddressError as exc:
+            parser.error(str(exc))
+    if args.input == args.output:
+        parser.error("--input and --output must differ")
+    for address in (args.input, args.output):
+        _warn_if_shared(address)
+
+    context = zmq.Context()
+    sockets: list[zmq.Socket] = []
+    server: EngineCoreServer | None = None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Before the server exists, the model is still loading: leave at once.
+        if server is None:
+            raise SystemExit(0)
+        server.request_stop(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        sockets.append(_bind(context, zmq.PULL, args.input))
+        sockets.append(_bind(context, zmq.PUSH, args.output))
+        from engine.engine_core import EngineCore
+
+        engine = EngineCore(config_from_args(args))
+        server = EngineCoreServer(engine, sockets[0], sockets[1])
+        return server.run()
+    except SluiceError as exc:
+        print(f"sluice engine core: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for socket in sockets:
+            socket.close()
+        context.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The engine's command-line options, and the one place where they become a SluiceConfig.
+
+`sluice generate`, `sluice serve` and the engine core process all call add_engine_arguments, so an
+option means the same thing, with the same default, everywhere. Defaults come from the config
+dataclasses themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import get_args
+
+from sluice.config import (
+    CacheConfig,
+    Device,
+    DeviceConfig,
+    DType,
+    ModelConfig,
+    SchedulerConfig,
+    SchedulingPolicy,
+    SluiceConfig,
+)
+from sluice.errors import SluiceError
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+_positive_float.__name__ = "float"
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+    """Add the engine's options to `parser`.
+
+    The model is `--model PATH`; with model_positional it may also be given as an optional
+    positional MODEL (`sluice serve [MODEL]`). Absent both, the default model is used.
+    """
+    model = ModelConfig(path="")
+    scheduler = SchedulerConfig()
+    cache = CacheConfig()
+    device = DeviceConfig()
+    group = parser.add_argument_group("engine")
+    model_help = "a local Hugging Face folder (default: SmolLM2-135M-Instruct)"
+    if model_positional:
+        group.add_argument("model", nargs="?", default=None, metavar="MODEL", help=model_help)
+        group.add_argument("--model", dest="model_option", default=None, metavar="PATH", help=model_help)
+    else:
+        group.add_argument("--model", dest="model", default=None, metavar="PATH", help=model_help)
+    group.add_argument("--dtype", default=model.dtype, choices=get_args(DType))
+    group.add_argument(
+        "--max-model-len",
+        type=_at_least(1),
+        default=model.max_model_len,
+        help="context length served (default: the model's max_position_embeddings)",
+    )
+    group.add_argument(
+        "--max-num-seqs",
+        type=_at_least(1),
+        default=scheduler.max_num_seqs,
+        help="most requests in one step",
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=_at_least(1),
+        default=scheduler.max_num_batched_tokens,
+        help="token budget of one step",
+    )
+    group.add_argument(
+        "--kv-cache-memory",
+        type=_positive_float,
+        default=cache.kv_cache_memory_gib,
+        metavar="GIB",
+        help="KV cache budget in GiB",
+    )
+    group.add_argument(
+        "--num-kv-blocks",
+        type=_at_least(1),
+        default=cache.num_gpu_blocks_override,
+        help="exact number of KV blocks, overriding --kv-cache-memory",
+    )
+    group.add_argument(
+        "--block-size", type=_at_least(1), default=cache.block_size, help="tokens per KV block"
+    )
+    group.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=cache.enable_prefix_caching,
+        help="share KV blocks between requests with a common prefix",
+    )
+    group.add_argument("--scheduling-policy", default=scheduler.policy, choices=get_args(SchedulingPolicy))
+    group.add_argument("--device", default=device.device, choices=get_args(Device))
+    group.add_argument(
+        "--num-threads",
+        type=_at_least(1),
+        default=device.num_threads,
+        help="CPU threads for torch (default: torch's choice)",
+    )
+
+
+def model_path_from_args(args: argparse.Namespace) -> str | None:
+    """The model folder named on the command line, or None for the default model."""
+    positional = getattr(args, "model", None)
+    option = getattr(args, "model_option", None)
+    if positional is not None and option is not None and positional != option:
+        raise SluiceError(f"two models named: {positional} and --model {option}")
+    return positional if positional is not None else option
+
+
+def config_from_args(args: argparse.Namespace) -> SluiceConfig:
+    """The SluiceConfig that parsed engine options describe; prepares the default model if none is named."""
+    path = model_path_from_args(args)
+    if path is None:
+        from sluice.default_model import prepare_default_model
+
+        path = str(prepare_default_model())
+    return SluiceConfig(
+        model=ModelConfig(path=path, dtype=args.dtype, max_model_len=args.max_model_len),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            policy=args.scheduling_policy,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            kv_cache_memory_gib=args.kv_cache_memory,
+            enable_prefix_caching=args.enable_prefix_caching,
+            num_gpu_blocks_override=args.num_kv_blocks,
+        ),
+        device=DeviceConfig(device=args.device, num_threads=args.num_threads),
+    )

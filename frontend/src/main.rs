@@ -1,0 +1,186 @@
+//! The `sluice-frontend` binary: one replica's OpenAI-compatible HTTP server.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use sluice_frontend::engine_client::EngineClientConfig;
+use sluice_frontend::server::{self, AppState, ServerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// Sluice's OpenAI-compatible HTTP frontend for one engine core.
+#[derive(Parser, Debug)]
+#[command(name = "sluice-frontend", version)]
+struct Args {
+    /// Hugging Face model folder (tokenizer.json, chat template).
+    #[arg(long)]
+    model_dir: PathBuf,
+    /// The model name clients must send.
+    #[arg(long)]
+    served_model_name: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The engine core's input socket (it binds PULL; we connect PUSH).
+    #[arg(long)]
+    engine_input: String,
+    /// The engine core's output socket (it binds PUSH; we connect PULL).
+    #[arg(long)]
+    engine_output: String,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    api_key: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    max_waiting_requests: usize,
+    #[arg(long, default_value_t = 8_388_608)]
+    max_body_bytes: usize,
+    #[arg(long, default_value_t = 2)]
+    tokenizer_workers: usize,
+    /// Seconds between engine death and exiting with code 3.
+    #[arg(long, default_value_t = 2.0)]
+    exit_grace_seconds: f64,
+    /// The engine core's process id, when it runs on this machine: its exit is noticed at once
+    /// instead of after the engine's silence times out.
+    #[arg(long)]
+    engine_pid: Option<u32>,
+}
+
+impl Args {
+    fn server_config(&self) -> ServerConfig {
+        ServerConfig {
+            model_dir: self.model_dir.clone(),
+            served_model_name: self.served_model_name.clone(),
+            api_key: self.api_key.clone(),
+            max_waiting_requests: self.max_waiting_requests,
+            max_body_bytes: self.max_body_bytes,
+            tokenizer_workers: self.tokenizer_workers,
+        }
+    }
+}
+
+/// Exit status when the engine core dies or never becomes ready, so a supervisor restarts us.
+const EXIT_ENGINE_DEAD: u8 = 3;
+/// Exit status for bad arguments or model files.
+const EXIT_STARTUP: u8 = 2;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let state = match AppState::load(args.server_config()) {
+        Ok(state) => Arc::new(state),
+        Err(error) => {
+            eprintln!("sluice-frontend: {error}");
+            return ExitCode::from(EXIT_STARTUP);
+        }
+    };
+    let listener = match TcpListener::bind((args.host.as_str(), args.port)).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "sluice-frontend: cannot listen on {}:{}: {error}",
+                args.host, args.port
+            );
+            return ExitCode::from(EXIT_STARTUP);
+        }
+    };
+    eprintln!(
+        "sluice-frontend: listening on http://{}:{}",
+        args.host, args.port
+    );
+
+    let (engine_exit, mut engine_exited) = mpsc::channel::<()>(1);
+    let engine_config =
+        EngineClientConfig::new(args.engine_input.clone(), args.engine_output.clone());
+    let grace = Duration::from_secs_f64(args.exit_grace_seconds.max(0.0));
+    let engine_state = state.clone();
+    let engine_pid = args.engine_pid;
+    tokio::spawn(async move {
+        match server::connect_engine(&engine_state, engine_config).await {
+            Ok(engine) => {
+                eprintln!("sluice-frontend: the engine core is ready");
+                if let Some(pid) = engine_pid {
+                    let watched = engine.clone();
+                    tokio::spawn(async move {
+                        wait_for_process_exit(pid).await;
+                        watched.mark_dead(format!("the engine core process {pid} exited"));
+                    });
+                }
+                let reason = engine.dead().await;
+                eprintln!("sluice-frontend: the engine core died: {reason}; exiting in {grace:?}");
+                // In-flight requests have been failed already; give their error events time to go out.
+                tokio::time::sleep(grace).await;
+            }
+            Err(error) => eprintln!("sluice-frontend: {error}"),
+        }
+        let _ = engine_exit.send(()).await;
+    });
+
+    let app = server::router(state);
+    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+    tokio::select! {
+        served = serving => match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice-frontend: server error: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(()) = engine_exited.recv() => ExitCode::from(EXIT_ENGINE_DEAD),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM; axum then stops accepting and drains in-flight requests.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
+    eprintln!("sluice-frontend: shutting down, draining in-flight requests");
+}
+
+/// Resolves once process `pid` has exited: gone from /proc, or a zombie its parent has not reaped.
+async fn wait_for_process_exit(pid: u32) {
+    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
+    loop {
+        match std::fs::read_to_string(&stat) {
+            Ok(text) if !process_state_is_zombie(&text) => {}
+            _ => return,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The state field of /proc/PID/stat follows the parenthesised command name, which may contain spaces.
+fn process_state_is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_state_is_zombie;
+
+    #[test]
+    fn zombie_state_is_read_after_the_command_name() {
+        assert!(!process_state_is_zombie("42 (python3) S 1 42 42"));
+        assert!(process_state_is_zombie("42 (python3) Z 1 42 42"));
+        assert!(!process_state_is_zombie("42 (a) Z (b) S 1 2 3"));
+        assert!(!process_state_is_zombie("garbage"));
+    }
+}

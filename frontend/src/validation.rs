@@ -1,0 +1,525 @@
+//! Request validation: one function per concern, each answering with a typed [`ApiError`].
+//!
+//! Ranges follow vLLM's `SamplingParams`. Everything the engine core receives has passed here,
+//! so the engine may trust it.
+
+use std::collections::BTreeMap;
+
+use crate::api_error::ApiError;
+use crate::openai::{ChatMessage, SamplingFields};
+use crate::protocol::SamplingParams;
+
+pub const MAX_N: u32 = 128;
+pub const MAX_LOGPROBS: u32 = 20;
+/// Completions' default, as in OpenAI's API.
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+const CHAT_ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+fn out_of_range(param: &'static str, message: String) -> ApiError {
+    ApiError::InvalidParameter { param, message }
+}
+
+pub fn check_model(requested: &str, served: &str) -> Result<(), ApiError> {
+    if requested == served {
+        Ok(())
+    } else {
+        Err(ApiError::ModelNotFound(requested.to_owned()))
+    }
+}
+
+pub fn check_temperature(temperature: f64) -> Result<(), ApiError> {
+    if temperature >= 0.0 && temperature.is_finite() {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "temperature",
+            format!("temperature must be non-negative, got {temperature}"),
+        ))
+    }
+}
+
+pub fn check_top_p(top_p: f64) -> Result<(), ApiError> {
+    if top_p > 0.0 && top_p <= 1.0 {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ))
+    }
+}
+
+/// -1 and 0 both disable top-k; the engine's spelling is -1.
+pub fn top_k(top_k: i64) -> Result<i32, ApiError> {
+    match top_k {
+        -1 | 0 => Ok(-1),
+        k if k >= 1 => Ok(i32::try_from(k).unwrap_or(i32::MAX)),
+        k => Err(out_of_range(
+            "top_k",
+            format!("top_k must be -1 (disable), or at least 1, got {k}"),
+        )),
+    }
+}
+
+pub fn check_min_p(min_p: f64) -> Result<(), ApiError> {
+    if (0.0..=1.0).contains(&min_p) {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "min_p",
+            format!("min_p must be in [0, 1], got {min_p}"),
+        ))
+    }
+}
+
+pub fn check_n(n: u32) -> Result<(), ApiError> {
+    if (1..=MAX_N).contains(&n) {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "n",
+            format!("n must be in [1, {MAX_N}], got {n}"),
+        ))
+    }
+}
+
+pub fn check_max_tokens(max_tokens: u32) -> Result<(), ApiError> {
+    if max_tokens >= 1 {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "max_tokens",
+            format!("max_tokens must be at least 1, got {max_tokens}"),
+        ))
+    }
+}
+
+pub fn check_min_tokens(min_tokens: u32, max_tokens: Option<u32>) -> Result<(), ApiError> {
+    match max_tokens {
+        Some(max_tokens) if min_tokens > max_tokens => Err(out_of_range(
+            "min_tokens",
+            format!("min_tokens must be at most max_tokens ({max_tokens}), got {min_tokens}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// presence_penalty and frequency_penalty.
+pub fn check_additive_penalty(param: &'static str, penalty: f64) -> Result<(), ApiError> {
+    if (-2.0..=2.0).contains(&penalty) {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            param,
+            format!("{param} must be in [-2, 2], got {penalty}"),
+        ))
+    }
+}
+
+pub fn check_repetition_penalty(penalty: f64) -> Result<(), ApiError> {
+    if penalty > 0.0 && penalty.is_finite() {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "repetition_penalty",
+            format!("repetition_penalty must be greater than 0, got {penalty}"),
+        ))
+    }
+}
+
+/// `logprobs` (completions) and `top_logprobs` (chat).
+pub fn check_logprobs(param: &'static str, logprobs: u32) -> Result<(), ApiError> {
+    if logprobs <= MAX_LOGPROBS {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            param,
+            format!("{param} must be at most {MAX_LOGPROBS}, got {logprobs}"),
+        ))
+    }
+}
+
+/// Parses JSON's string keys into token ids below `vocab_size`, with biases in [-100, 100].
+pub fn logit_bias(
+    bias: &BTreeMap<String, f64>,
+    vocab_size: u32,
+) -> Result<BTreeMap<u32, f64>, ApiError> {
+    bias.iter()
+        .map(|(key, &value)| {
+            let token = key
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| id < vocab_size)
+                .ok_or_else(|| {
+                    out_of_range(
+                        "logit_bias",
+                        format!("logit_bias key {key:?} is not a token id below {vocab_size}"),
+                    )
+                })?;
+            if !(-100.0..=100.0).contains(&value) {
+                return Err(out_of_range(
+                    "logit_bias",
+                    format!("logit_bias values must be in [-100, 100], got {value} for {key}"),
+                ));
+            }
+            Ok((token, value))
+        })
+        .collect()
+}
+
+pub fn check_token_ids(param: &'static str, ids: &[u32], vocab_size: u32) -> Result<(), ApiError> {
+    match ids.iter().find(|&&id| id >= vocab_size) {
+        Some(id) => Err(out_of_range(
+            param,
+            format!("token id {id} is outside the vocabulary (size {vocab_size})"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Rejects echo with logprobs: the engine computes no prompt logprobs to echo.
+pub fn check_echo(echo: bool, logprobs: Option<u32>) -> Result<(), ApiError> {
+    if echo && logprobs.is_some() {
+        Err(out_of_range(
+            "echo",
+            "echo together with logprobs is not supported: prompt logprobs are not available"
+                .into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+pub fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::EmptyMessages);
+    }
+    match messages
+        .iter()
+        .find(|m| !CHAT_ROLES.contains(&m.role.as_str()))
+    {
+        Some(message) => Err(out_of_range(
+            "messages",
+            format!(
+                "unsupported message role {:?}; expected one of {CHAT_ROLES:?}",
+                message.role
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+pub fn check_prompt_not_empty(ids: &[u32]) -> Result<(), ApiError> {
+    if ids.is_empty() {
+        Err(out_of_range("prompt", "the prompt is empty".into()))
+    } else {
+        Ok(())
+    }
+}
+
+/// The max_tokens a request runs with. An explicit max_tokens must fit after the prompt; an absent
+/// one is `default` (or the whole remaining context when `default` is None) clipped to what fits.
+pub fn effective_max_tokens(
+    prompt_len: usize,
+    requested: Option<u32>,
+    default: Option<u32>,
+    max_model_len: u32,
+) -> Result<u32, ApiError> {
+    let max_model_len = max_model_len as usize;
+    if prompt_len >= max_model_len {
+        return Err(ApiError::ContextLengthExceeded {
+            param: "prompt",
+            message: format!(
+                "This model's maximum context length is {max_model_len} tokens, \
+                 but the prompt has {prompt_len} tokens, leaving no room to generate"
+            ),
+        });
+    }
+    let room = (max_model_len - prompt_len) as u32;
+    match requested {
+        Some(max_tokens) if max_tokens > room => Err(ApiError::ContextLengthExceeded {
+            param: "max_tokens",
+            message: format!(
+                "This model's maximum context length is {max_model_len} tokens. However, you \
+                 requested {} tokens ({prompt_len} in the prompt, {max_tokens} for the completion)",
+                prompt_len + max_tokens as usize
+            ),
+        }),
+        Some(max_tokens) => Ok(max_tokens),
+        None => Ok(default.map_or(room, |default| default.min(room))),
+    }
+}
+
+/// Checks every sampling field and builds the engine's parameters. `max_tokens` is filled in
+/// later, once the prompt length is known; `logprobs` is the engine's count (sampled + top N).
+pub fn sampling_params(
+    fields: &SamplingFields,
+    max_tokens: Option<u32>,
+    logprobs: Option<u32>,
+    vocab_size: u32,
+) -> Result<SamplingParams, ApiError> {
+    let defaults = SamplingParams::default();
+    let temperature = fields.temperature.unwrap_or(defaults.temperature);
+    check_temperature(temperature)?;
+    let top_p = fields.top_p.unwrap_or(defaults.top_p);
+    check_top_p(top_p)?;
+    let top_k = top_k(fields.top_k.unwrap_or(-1))?;
+    let min_p = fields.min_p.unwrap_or(defaults.min_p);
+    check_min_p(min_p)?;
+    check_n(fields.n.unwrap_or(1))?;
+    if let Some(max_tokens) = max_tokens {
+        check_max_tokens(max_tokens)?;
+    }
+    let min_tokens = fields.min_tokens.unwrap_or(0);
+    check_min_tokens(min_tokens, max_tokens)?;
+    let presence_penalty = fields.presence_penalty.unwrap_or(0.0);
+    check_additive_penalty("presence_penalty", presence_penalty)?;
+    let frequency_penalty = fields.frequency_penalty.unwrap_or(0.0);
+    check_additive_penalty("frequency_penalty", frequency_penalty)?;
+    let repetition_penalty = fields.repetition_penalty.unwrap_or(1.0);
+    check_repetition_penalty(repetition_penalty)?;
+    let logit_bias = fields
+        .logit_bias
+        .as_ref()
+        .map(|bias| logit_bias(bias, vocab_size))
+        .transpose()?
+        .filter(|bias| !bias.is_empty());
+    let stop_token_ids = fields.stop_token_ids.clone().unwrap_or_default();
+    check_token_ids("stop_token_ids", &stop_token_ids, vocab_size)?;
+    Ok(SamplingParams {
+        max_tokens: max_tokens.unwrap_or(defaults.max_tokens),
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias,
+        seed: fields.seed,
+        logprobs,
+        stop_token_ids,
+        ignore_eos: fields.ignore_eos.unwrap_or(false),
+        min_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::MessageContent;
+
+    fn param_of(result: Result<impl std::fmt::Debug, ApiError>) -> &'static str {
+        match result.unwrap_err() {
+            ApiError::InvalidParameter { param, .. }
+            | ApiError::ContextLengthExceeded { param, .. } => param,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn model_must_be_the_served_name() {
+        assert!(check_model("smol", "smol").is_ok());
+        assert_eq!(
+            check_model("gpt-4", "smol"),
+            Err(ApiError::ModelNotFound("gpt-4".into()))
+        );
+    }
+
+    #[test]
+    fn temperature_is_non_negative() {
+        assert!(check_temperature(0.0).is_ok());
+        assert!(check_temperature(2.5).is_ok());
+        assert_eq!(param_of(check_temperature(-0.1)), "temperature");
+    }
+
+    #[test]
+    fn top_p_is_in_half_open_unit_interval() {
+        assert!(check_top_p(1.0).is_ok());
+        assert!(check_top_p(0.01).is_ok());
+        assert_eq!(param_of(check_top_p(0.0)), "top_p");
+        assert_eq!(param_of(check_top_p(1.01)), "top_p");
+    }
+
+    #[test]
+    fn top_k_zero_and_minus_one_disable() {
+        assert_eq!(top_k(-1), Ok(-1));
+        assert_eq!(top_k(0), Ok(-1));
+        assert_eq!(top_k(40), Ok(40));
+        assert_eq!(param_of(top_k(-2)), "top_k");
+    }
+
+    #[test]
+    fn min_p_is_in_unit_interval() {
+        assert!(check_min_p(0.0).is_ok());
+        assert!(check_min_p(1.0).is_ok());
+        assert_eq!(param_of(check_min_p(1.5)), "min_p");
+    }
+
+    #[test]
+    fn n_is_between_one_and_the_cap() {
+        assert!(check_n(1).is_ok());
+        assert!(check_n(MAX_N).is_ok());
+        assert_eq!(param_of(check_n(0)), "n");
+        assert_eq!(param_of(check_n(MAX_N + 1)), "n");
+    }
+
+    #[test]
+    fn max_tokens_is_at_least_one() {
+        assert!(check_max_tokens(1).is_ok());
+        assert_eq!(param_of(check_max_tokens(0)), "max_tokens");
+    }
+
+    #[test]
+    fn min_tokens_cannot_exceed_max_tokens() {
+        assert!(check_min_tokens(5, Some(5)).is_ok());
+        assert!(check_min_tokens(5, None).is_ok());
+        assert_eq!(param_of(check_min_tokens(6, Some(5))), "min_tokens");
+    }
+
+    #[test]
+    fn additive_penalties_are_within_two() {
+        assert!(check_additive_penalty("presence_penalty", -2.0).is_ok());
+        assert!(check_additive_penalty("presence_penalty", 2.0).is_ok());
+        assert_eq!(
+            param_of(check_additive_penalty("frequency_penalty", 2.1)),
+            "frequency_penalty"
+        );
+    }
+
+    #[test]
+    fn repetition_penalty_is_positive() {
+        assert!(check_repetition_penalty(1.2).is_ok());
+        assert_eq!(
+            param_of(check_repetition_penalty(0.0)),
+            "repetition_penalty"
+        );
+    }
+
+    #[test]
+    fn logprobs_are_capped_at_twenty() {
+        assert!(check_logprobs("logprobs", 20).is_ok());
+        assert_eq!(param_of(check_logprobs("top_logprobs", 21)), "top_logprobs");
+    }
+
+    #[test]
+    fn logit_bias_keys_are_token_ids_in_the_vocabulary() {
+        let bias = BTreeMap::from([("17".to_string(), -100.0), ("3".to_string(), 5.0)]);
+        assert_eq!(
+            logit_bias(&bias, 100),
+            Ok(BTreeMap::from([(3, 5.0), (17, -100.0)]))
+        );
+        for bad in ["abc", "-1", "100"] {
+            let bias = BTreeMap::from([(bad.to_string(), 1.0)]);
+            assert_eq!(param_of(logit_bias(&bias, 100)), "logit_bias", "{bad}");
+        }
+        let bias = BTreeMap::from([("1".to_string(), 100.5)]);
+        assert_eq!(param_of(logit_bias(&bias, 100)), "logit_bias");
+    }
+
+    #[test]
+    fn token_ids_must_be_in_the_vocabulary() {
+        assert!(check_token_ids("prompt", &[0, 99], 100).is_ok());
+        assert_eq!(param_of(check_token_ids("prompt", &[100], 100)), "prompt");
+    }
+
+    #[test]
+    fn echo_with_logprobs_is_rejected() {
+        assert!(check_echo(true, None).is_ok());
+        assert!(check_echo(false, Some(2)).is_ok());
+        assert_eq!(param_of(check_echo(true, Some(0))), "echo");
+    }
+
+    #[test]
+    fn messages_are_non_empty_with_known_roles() {
+        let message = |role: &str| ChatMessage {
+            role: role.into(),
+            content: Some(MessageContent::Text("hi".into())),
+            name: None,
+        };
+        assert_eq!(check_messages(&[]), Err(ApiError::EmptyMessages));
+        assert!(check_messages(&[message("system"), message("user")]).is_ok());
+        assert_eq!(param_of(check_messages(&[message("wizard")])), "messages");
+    }
+
+    #[test]
+    fn empty_prompt_is_rejected() {
+        assert!(check_prompt_not_empty(&[1]).is_ok());
+        assert_eq!(param_of(check_prompt_not_empty(&[])), "prompt");
+    }
+
+    #[test]
+    fn prompt_and_max_tokens_must_fit_the_context() {
+        assert_eq!(effective_max_tokens(10, Some(5), Some(16), 100), Ok(5));
+        assert_eq!(effective_max_tokens(10, Some(90), Some(16), 100), Ok(90));
+        assert_eq!(
+            param_of(effective_max_tokens(10, Some(91), Some(16), 100)),
+            "max_tokens"
+        );
+        assert_eq!(
+            param_of(effective_max_tokens(100, None, Some(16), 100)),
+            "prompt"
+        );
+        assert_eq!(
+            param_of(effective_max_tokens(101, Some(1), None, 100)),
+            "prompt"
+        );
+    }
+
+    #[test]
+    fn absent_max_tokens_takes_the_default_clipped_to_the_room_left() {
+        assert_eq!(effective_max_tokens(10, None, Some(16), 100), Ok(16));
+        assert_eq!(effective_max_tokens(90, None, Some(16), 100), Ok(10));
+        assert_eq!(effective_max_tokens(10, None, None, 100), Ok(90));
+    }
+
+    #[test]
+    fn sampling_params_carry_the_checked_fields() {
+        let fields = SamplingFields {
+            temperature: Some(0.0),
+            top_k: Some(0),
+            seed: Some(7),
+            stop_token_ids: Some(vec![2]),
+            logit_bias: Some(BTreeMap::from([("5".to_string(), 1.0)])),
+            ignore_eos: Some(true),
+            min_tokens: Some(2),
+            ..SamplingFields::default()
+        };
+        let params = sampling_params(&fields, Some(8), Some(3), 100).unwrap();
+        assert_eq!(params.max_tokens, 8);
+        assert_eq!(params.temperature, 0.0);
+        assert_eq!(params.top_k, -1);
+        assert_eq!(params.seed, Some(7));
+        assert_eq!(params.logprobs, Some(3));
+        assert_eq!(params.stop_token_ids, vec![2]);
+        assert_eq!(params.logit_bias, Some(BTreeMap::from([(5, 1.0)])));
+        assert!(params.ignore_eos);
+        assert_eq!(params.min_tokens, 2);
+    }
+
+    #[test]
+    fn sampling_params_reject_the_first_bad_field() {
+        let fields = SamplingFields {
+            top_p: Some(0.0),
+            ..SamplingFields::default()
+        };
+        assert_eq!(param_of(sampling_params(&fields, None, None, 100)), "top_p");
+        let fields = SamplingFields {
+            stop_token_ids: Some(vec![500]),
+            ..SamplingFields::default()
+        };
+        assert_eq!(
+            param_of(sampling_params(&fields, None, None, 100)),
+            "stop_token_ids"
+        );
+        let fields = SamplingFields {
+            min_tokens: Some(9),
+            ..SamplingFields::default()
+        };
+        assert_eq!(
+            param_of(sampling_params(&fields, Some(8), None, 100)),
+            "min_tokens"
+        );
+    }
+}

@@ -1,0 +1,1010 @@
+//! The real router, tokenizer and chat template of the default model, against a fake engine core:
+//! a task bound on the engine's side of the seam (ipc:// in a temporary directory) that answers
+//! each add_request with scripted tokens and records every message it receives.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use sluice_frontend::engine_client::EngineClientConfig;
+use sluice_frontend::protocol::{
+    decode, encode, EngineStats, FinishReason, HealthResult, Message, Outputs, Ready,
+    RequestOutput, TokenLogprobs, UtilityResult, UtilityValue,
+};
+use sluice_frontend::server::{self, AppState, ServerConfig};
+use tokio::sync::{mpsc, oneshot};
+use tower::ServiceExt;
+use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+const MODEL: &str = "smol";
+const MAX_MODEL_LEN: u32 = 2048;
+/// What the fake engine generates: multi-byte characters make tokens that split them.
+const TEXT: &str = "Hello there! 日本語 👋🏽 and more.";
+
+fn model_dir() -> PathBuf {
+    const NAME: &str = "SmolLM2-135M-Instruct";
+    if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
+        return PathBuf::from(cache).join("models").join(NAME);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is set");
+    PathBuf::from(home).join(".cache/sluice/models").join(NAME)
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        model_dir: model_dir(),
+        served_model_name: MODEL.into(),
+        api_key: None,
+        max_waiting_requests: 64,
+        max_body_bytes: 1 << 20,
+        tokenizer_workers: 2,
+    }
+}
+
+/// How the fake engine answers each add_request.
+#[derive(Clone)]
+enum Script {
+    /// Every token in its own step, the last one finishing with the reason.
+    Finish(FinishReason),
+    /// Every token in its own step, never finishing (until aborted).
+    Open,
+    /// Nothing at all.
+    Silent,
+}
+
+struct Server {
+    app: Router,
+    state: Arc<AppState>,
+    tokens: Vec<u32>,
+    script: Arc<Mutex<Script>>,
+    seen: mpsc::UnboundedReceiver<Message>,
+    kill: Option<oneshot::Sender<()>>,
+    dir: PathBuf,
+    pending: Option<(PullSocket, PushSocket)>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temp_dir() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-http-server-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A server whose engine core has bound its sockets but not sent `ready` yet.
+async fn unready(config: ServerConfig) -> Server {
+    let dir = temp_dir();
+    let input_address = format!("ipc://{}/input", dir.display());
+    let output_address = format!("ipc://{}/output", dir.display());
+    let mut input = PullSocket::new();
+    input.bind(&input_address).await.unwrap();
+    let mut output = PushSocket::new();
+    output.bind(&output_address).await.unwrap();
+
+    let state = Arc::new(AppState::load(config).unwrap());
+    let mut engine_config = EngineClientConfig::new(input_address, output_address);
+    engine_config.ready_timeout = PATIENCE;
+    let connecting = state.clone();
+    tokio::spawn(async move {
+        server::connect_engine(&connecting, engine_config)
+            .await
+            .unwrap()
+    });
+    let tokens = state
+        .pool
+        .tokenizer()
+        .encode(TEXT, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let (_, seen) = mpsc::unbounded_channel();
+    Server {
+        app: server::router(state.clone()),
+        state,
+        tokens,
+        script: Arc::new(Mutex::new(Script::Finish(FinishReason::Length))),
+        seen,
+        kill: None,
+        dir,
+        pending: Some((input, output)),
+    }
+}
+
+async fn started(config: ServerConfig) -> Server {
+    let mut server = unready(config).await;
+    server.send_ready().await;
+    server
+}
+
+impl Server {
+    async fn send_ready(&mut self) {
+        let (input, mut output) = self.pending.take().unwrap();
+        let ready = encode(&Message::Ready(Ready {
+            max_model_len: MAX_MODEL_LEN,
+            num_kv_blocks: 100,
+            block_size: 16,
+        }));
+        // A bound PUSH socket refuses to send until the client's PULL has connected.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while output.send(ZmqMessage::from(ready.clone())).await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "never connected");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.state.engine().is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (seen_tx, seen) = mpsc::unbounded_channel();
+        let (kill, killed) = oneshot::channel();
+        self.seen = seen;
+        self.kill = Some(kill);
+        tokio::spawn(fake_engine(
+            input,
+            output,
+            self.tokens.clone(),
+            self.script.clone(),
+            seen_tx,
+            killed,
+        ));
+    }
+
+    fn script(&self, script: Script) {
+        *self.script.lock().unwrap() = script;
+    }
+
+    /// The next message of the given type the engine received.
+    async fn next_seen(&mut self, type_name: &str) -> Message {
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.seen.recv())
+                .await
+                .unwrap_or_else(|_| panic!("the engine never received {type_name}"))
+                .expect("the fake engine stopped");
+            if message.type_name() == type_name {
+                return message;
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        self.state
+            .pool
+            .tokenizer()
+            .decode(&self.tokens, true)
+            .unwrap()
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.state
+            .pool
+            .tokenizer()
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec()
+    }
+
+    async fn call(&self, request: Request<Body>) -> axum::response::Response {
+        tokio::time::timeout(PATIENCE, self.app.clone().oneshot(request))
+            .await
+            .expect("no response")
+            .unwrap()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let response = self.call(post(path, body.to_string())).await;
+        json_of(response).await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String) {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        let response = self.call(request).await;
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    /// Every event's data of a streamed response.
+    async fn stream(&self, path: &str, body: Value) -> Vec<String> {
+        let response = self.call(post(path, body.to_string())).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let bytes = tokio::time::timeout(PATIENCE, response.into_body().collect())
+            .await
+            .expect("the stream never ended")
+            .unwrap()
+            .to_bytes();
+        events(std::str::from_utf8(&bytes).unwrap())
+    }
+}
+
+fn post(path: &str, body: String) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+async fn json_of(response: axum::response::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let bytes = tokio::time::timeout(PATIENCE, response.into_body().collect())
+        .await
+        .expect("the body never ended")
+        .unwrap()
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+fn events(body: &str) -> Vec<String> {
+    assert!(body.ends_with("\n\n"), "unterminated event in {body:?}");
+    body.split_terminator("\n\n")
+        .map(|event| {
+            event
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {event:?}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .map(|event| serde_json::from_str(event).unwrap())
+        .collect()
+}
+
+async fn fake_engine(
+    mut input: PullSocket,
+    mut output: PushSocket,
+    tokens: Vec<u32>,
+    script: Arc<Mutex<Script>>,
+    seen: mpsc::UnboundedSender<Message>,
+    mut killed: oneshot::Receiver<()>,
+) {
+    loop {
+        let frame = tokio::select! {
+            frame = input.recv() => frame,
+            _ = &mut killed => return,
+        };
+        let Ok(frame) = frame else { return };
+        let message = decode(frame.get(0).unwrap()).unwrap();
+        let replies = replies_to(&message, &tokens, &script.lock().unwrap().clone());
+        let _ = seen.send(message);
+        for reply in replies {
+            output.send(ZmqMessage::from(encode(&reply))).await.unwrap();
+        }
+    }
+}
+
+fn step(outputs: Vec<RequestOutput>) -> Message {
+    Message::Outputs(Outputs {
+        outputs,
+        stats: EngineStats {
+            num_running: 1,
+            kv_cache_usage: 0.25,
+            ..EngineStats::default()
+        },
+        timestamp: 0.0,
+    })
+}
+
+fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message> {
+    match message {
+        Message::AddRequest(request) => {
+            let finish = match script {
+                Script::Silent => return Vec::new(),
+                Script::Open => None,
+                Script::Finish(reason) => Some(*reason),
+            };
+            let logprobs = |token: u32| {
+                request.params.logprobs.map(|top| {
+                    vec![TokenLogprobs {
+                        token_ids: (0..=top).map(|i| token + i).collect(),
+                        logprobs: (0..=top).map(|i| -0.5 - f64::from(i)).collect(),
+                        sampled_rank: 1,
+                    }]
+                })
+            };
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| {
+                    step(vec![RequestOutput {
+                        request_id: request.request_id.clone(),
+                        new_token_ids: vec![token],
+                        new_logprobs: logprobs(token),
+                        finish_reason: if i + 1 == tokens.len() { finish } else { None },
+                        stop_reason: None,
+                        num_cached_tokens: 0,
+                        error: None,
+                    }])
+                })
+                .collect()
+        }
+        Message::Abort(abort) => vec![step(
+            abort
+                .request_ids
+                .iter()
+                .map(|id| RequestOutput {
+                    request_id: id.clone(),
+                    new_token_ids: Vec::new(),
+                    new_logprobs: None,
+                    finish_reason: Some(FinishReason::Abort),
+                    stop_reason: None,
+                    num_cached_tokens: 0,
+                    error: None,
+                })
+                .collect(),
+        )],
+        Message::Utility(call) => vec![Message::UtilityResult(UtilityResult {
+            call_id: call.call_id,
+            result: Some(UtilityValue::Health(HealthResult { ok: true })),
+            error: None,
+        })],
+        _ => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn completion_text_streamed_equals_whole_with_usage() {
+    let server = started(config()).await;
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Say hi", "max_tokens": 50}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["choices"][0]["text"], server.text());
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let prompt_tokens = server.encode("Say hi").len();
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": server.tokens.len(),
+               "total_tokens": prompt_tokens + server.tokens.len()})
+    );
+
+    let events = server
+        .stream(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Say hi", "max_tokens": 50, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    let chunks = chunks(&events);
+    let (usage, texts) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], body["usage"]);
+    let streamed: String = texts
+        .iter()
+        .map(|c| {
+            assert_eq!(c["object"], "text_completion");
+            c["choices"][0]["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(streamed, body["choices"][0]["text"].as_str().unwrap());
+    assert!(texts.len() > 3, "the text should arrive in several chunks");
+    assert_eq!(
+        texts.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[tokio::test]
+async fn chat_stream_opens_with_the_role_and_ends_with_the_finish_reason() {
+    let mut server = started(config()).await;
+    let messages = json!([{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Hi"}]);
+    let events = server
+        .stream(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": messages, "stream": true,
+                   "max_completion_tokens": 40}),
+        )
+        .await;
+    let chunks = chunks(&events);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks[1..]
+        .iter()
+        .all(|c| c["choices"][0]["delta"].get("role").is_none()));
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, server.text());
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert!(chunks.iter().all(|c| c["usage"].is_null()));
+
+    // The template's own special tokens are not doubled by the tokenizer.
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let rendered = server
+        .state
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&serde_json::from_value::<Vec<_>>(messages).unwrap(), true)
+        .unwrap();
+    assert_eq!(request.prompt_token_ids, server.encode(&rendered));
+    assert_eq!(request.params.max_tokens, 40);
+}
+
+#[tokio::test]
+async fn chat_whole_response_has_message_usage_and_logprobs() {
+    let server = started(config()).await;
+    let (status, body) = server
+        .post(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                   "logprobs": true, "top_logprobs": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["message"]["content"], server.text());
+    let content = body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), server.tokens.len());
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(body["usage"]["completion_tokens"], server.tokens.len());
+}
+
+#[tokio::test]
+async fn n_two_fans_out_with_consecutive_seeds_and_indices() {
+    let mut server = started(config()).await;
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": ["a", "b"], "n": 2, "seed": 5,
+                   "max_tokens": 30, "logprobs": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    let indices: Vec<_> = choices.iter().map(|c| c["index"].clone()).collect();
+    assert_eq!(indices, [json!(0), json!(1), json!(2), json!(3)]);
+    for choice in choices {
+        assert_eq!(choice["text"], server.text());
+        let logprobs = &choice["logprobs"];
+        assert_eq!(
+            logprobs["tokens"].as_array().unwrap().len(),
+            server.tokens.len()
+        );
+        assert_eq!(logprobs["text_offset"][0], 0);
+    }
+    assert_eq!(body["usage"]["completion_tokens"], 4 * server.tokens.len());
+    let mut seeds = Vec::new();
+    for _ in 0..4 {
+        let Message::AddRequest(request) = server.next_seen("add_request").await else {
+            unreachable!()
+        };
+        let suffix = request.request_id.rsplit('-').next().unwrap().to_owned();
+        seeds.push((suffix, request.params.seed));
+    }
+    seeds.sort();
+    assert_eq!(
+        seeds,
+        [
+            ("0".to_string(), Some(5)),
+            ("1".to_string(), Some(6)),
+            ("2".to_string(), Some(5)),
+            ("3".to_string(), Some(6))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn stop_string_cuts_the_text_and_aborts_the_engine_request() {
+    let mut server = started(config()).await;
+    server.script(Script::Open);
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 100, "stop": ["語 👋", "zzz"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["text"], "Hello there! 日本");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let Message::Abort(abort) = server.next_seen("abort").await else {
+        unreachable!()
+    };
+    assert_eq!(abort.request_ids, [request.request_id]);
+
+    let events = server
+        .stream(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 100, "stop": "語 👋",
+                   "stream": true}),
+        )
+        .await;
+    let chunks = chunks(&events);
+    let streamed: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, "Hello there! 日本");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_aborts_the_engine_request() {
+    let mut server = started(config()).await;
+    server.script(Script::Open);
+    let response = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 100, "stream": true}).to_string(),
+        ))
+        .await;
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(PATIENCE, body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.data_ref().unwrap().starts_with(b"data: "));
+    drop(body);
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let Message::Abort(abort) = server.next_seen("abort").await else {
+        unreachable!()
+    };
+    assert_eq!(abort.request_ids, [request.request_id]);
+    assert_eq!(server.state.permits.available_permits(), 64);
+}
+
+async fn assert_error(server: &Server, request: Request<Body>, status: u16, expected: Value) {
+    let (got, body) = json_of(server.call(request).await).await;
+    assert_eq!(got.as_u16(), status, "{body}");
+    let error = &body["error"];
+    for (key, value) in expected.as_object().unwrap() {
+        assert_eq!(&error[key], value, "{key} in {body}");
+    }
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+}
+
+#[tokio::test]
+async fn bad_inputs_get_their_status_and_openai_error_body() {
+    let server = started(config()).await;
+    let completions = |body: Value| post("/v1/completions", body.to_string());
+    let cases = [
+        (
+            post("/v1/completions", "{\"model\": ".into()),
+            400,
+            json!({"type": "invalid_request_error"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "max_tokens": "5"})),
+            400,
+            json!({"type": "invalid_request_error"}),
+        ),
+        (
+            completions(json!({"model": "gpt-9", "prompt": "x"})),
+            404,
+            json!({"param": "model", "code": "model_not_found"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "temperature": -1})),
+            400,
+            json!({"param": "temperature"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "top_p": 0})),
+            400,
+            json!({"param": "top_p"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "n": 0})),
+            400,
+            json!({"param": "n"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "logprobs": 21})),
+            400,
+            json!({"param": "logprobs"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "logit_bias": {"999999": 1}})),
+            400,
+            json!({"param": "logit_bias"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "echo": true, "logprobs": 1})),
+            400,
+            json!({"param": "echo"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": ""})),
+            400,
+            json!({"param": "prompt"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": [9999999]})),
+            400,
+            json!({"param": "prompt"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": "x", "max_tokens": MAX_MODEL_LEN})),
+            400,
+            json!({"param": "max_tokens", "code": "context_length_exceeded"}),
+        ),
+        (
+            completions(json!({"model": MODEL, "prompt": vec![1; MAX_MODEL_LEN as usize]})),
+            400,
+            json!({"param": "prompt", "code": "context_length_exceeded"}),
+        ),
+        (
+            post(
+                "/v1/chat/completions",
+                json!({"model": MODEL, "messages": []}).to_string(),
+            ),
+            400,
+            json!({"param": "messages"}),
+        ),
+    ];
+    for (request, status, expected) in cases {
+        assert_error(&server, request, status, expected).await;
+    }
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413() {
+    let server = started(ServerConfig {
+        max_body_bytes: 1024,
+        ..config()
+    })
+    .await;
+    let body = json!({"model": MODEL, "prompt": "x".repeat(2048)}).to_string();
+    assert_error(
+        &server,
+        post("/v1/completions", body),
+        413,
+        json!({"code": "request_too_large"}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn api_key_guards_v1_but_not_health_or_metrics() {
+    let server = started(ServerConfig {
+        api_key: Some("secret".into()),
+        ..config()
+    })
+    .await;
+    let body = json!({"model": MODEL, "prompt": "x", "max_tokens": 5}).to_string();
+    assert_error(
+        &server,
+        post("/v1/completions", body.clone()),
+        401,
+        json!({"code": "invalid_api_key"}),
+    )
+    .await;
+    let mut wrong = post("/v1/completions", body.clone());
+    wrong
+        .headers_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    assert_error(&server, wrong, 401, json!({"code": "invalid_api_key"})).await;
+    let mut right = post("/v1/completions", body);
+    right
+        .headers_mut()
+        .insert("authorization", "Bearer secret".parse().unwrap());
+    assert_eq!(server.call(right).await.status(), StatusCode::OK);
+    assert_eq!(server.get("/health").await.0, StatusCode::OK);
+    assert_eq!(server.get("/metrics").await.0, StatusCode::OK);
+    assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn full_waiting_queue_is_429_at_once() {
+    let server = started(ServerConfig {
+        max_waiting_requests: 2,
+        ..config()
+    })
+    .await;
+    server.script(Script::Silent);
+    let held = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "n": 2, "stream": true}).to_string(),
+        ))
+        .await;
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(server.state.permits.available_permits(), 0);
+    assert_error(
+        &server,
+        post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x"}).to_string(),
+        ),
+        429,
+        json!({"type": "rate_limit_error", "code": "rate_limit_exceeded"}),
+    )
+    .await;
+    drop(held);
+    assert_eq!(server.state.permits.available_permits(), 2);
+}
+
+#[tokio::test]
+async fn health_follows_the_engine_and_its_death_fails_in_flight_requests() {
+    let mut server = unready(config()).await;
+    assert_eq!(
+        server.get("/health").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_error(
+        &server,
+        post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x"}).to_string(),
+        ),
+        503,
+        json!({"type": "server_error"}),
+    )
+    .await;
+    server.send_ready().await;
+    assert_eq!(server.get("/health").await.0, StatusCode::OK);
+
+    server.script(Script::Open);
+    let streaming = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 100, "stream": true}).to_string(),
+        ))
+        .await;
+    let whole = tokio::spawn(server.app.clone().oneshot(post(
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).to_string(),
+    )));
+    server.next_seen("add_request").await;
+    server.next_seen("add_request").await;
+    server.kill.take().unwrap().send(()).unwrap();
+
+    let whole = tokio::time::timeout(PATIENCE, whole)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (status, body) = json_of(whole).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "engine_unavailable");
+    let bytes = tokio::time::timeout(PATIENCE, streaming.into_body().collect())
+        .await
+        .expect("the stream never ended")
+        .unwrap()
+        .to_bytes();
+    let events = events(std::str::from_utf8(&bytes).unwrap());
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "engine_unavailable");
+    assert_eq!(
+        server.get("/health").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_report_engine_gauges() {
+    let server = started(config()).await;
+    let (status, _) = server
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 50}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, text) = server.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    for name in [
+        "sluice:num_requests_running{model_name=\"smol\"} 1",
+        "sluice:kv_cache_usage_perc{model_name=\"smol\"} 0.25",
+        "sluice:request_success_total{model_name=\"smol\",finished_reason=\"length\"} 1",
+        "sluice:time_to_first_token_seconds_count{model_name=\"smol\"} 1",
+        "sluice:e2e_request_latency_seconds_count{model_name=\"smol\"} 1",
+        "sluice:request_queue_time_seconds_count",
+        "sluice:inter_token_latency_seconds_count",
+        "sluice:prompt_tokens_total",
+        "sluice:generation_tokens_total",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn models_tokenize_detokenize_and_version() {
+    let server = started(config()).await;
+    let (status, models) = server.get("/v1/models").await;
+    assert_eq!(status, StatusCode::OK);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["max_model_len"], MAX_MODEL_LEN);
+
+    let (status, tokenized) = server
+        .post("/tokenize", json!({"model": MODEL, "prompt": TEXT}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tokenized["tokens"], json!(server.tokens));
+    assert_eq!(tokenized["count"], server.tokens.len());
+    assert_eq!(tokenized["max_model_len"], MAX_MODEL_LEN);
+
+    let (status, chat) = server
+        .post(
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(chat["count"].as_u64().unwrap() > 3);
+
+    let (status, detokenized) = server
+        .post("/detokenize", json!({"tokens": server.tokens}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(detokenized["prompt"], TEXT);
+
+    let (status, version) = server.get("/version").await;
+    assert_eq!(status, StatusCode::OK);
+    let version: Value = serde_json::from_str(&version).unwrap();
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn echo_prepends_the_prompt() {
+    let server = started(config()).await;
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Say: ", "echo": true, "max_tokens": 50}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["choices"][0]["text"],
+        format!("Say: {}", server.text())
+    );
+}
+
+/// The status of `GET path` on the binary's port, or None while nothing listens there.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(PATIENCE)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split(' ').nth(1)?.parse().ok()
+}
+
+async fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    wait_within(PATIENCE, what, done).await
+}
+
+async fn wait_within(patience: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Not a test: the fake engine core as a process of its own (this test binary re-run), so that
+/// killing it closes its sockets as a real engine's death does.
+#[tokio::test]
+#[ignore = "run by binary_turns_unhealthy_and_exits_3_when_the_engine_dies"]
+async fn fake_engine_process() {
+    let Some(dir) = std::env::var_os("SLUICE_FAKE_ENGINE_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let mut input = PullSocket::new();
+    input
+        .bind(&format!("ipc://{}/input", dir.display()))
+        .await
+        .unwrap();
+    let mut output = PushSocket::new();
+    output
+        .bind(&format!("ipc://{}/output", dir.display()))
+        .await
+        .unwrap();
+    let ready = encode(&Message::Ready(Ready {
+        max_model_len: MAX_MODEL_LEN,
+        num_kv_blocks: 100,
+        block_size: 16,
+    }));
+    while output.send(ZmqMessage::from(ready.clone())).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let script = Arc::new(Mutex::new(Script::Silent));
+    let (seen, _seen) = mpsc::unbounded_channel();
+    let (_kill, killed) = oneshot::channel();
+    fake_engine(input, output, Vec::new(), script, seen, killed).await;
+}
+
+#[tokio::test]
+async fn binary_turns_unhealthy_and_exits_3_when_the_engine_dies() {
+    let dir = temp_dir();
+    let input_address = format!("ipc://{}/input", dir.display());
+    let output_address = format!("ipc://{}/output", dir.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut engine = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fake_engine_process", "--ignored", "--quiet"])
+        .env("SLUICE_FAKE_ENGINE_DIR", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-frontend"))
+        .args(["--model-dir".as_ref(), model_dir().as_os_str()])
+        .args(["--served-model-name", MODEL, "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args(["--engine-input", &input_address])
+        .args(["--engine-output", &output_address])
+        .args(["--exit-grace-seconds", "0.5"])
+        .args(["--engine-pid", &engine.id().to_string()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("healthy", || http_status(port, "/health") == Some(200)).await;
+
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    // The engine's process id is watched, so its death shows well before its silence would.
+    wait_within(Duration::from_secs(3), "unhealthy", || {
+        http_status(port, "/health") != Some(200)
+    })
+    .await;
+    let mut status = None;
+    wait_for("exit", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    })
+    .await;
+    assert_eq!(status.unwrap().code(), Some(3));
+    let _ = std::fs::remove_dir_all(&dir);
+}

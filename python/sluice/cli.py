@@ -31,6 +31,12 @@ def _model_prepare(args: argparse.Namespace) -> None:
     print(prepare_default_model(args.cache_dir))
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from sluice.serve import serve
+
+    sys.exit(serve(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice: serve and run LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     add_engine_arguments(generate)
     generate.set_defaults(run=_generate)
+
+    serve = commands.add_parser(
+        "serve", help="serve MODEL over an OpenAI-compatible HTTP API (the Rust frontend and the engine core)"
+    )
+    from sluice.serve import add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve)
 
     model = commands.add_parser("model", help="manage models")
     model_commands = model.add_subparsers(dest="model_command", required=True)

@@ -12,14 +12,14 @@ use axum::Json;
 use crate::api_error::ApiError;
 use crate::generation::{
     self, chunk_event, sse_events, unix_seconds, ChoiceResult, ChoiceSpec, ChoiceUpdate,
-    TokenLogprob,
+    ResponseHeader, TokenLogprob,
 };
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, ChatMessage, StopSequences,
     TopLogprob, Usage,
 };
-use crate::server::{unix_time, AppState};
+use crate::server::AppState;
 use crate::sse::event_stream_response;
 use crate::validation;
 
@@ -114,11 +114,7 @@ async fn chat(
 
     let id = state.request_id("chatcmpl");
     let streams = generation::start(state, &id, choices, arrival, arrival_time)?;
-    let header = Header {
-        id,
-        created: unix_time(),
-        model: request.model,
-    };
+    let header = ResponseHeader::new(id, request.model);
     if sampling.stream.unwrap_or(false) {
         let include_usage = sampling
             .stream_options
@@ -131,13 +127,7 @@ async fn chat(
     }
 }
 
-struct Header {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Header {
+impl ResponseHeader {
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
@@ -151,7 +141,7 @@ impl Header {
 }
 
 fn whole(
-    header: Header,
+    header: ResponseHeader,
     results: Vec<ChoiceResult>,
     prompt_tokens: u32,
     logprobs: bool,
@@ -181,7 +171,7 @@ fn whole(
 }
 
 fn stream(
-    header: Header,
+    header: ResponseHeader,
     streams: Vec<generation::ChoiceStream>,
     prompt_tokens: u32,
     include_usage: bool,

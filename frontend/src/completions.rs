@@ -13,13 +13,13 @@ use futures::future::try_join_all;
 use crate::api_error::ApiError;
 use crate::generation::{
     self, chunk_event, sse_events, unix_seconds, ChoiceResult, ChoiceSpec, ChoiceUpdate,
-    TokenLogprob,
+    ResponseHeader, TokenLogprob,
 };
 use crate::openai::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt,
     StopSequences, Usage,
 };
-use crate::server::{unix_time, AppState};
+use crate::server::AppState;
 use crate::sse::event_stream_response;
 use crate::validation;
 
@@ -127,11 +127,7 @@ async fn complete(
 
     let id = state.request_id("cmpl");
     let streams = generation::start(state, &id, choices, arrival, arrival_time)?;
-    let header = Header {
-        id,
-        created: unix_time(),
-        model: request.model,
-    };
+    let header = ResponseHeader::new(id, request.model);
     if sampling.stream.unwrap_or(false) {
         let include_usage = sampling
             .stream_options
@@ -150,13 +146,7 @@ async fn complete(
     }
 }
 
-struct Header {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Header {
+impl ResponseHeader {
     fn response(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> CompletionResponse {
         CompletionResponse {
             id: self.id.clone(),
@@ -170,7 +160,7 @@ impl Header {
 }
 
 fn whole(
-    header: Header,
+    header: ResponseHeader,
     results: Vec<ChoiceResult>,
     prompt_tokens: u32,
     logprobs: bool,
@@ -190,7 +180,7 @@ fn whole(
 }
 
 fn stream(
-    header: Header,
+    header: ResponseHeader,
     streams: Vec<generation::ChoiceStream>,
     prompt_tokens: u32,
     include_usage: bool,

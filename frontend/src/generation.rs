@@ -62,6 +62,23 @@ pub struct ChoiceResult {
     pub completion_tokens: u32,
 }
 
+/// What every chunk and response of one request repeats: its id, creation time and model.
+pub struct ResponseHeader {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseHeader {
+    pub fn new(id: String, model: String) -> Self {
+        ResponseHeader {
+            id,
+            created: crate::server::unix_time(),
+            model,
+        }
+    }
+}
+
 pub fn unix_seconds() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -37,6 +37,18 @@ def _serve(args: argparse.Namespace) -> None:
     sys.exit(serve(args))
 
 
+def _bench_serve(args: argparse.Namespace) -> None:
+    from sluice.loadtest.command import run_serve
+
+    sys.exit(run_serve(args))
+
+
+def _bench_sweep(args: argparse.Namespace) -> None:
+    from sluice.loadtest.command import run_sweep
+
+    sys.exit(run_sweep(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice: serve and run LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
+
+    bench = commands.add_parser("bench", help="load-test any OpenAI-compatible server")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from sluice.loadtest.options import add_serve_arguments as add_bench_serve_arguments
+    from sluice.loadtest.options import add_sweep_arguments
+
+    bench_serve = bench_commands.add_parser("serve", help="one run: latency, throughput and goodput")
+    add_bench_serve_arguments(bench_serve)
+    bench_serve.set_defaults(run=_bench_serve)
+    bench_sweep = bench_commands.add_parser(
+        "sweep", help="one run per request rate: throughput vs p99 latency"
+    )
+    add_sweep_arguments(bench_sweep)
+    bench_sweep.set_defaults(run=_bench_sweep)
 
     model = commands.add_parser("model", help="manage models")
     model_commands = model.add_subparsers(dest="model_command", required=True)

@@ -3,6 +3,9 @@
 In the same run the offline engine gets the same prompts with max_num_seqs = 16, so the serving
 path's cost is a ratio of two figures taken minutes apart on the same machine. Also reports the
 frontend's CPU seconds per 1,000 streamed tokens, read from /proc. Medians over --runs.
+
+Prefix caching is off on both sides: every run sends the same prompts, and cache hits from the
+previous run would otherwise make every run after the first look faster than a fresh server.
 """
 
 from __future__ import annotations
@@ -144,7 +147,13 @@ def percentile(values: list[float], q: float) -> float:
 def offline_throughput(prompts: list[list[int]], max_num_seqs: int, max_tokens: int) -> float:
     from engine import LLM, SamplingParams
 
-    llm = LLM(model=None, dtype="bfloat16", max_num_seqs=max_num_seqs, max_model_len=2048)
+    llm = LLM(
+        model=None,
+        dtype="bfloat16",
+        max_num_seqs=max_num_seqs,
+        max_model_len=2048,
+        enable_prefix_caching=False,
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=4))
     start = time.perf_counter()

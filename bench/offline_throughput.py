@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from engine import LLM, SamplingParams
 from sluice.default_model import prepare_default_model
 
-SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
+SHARED_BENCH = Path(__file__).resolve().parent / "workloads"
 
 
 def log(message: str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
+SHARED_BENCH = Path(__file__).resolve().parent / "workloads"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

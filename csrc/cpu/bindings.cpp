@@ -14,6 +14,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &sluice::cpu::add_rms_norm, "residual += delta, then rms_norm(residual) * weight",
         py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &sluice::cpu::silu_and_mul, "silu(gate) * up", py::arg("gate_up"));
+  m.def("linear", &sluice::cpu::linear, "x @ weight.T + bias", py::arg("x"), py::arg("weight"),
+        py::arg("bias"));
   m.def("rotary_embedding", &sluice::cpu::rotary_embedding, "rotate q and k in place", py::arg("qk"),
         py::arg("cos"), py::arg("sin_signed"));
 }

@@ -2,6 +2,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace sluice::cpu {
 
 // Causal attention of each sequence's new query rows over its whole context, read in place from the
@@ -22,6 +24,9 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
 
 // silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// x @ weight.T + bias, as F.linear computes it.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 // Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.
 void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin_signed);

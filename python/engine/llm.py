@@ -11,7 +11,16 @@ from typing import TypedDict
 from engine.engine_core import EngineCore
 from engine.engine_core_output import EngineCoreOutput
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from sluice.config import CacheConfig, DeviceConfig, DType, ModelConfig, SchedulerConfig, SluiceConfig
+from sluice.config import (
+    CacheConfig,
+    DeviceConfig,
+    DType,
+    GraphConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SluiceConfig,
+)
 from sluice.errors import InvalidRequestError
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs
@@ -47,6 +56,13 @@ class LLM:
         device: str = "cpu",
         num_threads: int | None = None,
         num_kv_blocks: int | None = None,
+        tensor_parallel_size: int = 1,
+        async_scheduling: bool = True,
+        executor: str = "mp",
+        enforce_eager: bool = False,
+        graph_mode: str = "full_and_piecewise",
+        capture_sizes: tuple[int, ...] | None = None,
+        cpu_bind: str = "auto",
     ) -> None:
         if model is None:
             from sluice.default_model import prepare_default_model
@@ -58,6 +74,7 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 policy=scheduling_policy,  # type: ignore[arg-type]
+                async_scheduling=async_scheduling,
             ),
             cache=CacheConfig(
                 block_size=block_size,
@@ -65,7 +82,16 @@ class LLM:
                 enable_prefix_caching=enable_prefix_caching,
                 num_gpu_blocks_override=num_kv_blocks,
             ),
-            device=DeviceConfig(device=device, num_threads=num_threads),  # type: ignore[arg-type]
+            parallel=ParallelConfig(
+                tensor_parallel_size=tensor_parallel_size,
+                executor=executor,  # type: ignore[arg-type]
+            ),
+            graph=GraphConfig(
+                enforce_eager=enforce_eager,
+                mode=graph_mode,  # type: ignore[arg-type]
+                capture_sizes=None if capture_sizes is None else tuple(capture_sizes),
+            ),
+            device=DeviceConfig(device=device, num_threads=num_threads, cpu_bind=cpu_bind),  # type: ignore[arg-type]
         )
         self._start(config)
 

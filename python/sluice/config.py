@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["bfloat16", "float16", "float32"]
 Device = Literal["cpu", "cuda"]
+# "mp": one worker process per tensor-parallel rank; "inproc": the worker inside the engine core (TP=1).
+ExecutorBackend = Literal["mp", "inproc"]
+# Which captured forms the graph dispatcher may pick (vLLM's cudagraph_mode, lower-cased).
+GraphMode = Literal["full_and_piecewise", "full", "piecewise", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,8 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     policy: SchedulingPolicy = "fcfs"
+    # Two batches in flight: step N+1 is planned, with placeholders, while step N runs.
+    async_scheduling: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +44,28 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    executor: ExecutorBackend = "mp"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphConfig:
+    # Run every step eagerly: no graphs on CUDA, no fused C++ step on CPU.
+    enforce_eager: bool = False
+    mode: GraphMode = "full_and_piecewise"
+    # Batch sizes, in tokens, that get a captured graph; None: the default ladder up to max_num_seqs.
+    capture_sizes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceConfig:
     device: Device = "cpu"
-    # None: let torch decide; otherwise torch.set_num_threads(num_threads).
+    # Threads per worker; None: the cores this process may use, divided among the ranks.
     num_threads: int | None = None
+    # CPU cores the workers' threads are pinned to, one thread per core: "auto" (the allowed cores,
+    # split among the ranks), "none" (no pinning), or a list such as "0-1" or "0,1|2,3" (ranks split by |).
+    cpu_bind: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +73,38 @@ class SluiceConfig:
     model: ModelConfig
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+def config_to_dict(config: SluiceConfig) -> dict[str, Any]:
+    """Plain values only, for handing the config to a worker process (msgpack, no pickle)."""
+    return asdict(config)
+
+
+def config_from_dict(data: dict[str, Any]) -> SluiceConfig:
+    """The inverse of config_to_dict: rebuilds every section, tuples included."""
+    sections = {}
+    for section in fields(SluiceConfig):
+        kind = _SECTION_TYPES[section.name]
+        values = dict(data[section.name])
+        for name, value in values.items():
+            if isinstance(value, list):
+                values[name] = tuple(value)
+        sections[section.name] = kind(**values)
+    return SluiceConfig(**sections)
+
+
+_SECTION_TYPES: dict[str, type] = {
+    "model": ModelConfig,
+    "scheduler": SchedulerConfig,
+    "cache": CacheConfig,
+    "parallel": ParallelConfig,
+    "graph": GraphConfig,
+    "device": DeviceConfig,
+}
+assert all(is_dataclass(kind) for kind in _SECTION_TYPES.values())
 
 
 def sluice_cache_dir() -> Path:

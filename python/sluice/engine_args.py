@@ -16,7 +16,11 @@ from sluice.config import (
     Device,
     DeviceConfig,
     DType,
+    ExecutorBackend,
+    GraphConfig,
+    GraphMode,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     SchedulingPolicy,
     SluiceConfig,
@@ -45,6 +49,19 @@ def _positive_float(text: str) -> float:
 _positive_float.__name__ = "float"
 
 
+def _capture_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"capture sizes must be at least 1, got {text!r}")
+    return sizes
+
+
+_capture_sizes.__name__ = "sizes"
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
     """Add the engine's options to `parser`.
 
@@ -54,6 +71,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     model = ModelConfig(path="")
     scheduler = SchedulerConfig()
     cache = CacheConfig()
+    parallel = ParallelConfig()
+    graph = GraphConfig()
     device = DeviceConfig()
     group = parser.add_argument_group("engine")
     model_help = "a local Hugging Face folder (default: SmolLM2-135M-Instruct)"
@@ -104,12 +123,56 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="share KV blocks between requests with a common prefix",
     )
     group.add_argument("--scheduling-policy", default=scheduler.policy, choices=get_args(SchedulingPolicy))
+    group.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=scheduler.async_scheduling,
+        help="plan step N+1 while step N runs (two batches in flight)",
+    )
+    group.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_at_least(1),
+        default=parallel.tensor_parallel_size,
+        help="worker processes that split each layer's heads (gloo on CPU, NCCL on CUDA)",
+    )
+    group.add_argument(
+        "--executor",
+        default=parallel.executor,
+        choices=get_args(ExecutorBackend),
+        help="mp: one worker process per rank; inproc: the worker inside the engine core (TP 1 only)",
+    )
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=graph.enforce_eager,
+        help="no graphs: every step runs op by op (CUDA graphs off; the fused C++ step off on CPU)",
+    )
+    group.add_argument(
+        "--graph-mode",
+        default=graph.mode,
+        choices=get_args(GraphMode),
+        help="which captured forms the graph dispatcher may use",
+    )
+    group.add_argument(
+        "--capture-sizes",
+        type=_capture_sizes,
+        default=graph.capture_sizes,
+        metavar="N,N,...",
+        help="batch sizes (tokens) to capture graphs for; each at most --max-num-seqs",
+    )
     group.add_argument("--device", default=device.device, choices=get_args(Device))
     group.add_argument(
         "--num-threads",
         type=_at_least(1),
         default=device.num_threads,
-        help="CPU threads for torch (default: torch's choice)",
+        help="CPU threads per worker (default: the usable cores divided among the ranks)",
+    )
+    group.add_argument(
+        "--cpu-bind",
+        default=device.cpu_bind,
+        metavar="auto|none|LIST",
+        help="pin each worker thread to a core: auto, none, or cores such as 0-1 (ranks split by |)",
     )
 
 
@@ -135,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> SluiceConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             policy=args.scheduling_policy,
+            async_scheduling=args.async_scheduling,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
@@ -142,5 +206,9 @@ def config_from_args(args: argparse.Namespace) -> SluiceConfig:
             enable_prefix_caching=args.enable_prefix_caching,
             num_gpu_blocks_override=args.num_kv_blocks,
         ),
-        device=DeviceConfig(device=args.device, num_threads=args.num_threads),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size, executor=args.executor),
+        graph=GraphConfig(
+            enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes
+        ),
+        device=DeviceConfig(device=args.device, num_threads=args.num_threads, cpu_bind=args.cpu_bind),
     )

@@ -95,6 +95,12 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
         value = getattr(args, action.dest)
         if isinstance(action, argparse.BooleanOptionalAction):
             argv.append(action.option_strings[0 if value else 1])
+        elif action.nargs == 0:
+            # A plain flag (store_true): present or absent.
+            if value:
+                argv.append(action.option_strings[0])
+        elif isinstance(value, tuple):
+            argv += [action.option_strings[0], ",".join(str(v) for v in value)]
         elif value is not None:
             argv += [action.option_strings[0], str(value)]
     return argv

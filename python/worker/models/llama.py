@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
 
 
 class Projection(nn.Module):
-    """A linear layer's weight (and optional bias); callers use F.linear directly to skip hooks."""
+    """A linear layer's weight (and optional bias); callers apply it through LayerOps.linear, skipping hooks."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -85,7 +85,6 @@ class DecoderLayer(nn.Module):
         cfg: dict[str, Any],
         architecture: str,
         dtype: torch.dtype,
-        attention: AttentionBackend,
         ops: LayerOps,
     ) -> None:
         super().__init__()
@@ -93,7 +92,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg, architecture, dtype)
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
         self.mlp = MLP(cfg, dtype)
-        self.attention = attention
         self.ops = ops
         # nn.Module attribute lookups cost microseconds each; the per-token path reads plain slots.
         # The loader fills these parameters in place, so the references stay valid.
@@ -118,17 +116,13 @@ class DecoderLayer(nn.Module):
             scale=attn.scale,
         )
 
-    def forward(
-        self,
-        delta: torch.Tensor | None,
-        residual: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Adds the previous layer's output `delta` into `residual` (in place); returns this layer's."""
+    # A layer runs as three dense stages with attention between the first two. The stages are the
+    # units that the graph dispatcher's PIECEWISE mode replays; attention runs eagerly between them.
+
+    def attention_input(
+        self, delta: torch.Tensor | None, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Adds the previous layer's output `delta` into `residual` (in place); returns rotated q, k and v."""
         t, ops = self.tensors, self.ops
         num_tokens = residual.shape[0]
         heads, kv_heads = t.num_heads, t.num_kv_heads
@@ -136,26 +130,26 @@ class DecoderLayer(nn.Module):
             x = ops.rms_norm(residual, t.input_norm, t.eps)
         else:
             x = ops.add_rms_norm(residual, delta, t.input_norm, t.eps)
-        qkv = F.linear(x, t.qkv_weight, t.qkv_bias).view(num_tokens, -1, t.head_dim)
+        qkv = ops.linear(x, t.qkv_weight, t.qkv_bias).view(num_tokens, -1, t.head_dim)
         qk = qkv[:, : heads + kv_heads]
         if t.q_norm is not None:
             qk = F.rms_norm(qk, (t.head_dim,), None, t.eps)
             qk[:, :heads] *= t.q_norm
             qk[:, heads:] *= t.k_norm
         ops.rotary_embedding(qk, cos, sin)
-        out = self.attention.forward(
-            qk[:, :heads],
-            qk[:, heads:],
-            qkv[:, heads + kv_heads :],
-            key_cache,
-            value_cache,
-            metadata,
-            t.scale,
-        )
-        delta = F.linear(out.view(num_tokens, -1), t.o_weight, t.o_bias)
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+
+    def attention_output(self, attn: torch.Tensor) -> torch.Tensor:
+        """o_proj of the attention output [num_tokens, heads, head_dim]."""
+        t = self.tensors
+        return self.ops.linear(attn.view(attn.shape[0], -1), t.o_weight, t.o_bias)
+
+    def feed_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Adds the attention's `delta` into `residual` (in place); returns the MLP's output."""
+        t, ops = self.tensors, self.ops
         x = ops.add_rms_norm(residual, delta, t.post_norm, t.eps)
-        gate_up = F.linear(x, t.gate_up_weight, t.gate_up_bias)
-        return F.linear(ops.silu_and_mul(gate_up), t.down_weight, t.down_bias)
+        gate_up = ops.linear(x, t.gate_up_weight, t.gate_up_bias)
+        return ops.linear(ops.silu_and_mul(gate_up), t.down_weight, t.down_bias)
 
 
 @dataclass(slots=True, frozen=True)
@@ -213,7 +207,7 @@ class LlamaForCausalLM(nn.Module):
         self.ops = layer_ops_for(torch.get_default_device())
         self.embed_tokens = Projection(hidden, vocab, False, dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, architecture, dtype, attention, self.ops)
+            DecoderLayer(hf_config, architecture, dtype, self.ops)
             for _ in range(hf_config["num_hidden_layers"])
         )
         self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
@@ -237,10 +231,12 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rotary.lookup(positions)
         delta = None
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
-            delta = layer.forward(delta, residual, cos, sin, key_cache, value_cache, metadata)
+            q, k, v = layer.attention_input(delta, residual, cos, sin)
+            attn = self.attention.forward(q, k, v, key_cache, value_cache, metadata, layer.tensors.scale)
+            delta = layer.feed_forward(layer.attention_output(attn), residual)
         assert delta is not None
         return self.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the rows the runner samples from."""
-        return F.linear(hidden_states, self.lm_head.weight).float()
+        return self.ops.linear(hidden_states, self.lm_head.weight, None).float()

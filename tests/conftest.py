@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SHARED_BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench"
+WORKLOADS = Path(__file__).resolve().parents[1] / "bench" / "workloads"
 
 
 @pytest.fixture(scope="session")
@@ -23,4 +23,4 @@ def default_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def w1_prompts() -> list[list[int]]:
-    return json.loads((SHARED_BENCH / "w1_prompts.json").read_text())["prompts"]
+    return json.loads((WORKLOADS / "w1_prompts.json").read_text())["prompts"]

@@ -13,8 +13,6 @@ from safetensors import safe_open
 from sluice import default_model
 from sluice.default_model import REQUIRED_FILES, is_complete, prepare_default_model
 
-W1_PROMPTS = Path("/work/shared/bench/w1_prompts.json")
-
 
 def test_prepared_folder_is_a_complete_bf16_llama(default_model_path: Path) -> None:
     assert is_complete(default_model_path)
@@ -44,12 +42,11 @@ def test_second_prepare_is_a_fast_no_op(default_model_path: Path) -> None:
     assert (default_model_path / "model.safetensors").stat().st_mtime_ns == before
 
 
-def test_w1_prompts_round_trip_through_the_tokenizer(default_model_path: Path) -> None:
+def test_w1_prompts_round_trip_through_the_tokenizer(default_model_path: Path, w1_prompts) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    prompts = json.loads(W1_PROMPTS.read_text())["prompts"]
-    for ids in prompts:
+    for ids in w1_prompts:
         assert tokenizer(tokenizer.decode(ids))["input_ids"] == ids
 
 

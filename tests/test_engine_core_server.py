@@ -411,6 +411,9 @@ class _FailingEngine:
     def step(self) -> list[Any]:
         raise RuntimeError("device lost")
 
+    def sentinels(self) -> list[int]:
+        return []
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(len(self.requests), 0, 0.5, 0, 0, 0)
 

@@ -17,18 +17,14 @@ from sluice.frontend_seam import (
     EngineOutput,
     EngineStats,
     Outputs,
-    ProtocolError,
     Ready,
-    UnknownMessageTypeError,
-    UnknownVersionError,
     UtilityCall,
     UtilityResult,
     decode,
     encode,
-    params_from_wire,
-    params_to_wire,
 )
-from sluice.sampling_params import SamplingParams
+from sluice.sampling_params import SamplingParams, params_from_wire, params_to_wire
+from sluice.wire import ProtocolError, UnknownMessageTypeError, UnknownVersionError
 from sluice.worker_seam import Logprobs
 
 # The key order of docs/protocol.md, written out again here so that a reordered codec fails.

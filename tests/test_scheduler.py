@@ -46,7 +46,7 @@ def runner_output(scheduler: Scheduler, out: SchedulerOutput, token: int = 7) ->
     for request_id in req_ids:
         request = scheduler.requests[request_id]
         sampled.append([token] if request.num_computed_tokens == request.num_tokens else [])
-    return ModelRunnerOutput(req_ids, sampled, [None] * len(req_ids))
+    return ModelRunnerOutput(out.step_id, req_ids, sampled, [None] * len(req_ids))
 
 
 def step(scheduler: Scheduler, token: int = 7):
@@ -101,7 +101,7 @@ def test_identical_prompts_admitted_in_one_step_share_blocks():
     assert scheduler.requests["b"].num_cached_tokens == 8
 
 
-def test_preempted_request_resumes_first_with_its_outputs():
+def test_preempted_request_resumes_first_as_a_diff():
     # Three blocks of 4 tokens: two 4-token prompts fit, their first decode tokens do not.
     scheduler = make_scheduler(num_blocks=3, caching=False)
     scheduler.add_request(make_request("a", 4, max_tokens=3))
@@ -110,17 +110,32 @@ def test_preempted_request_resumes_first_with_its_outputs():
     scheduler.add_request(make_request("c", 4, max_tokens=3))
     out, _ = step(scheduler, token=12)
     assert out.num_scheduled_tokens == {"a": 1}
-    assert out.finished_req_ids == {"b"}
+    # The workers keep b's tokens: it leaves the batch, it is not dropped.
+    assert out.preempted_req_ids == ["b"] and out.finished_req_ids == []
     b = scheduler.requests["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert [r.request_id for r in scheduler.waiting.ordered()] == ["b", "c"]
-    admitted = []
+    admitted, resumed = [], []
     while scheduler.has_unfinished_requests():
         out, _ = step(scheduler, token=13)
-        admitted += [new for new in out.scheduled_new_reqs]
-    assert [new.req_id for new in admitted][:2] == ["b", "c"]
-    assert admitted[0].output_token_ids == [11] and admitted[0].num_computed_tokens == 0
-    assert admitted[1].output_token_ids == []
+        admitted += [new.req_id for new in out.scheduled_new_reqs]
+        cached = out.scheduled_cached_reqs
+        resumed += [
+            (req_id, blocks, computed, outputs)
+            for req_id, flag, blocks, computed, outputs in zip(
+                cached.req_ids,
+                cached.resumed,
+                cached.new_block_ids,
+                cached.num_computed_tokens,
+                cached.num_output_tokens,
+                strict=True,
+            )
+            if flag
+        ]
+    # b comes back before c, as a diff: all its blocks, nothing computed, the one token it kept.
+    assert admitted == ["c"]
+    req_id, blocks, computed, outputs = resumed[0]
+    assert req_id == "b" and len(blocks) == 2 and computed == 0 and outputs == 1
     assert scheduler.make_stats().num_preemptions >= 1
     assert scheduler.kv_cache_manager.num_free_blocks == 3
 
@@ -134,7 +149,7 @@ def test_priority_preempts_the_lowest_priority_and_admits_nothing_that_step():
     scheduler.add_request(make_request("mid", 2, priority=1, arrival=2.0, max_tokens=2))
     out, _ = step(scheduler)
     # "high" needed a block: "low" was the victim; "mid" would fit the freed block but must wait.
-    assert out.num_scheduled_tokens == {"high": 1} and out.finished_req_ids == {"low"}
+    assert out.num_scheduled_tokens == {"high": 1} and out.preempted_req_ids == ["low"]
     out, _ = step(scheduler)
     assert [new.req_id for new in out.scheduled_new_reqs] == ["mid"]
 
@@ -168,7 +183,7 @@ def test_abort_frees_blocks_and_is_reported_next_step():
     assert scheduler.num_running == 1 and scheduler.num_waiting == 0
     out = scheduler.schedule()
     # Workers never saw "waiting", so only "a" is theirs to drop.
-    assert out.finished_req_ids == {"a"} and list(out.num_scheduled_tokens) == ["b"]
+    assert out.finished_req_ids == ["a"] and list(out.num_scheduled_tokens) == ["b"]
 
 
 def test_frames_for_aborted_requests_are_dropped():
@@ -176,11 +191,11 @@ def test_frames_for_aborted_requests_are_dropped():
     scheduler.add_request(make_request("a", 4))
     out = scheduler.schedule()
     scheduler.abort_requests(["a"])
-    assert scheduler.update_from_output(out, runner_output_for(["a"])) == []
+    assert scheduler.update_from_output(out, runner_output_for(out, ["a"])) == []
 
 
-def runner_output_for(req_ids: list[str]) -> ModelRunnerOutput:
-    return ModelRunnerOutput(req_ids, [[7]] * len(req_ids), [None] * len(req_ids))
+def runner_output_for(out: SchedulerOutput, req_ids: list[str], token: int = 7) -> ModelRunnerOutput:
+    return ModelRunnerOutput(out.step_id, req_ids, [[token]] * len(req_ids), [None] * len(req_ids))
 
 
 def test_min_tokens_suppresses_eos_then_eos_stops():
@@ -191,7 +206,7 @@ def test_min_tokens_suppresses_eos_then_eos_stops():
     _, outputs = step(scheduler, token=EOS)
     assert outputs[0].finish_reason == "stop" and outputs[0].stop_reason is None
     assert scheduler.requests == {} and scheduler.kv_cache_manager.num_free_blocks == 64
-    assert scheduler.schedule().finished_req_ids == {"a"}
+    assert scheduler.schedule().finished_req_ids == ["a"]
 
 
 def test_stop_token_ids_ignore_eos_and_lengths():
@@ -210,10 +225,54 @@ def test_stop_token_ids_ignore_eos_and_lengths():
     assert not scheduler.has_unfinished_requests()
 
 
-def test_scheduling_twice_without_output_plans_nothing_twice():
+def test_scheduling_before_the_output_plans_a_placeholder_step():
     scheduler = make_scheduler()
-    scheduler.add_request(make_request("a", 4))
-    step(scheduler)
+    scheduler.add_request(make_request("a", 4, max_tokens=3))
+    first = scheduler.schedule()
+    # Step 1 is planned while step 0 runs: "a" decodes the token step 0 has not returned yet.
+    second = scheduler.schedule()
+    a = scheduler.requests["a"]
+    assert first.num_scheduled_tokens == {"a": 4} and second.num_scheduled_tokens == {"a": 1}
+    assert a.num_computed_tokens == 5 and a.num_tokens == 4 and a.num_output_placeholders == 2
+    assert [
+        o.new_token_ids for o in scheduler.update_from_output(first, runner_output_for(first, ["a"], 20))
+    ] == [[20]]
+    # Two tokens are in flight or known and max_tokens is 3: one more step, then none.
+    third = scheduler.schedule()
+    assert third.num_scheduled_tokens == {"a": 1}
+    assert scheduler.schedule().num_scheduled_tokens == {}
+    scheduler.update_from_output(second, runner_output_for(second, ["a"], 21))
+    [last] = scheduler.update_from_output(third, runner_output_for(third, ["a"], 22))
+    assert last.new_token_ids == [22] and last.finish_reason == "length"
+    assert scheduler.requests == {} and scheduler.kv_cache_manager.num_free_blocks == 64
+
+
+def test_async_frame_after_a_stop_is_dropped_and_blocks_freed():
+    scheduler = make_scheduler()
+    scheduler.add_request(make_request("a", 4, max_tokens=10))
     first = scheduler.schedule()
     second = scheduler.schedule()
-    assert first.num_scheduled_tokens == {"a": 1} and second.num_scheduled_tokens == {}
+    [stopped] = scheduler.update_from_output(first, runner_output_for(first, ["a"], EOS))
+    assert stopped.finish_reason == "stop" and scheduler.kv_cache_manager.num_free_blocks == 64
+    # Step 1 computed a token for "a" after its stop: it never reaches the request.
+    assert scheduler.update_from_output(second, runner_output_for(second, ["a"], 30)) == []
+    assert scheduler.schedule().finished_req_ids == ["a"]
+
+
+def test_async_frame_for_a_preempted_request_is_dropped_and_resume_says_what_was_kept():
+    scheduler = make_scheduler(num_blocks=3, caching=False)
+    scheduler.add_request(make_request("a", 4, max_tokens=4))
+    scheduler.add_request(make_request("b", 4, max_tokens=4))
+    first = scheduler.schedule()
+    # Planning step 1 needs a new block for each: the pool has one, so "b" is preempted.
+    second = scheduler.schedule()
+    assert second.num_scheduled_tokens == {"a": 1} and second.preempted_req_ids == ["b"]
+    outputs = scheduler.update_from_output(first, runner_output_for(first, ["a", "b"], 40))
+    # b's token from step 0 arrived after its preemption: dropped, and recomputed when it resumes.
+    assert [o.request_id for o in outputs] == ["a"] and scheduler.requests["b"].output_token_ids == []
+    scheduler.abort_requests(["a"])
+    assert scheduler.update_from_output(second, runner_output_for(second, ["a"])) == []
+    third = scheduler.schedule()
+    cached = third.scheduled_cached_reqs
+    assert third.finished_req_ids == ["a"] and cached.req_ids == ["b"] and cached.resumed == [True]
+    assert cached.num_output_tokens == [0] and third.num_scheduled_tokens == {"b": 4}

@@ -1,8 +1,14 @@
 """Random arrivals, steps, finishes and aborts against the scheduler, with pools small enough to preempt.
 
-A fake worker mirrors the block tables from the SchedulerOutput diffs and writes each computed
-token into its KV slot, so prefix sharing is checked against content, not just bookkeeping.
+A fake worker keeps its own state from the SchedulerOutput diffs alone, as a real one does (block
+tables, and the tokens it sampled itself), and writes each computed token into its KV slot, so
+prefix sharing and the diff protocol are checked against content, not just bookkeeping. Steps run
+through a batch queue one or two deep, as the engine core runs them without and with async
+scheduling: with two, a step is planned before the previous step's tokens are known.
 """
+
+from collections import deque
+from dataclasses import dataclass
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -30,6 +36,13 @@ ARRIVAL = st.tuples(
 )
 
 
+@dataclass
+class WorkerRequest:
+    tokens: list[int]
+    num_prompt_tokens: int
+    blocks: list[int]
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
         block_size=st.sampled_from([1, 2, 4]),
@@ -38,8 +51,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 6),
         policy=st.sampled_from(["fcfs", "priority"]),
         caching=st.booleans(),
+        depth=st.sampled_from([1, 2]),
     )
-    def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching):
+    def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching, depth):
         self.block_size = block_size
         # The pool always holds one request of the longest possible length alone, so nothing livelocks.
         self.num_blocks = -(-(MAX_PROMPT + MAX_TOKENS) // block_size) + extra_blocks
@@ -52,8 +66,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.num_blocks,
             MAX_MODEL_LEN,
         )
+        self.depth = depth
+        self.in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
         self.next_id = 0
-        self.worker_blocks: dict[str, list[int]] = {}
+        self.worker: dict[str, WorkerRequest] = {}
         self.slots: dict[tuple[int, int], int] = {}
 
     @rule(arrivals=st.lists(ARRIVAL, min_size=1, max_size=4))
@@ -86,13 +102,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def drain(self):
         for _ in range(5000):
-            if not self.scheduler.has_unfinished_requests():
+            if not self.scheduler.has_unfinished_requests() and not self.in_flight:
                 break
             self.run_step(lambda: 3)
         assert not self.scheduler.has_unfinished_requests(), "requests never finished"
         # The last finishes are reported to the workers by one more step.
-        self.run_step(lambda: 3)
-        assert not self.worker_blocks
+        self.mirror_worker(self.scheduler.schedule(), lambda: 3)
+        assert not self.worker
         pool = self.scheduler.kv_cache_manager.block_pool
         assert pool.num_free_blocks == self.num_blocks
         assert all(block.ref_cnt == 0 for block in pool.blocks)
@@ -101,22 +117,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         event(f"prefix cache hit: {stats.prefix_cache_hits > 0}")
 
     def run_step(self, draw_token) -> None:
+        """What EngineCore.step does: fill the batch queue, then fold in the oldest step's output."""
         scheduler = self.scheduler
-        waiting_before = scheduler.waiting.ordered()
-        out = scheduler.schedule()
-        self.check_budget(out)
-        self.check_admission_order(out, waiting_before)
-        self.mirror_worker(out)
-        req_ids, sampled = [], []
-        for request_id in out.num_scheduled_tokens:
-            request = scheduler.requests[request_id]
-            req_ids.append(request_id)
-            sampled.append([draw_token()] if request.num_computed_tokens == request.num_tokens else [])
-        outputs = scheduler.update_from_output(
-            out, ModelRunnerOutput(req_ids, sampled, [None] * len(req_ids))
-        )
-        for output in outputs:
-            assert output.new_token_ids or output.finished
+        while len(self.in_flight) < self.depth:
+            waiting_before = scheduler.waiting.ordered()
+            out = scheduler.schedule()
+            self.check_budget(out)
+            self.check_admission_order(out, waiting_before)
+            runner_output = self.mirror_worker(out, draw_token)
+            if out.total_num_scheduled_tokens == 0 and not out.finished_req_ids and not out.preempted_req_ids:
+                break
+            self.in_flight.append((out, runner_output))
+        if self.in_flight:
+            for output in scheduler.update_from_output(*self.in_flight.popleft()):
+                assert output.new_token_ids or output.finished
 
     def check_budget(self, out: SchedulerOutput) -> None:
         assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values()) <= self.budget
@@ -126,46 +140,70 @@ class SchedulerMachine(RuleBasedStateMachine):
     def check_admission_order(self, out: SchedulerOutput, waiting_before: list[Request]) -> None:
         # Admissions are a prefix of the waiting order: (priority, arrival) under the priority
         # policy, so no request is admitted while a strictly higher-priority one is left waiting.
-        admitted = [new.req_id for new in out.scheduled_new_reqs]
-        assert admitted == [request.request_id for request in waiting_before[: len(admitted)]]
+        cached = out.scheduled_cached_reqs
+        resumed = [req_id for req_id, flag in zip(cached.req_ids, cached.resumed, strict=True) if flag]
+        admitted = [new.req_id for new in out.scheduled_new_reqs] + resumed
+        assert set(admitted) == {request.request_id for request in waiting_before[: len(admitted)]}
         if self.policy == "priority" and admitted:
             left = [r.priority for r in waiting_before[len(admitted) :] if r.status != RequestStatus.RUNNING]
             worst_admitted = max(r.priority for r in waiting_before[: len(admitted)])
             assert all(worst_admitted <= priority for priority in left)
 
-    def mirror_worker(self, out: SchedulerOutput) -> None:
-        """Apply the diffs as a worker would, write the step's KV, then check what each request reads."""
+    def mirror_worker(self, out: SchedulerOutput, draw_token) -> ModelRunnerOutput:
+        """Apply the diffs as a worker would, write the step's KV, check what each request reads, sample."""
         manager = self.scheduler.kv_cache_manager
         for request_id in out.finished_req_ids:
-            self.worker_blocks.pop(request_id, None)
+            del self.worker[request_id]
+        for request_id in out.preempted_req_ids:
+            self.worker[request_id].blocks = []
         starts = {}
         for new in out.scheduled_new_reqs:
-            assert new.req_id not in self.worker_blocks, "a request the workers know was sent in full"
-            request = self.scheduler.requests[new.req_id]
-            assert new.output_token_ids == request.output_token_ids
-            self.worker_blocks[new.req_id] = list(new.block_ids)
+            assert new.req_id not in self.worker, "a request the workers know was sent in full"
+            self.worker[new.req_id] = WorkerRequest(
+                list(new.prompt_token_ids), len(new.prompt_token_ids), list(new.block_ids)
+            )
             starts[new.req_id] = new.num_computed_tokens
         cached = out.scheduled_cached_reqs
-        for request_id, new_block_ids, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        for request_id, resumed, new_block_ids, num_computed, num_outputs in zip(
+            cached.req_ids,
+            cached.resumed,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            cached.num_output_tokens,
+            strict=True,
         ):
-            self.worker_blocks[request_id].extend(new_block_ids)
+            state = self.worker[request_id]
+            if resumed:
+                del state.tokens[state.num_prompt_tokens + num_outputs :]
+                state.blocks = list(new_block_ids)
+            else:
+                state.blocks.extend(new_block_ids)
             starts[request_id] = num_computed
         assert starts.keys() == out.num_scheduled_tokens.keys()
         size = self.block_size
         for request_id, start in starts.items():
-            block_ids = self.worker_blocks[request_id]
-            assert block_ids == manager.get_block_ids(request_id), "worker block table drifted"
-            tokens = self.scheduler.requests[request_id].all_token_ids
-            for pos in range(start, start + out.num_scheduled_tokens[request_id]):
-                self.slots[(block_ids[pos // size], pos % size)] = tokens[pos]
-        # Attention reads after every write of the step, as each layer does.
-        for request_id, start in starts.items():
-            block_ids = self.worker_blocks[request_id]
-            tokens = self.scheduler.requests[request_id].all_token_ids
+            state = self.worker[request_id]
+            assert state.blocks == manager.get_block_ids(request_id), "worker block table drifted"
+            engine_tokens = self.scheduler.requests[request_id].all_token_ids
+            assert state.tokens[: len(engine_tokens)] == engine_tokens, "worker and engine tokens drifted"
             end = start + out.num_scheduled_tokens[request_id]
-            read = [self.slots.get((block_ids[pos // size], pos % size)) for pos in range(end)]
-            assert read == tokens[:end], f"{request_id} would attend to someone else's KV"
+            assert end <= len(state.tokens), "scheduled a token the worker does not know"
+            for pos in range(start, end):
+                self.slots[(state.blocks[pos // size], pos % size)] = state.tokens[pos]
+        # Attention reads after every write of the step, as each layer does.
+        req_ids, sampled = [], []
+        for request_id, start in starts.items():
+            state = self.worker[request_id]
+            end = start + out.num_scheduled_tokens[request_id]
+            read = [self.slots.get((state.blocks[pos // size], pos % size)) for pos in range(end)]
+            assert read == state.tokens[:end], f"{request_id} would attend to someone else's KV"
+            req_ids.append(request_id)
+            if end == len(state.tokens):
+                state.tokens.append(draw_token())
+                sampled.append([state.tokens[-1]])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(out.step_id, req_ids, sampled, [None] * len(req_ids))
 
     @invariant()
     def ref_counts_match_holders(self):
@@ -179,6 +217,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert request.status == RequestStatus.RUNNING
             assert len({block.block_id for block in blocks}) == len(blocks)
             assert len(blocks) == -(-request.num_computed_tokens // self.block_size)
+            assert request.num_computed_tokens <= request.num_tokens + request.num_output_placeholders
             for block in blocks:
                 holders[block.block_id] += 1
         assert [block.ref_cnt for block in pool.blocks] == holders
@@ -188,7 +227,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for block_hash, block in pool.cached_block_hash_to_block.items():
             assert block.block_hash == block_hash
         for request in self.scheduler.requests.values():
-            assert request.num_computed_tokens <= request.num_tokens <= MAX_MODEL_LEN
+            assert request.num_tokens <= MAX_MODEL_LEN
+            assert request.num_output_placeholders <= self.depth
             if request.status != RequestStatus.RUNNING:
                 assert request.request_id not in manager.req_to_blocks and request.num_computed_tokens == 0
         stats = self.scheduler.make_stats()

@@ -1,15 +1,24 @@
-"""The engine core's step loop: schedule, run the workers, fold their output back into requests."""
+"""The engine core's step loop: schedule, run the workers, fold their output back into requests.
+
+With async scheduling the loop is a batch queue two deep: step N+1 is scheduled and submitted
+before step N's output is collected, so the scheduler's work (and the frontend's messages) overlap
+the forward pass, and the workers never wait for the engine core between steps.
+"""
 
 from __future__ import annotations
 
+from collections import deque
+
 from engine.engine_core_output import EngineCoreOutput
-from engine.executor import InProcessExecutor
+from engine.executor import make_executor
 from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler, SchedulerStats
 from sluice.config import SluiceConfig
+from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
+from sluice.worker_seam import SchedulerOutput
 
 
 class EngineCore:
@@ -18,10 +27,18 @@ class EngineCore:
         self.spec = read_model_spec(config.model.path)
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
-        self.executor = InProcessExecutor(config, self.spec)
-        self.num_kv_blocks = self.executor.determine_num_blocks()
-        self.executor.initialize_kv_cache(self.num_kv_blocks)
+        # Sized (and refused, if too small) before any worker process starts.
+        self.num_kv_blocks = num_kv_blocks(config, self.spec, self.max_model_len)
+        self.executor = make_executor(config, self.spec)
+        try:
+            self.executor.initialize_kv_cache(self.num_kv_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len)
+        # Steps submitted to the workers whose outputs have not been collected, oldest first.
+        self.batch_queue: deque[SchedulerOutput] = deque()
+        self.max_in_flight = 2 if config.scheduler.async_scheduling else 1
 
     def add_request(
         self,
@@ -58,12 +75,35 @@ class EngineCore:
         return self.scheduler.get_request(request_id) is not None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests to run, or a step in flight whose output must still be collected."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> list[EngineCoreOutput]:
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
+        """Fill the batch queue, then collect the oldest step and fold its tokens into the requests."""
+        while len(self.batch_queue) < self.max_in_flight:
+            scheduler_output = self.scheduler.schedule()
+            has_news = scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids
+            if scheduler_output.total_num_scheduled_tokens == 0 and not has_news:
+                break
+            self.executor.submit(scheduler_output)
+            self.batch_queue.append(scheduler_output)
+        if not self.batch_queue:
+            return []
+        scheduler_output = self.batch_queue.popleft()
+        runner_output = self.executor.collect()
+        assert runner_output.step_id == scheduler_output.step_id, "steps come back in order"
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def sentinels(self) -> list[int]:
+        """File descriptors that turn readable when a worker dies."""
+        return self.executor.sentinels()
+
+    def check_workers(self) -> None:
+        """Raise WorkerDiedError if a worker has exited."""
+        self.executor.check_workers()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()

@@ -39,7 +39,6 @@ from sluice.frontend_seam import (
     EngineStats,
     Message,
     Outputs,
-    ProtocolError,
     Ready,
     UtilityCall,
     UtilityResult,
@@ -47,6 +46,7 @@ from sluice.frontend_seam import (
     encode,
     stats_to_wire,
 )
+from sluice.wire import ProtocolError
 
 logger = logging.getLogger("sluice.engine_core")
 
@@ -140,7 +140,10 @@ class EngineCoreServer:
             )
             while not self.stop_requested:
                 if not self.engine.has_unfinished_requests():
-                    self._handle(self._recv_blocking())
+                    data = self._recv_blocking()
+                    if data is None:
+                        return self._fail_on_worker_death()
+                    self._handle(data)
                 self._drain()
                 if self.engine.has_unfinished_requests() and not self._step():
                     return 1
@@ -150,15 +153,31 @@ class EngineCoreServer:
         self._fail_unfinished("the engine core is shutting down")
         return 0
 
-    def _recv_blocking(self) -> bytes:
+    def _recv_blocking(self) -> bytes | None:
+        """The next input message, waiting for it; None if a worker died while we waited."""
+        poller = zmq.Poller()
+        poller.register(self.input, zmq.POLLIN)
+        for fd in self.engine.sentinels():
+            poller.register(fd, zmq.POLLIN)
         self.interruptible = True
         try:
             # A signal that landed just before the flag was set would otherwise go unseen.
             if self.stop_requested:
                 raise _Stop
+            if self.input not in dict(poller.poll()):
+                return None
             return self.input.recv()
         finally:
             self.interruptible = False
+
+    def _fail_on_worker_death(self) -> int:
+        try:
+            self.engine.check_workers()
+        except SluiceError as exc:
+            logger.error("%s", exc)
+            self._fail_unfinished(f"the engine core failed: {exc}")
+            return 1
+        raise AssertionError("a sentinel fired while every worker lives")
 
     def _send_blocking(self, message: Message) -> None:
         data = encode(message)
@@ -353,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         from engine.engine_core import EngineCore
 
         engine = EngineCore(config_from_args(args))
-        server = EngineCoreServer(engine, sockets[0], sockets[1])
-        return server.run()
+        try:
+            server = EngineCoreServer(engine, sockets[0], sockets[1])
+            return server.run()
+        finally:
+            engine.shutdown()
     except SluiceError as exc:
         print(f"sluice engine core: error: {exc}", file=sys.stderr)
         return 2

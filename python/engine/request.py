@@ -49,6 +49,9 @@ class Request:
     # Prompt then outputs; appended to per token so the hot path never concatenates.
     all_token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
+    # Tokens sampled by steps in flight whose ids the engine has not seen yet (async scheduling):
+    # the next step already computes them, so num_computed_tokens may run ahead of num_tokens.
+    num_output_placeholders: int = 0
     # Prompt tokens served by the prefix cache on the first schedule (not on resumptions).
     num_cached_tokens: int = 0
     num_preemptions: int = 0

@@ -4,6 +4,10 @@ There is no prefill phase and no decode phase. Each request has num_computed_tok
 num_tokens (prompt plus outputs); every step hands out allotments that close those gaps under one
 token budget and a cap on the batch width. A long prompt is chunked because its gap is clamped to
 what is left of the budget, nothing more.
+
+Under async scheduling the next step is planned before the last one's tokens are known: a step
+that samples leaves a placeholder, and the gap counts it, so a decoding request is scheduled again
+at once; the worker feeds the token it sampled into that next step itself.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from engine.engine_core_output import EngineCoreOutput, SchedulerStats
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from sluice.config import CacheConfig, SchedulerConfig
+from sluice.sampling_params import params_to_wire
 from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
@@ -100,8 +105,12 @@ class Scheduler:
         )
         # Under the priority policy kept sorted by (priority, arrival): the last one is always the victim.
         self.running: list[Request] = []
-        # Ids whose worker state must be dropped, reported by the next schedule().
-        self.finished_req_ids: set[str] = set()
+        # Ids whose worker state must be dropped, and ids that left the batch, for the next schedule().
+        self.finished_req_ids: list[str] = []
+        self.preempted_req_ids: list[str] = []
+        # Requests the workers hold state for: from their first step until their finish is sent.
+        self.known_to_workers: set[str] = set()
+        self._step_ids = itertools.count()
         # Breaks (priority, arrival) ties among running requests by admission order.
         self._admission_seq = itertools.count()
         self._running_key: dict[str, tuple[int, float, int]] = {}
@@ -132,6 +141,7 @@ class Scheduler:
         token_budget = self.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_reqs: list[Request] = []
+        resumed_reqs: list[Request] = []
         cached_reqs = CachedRequestData()
         preempted = False
 
@@ -139,9 +149,9 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new_tokens = min(self._num_tokens_to_compute(request), token_budget)
             if num_new_tokens == 0:
-                # Its last step's token has not come back yet (async scheduling): nothing to compute.
+                # Its last token is in flight already (async scheduling): nothing left to compute.
                 req_index += 1
                 continue
             while True:
@@ -156,9 +166,7 @@ class Scheduler:
                     break
             if new_block_ids is None:
                 break
-            cached_reqs.req_ids.append(request.request_id)
-            cached_reqs.new_block_ids.append(new_block_ids)
-            cached_reqs.num_computed_tokens.append(request.num_computed_tokens)
+            self._add_cached(cached_reqs, request, new_block_ids, resumed=False)
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
@@ -177,10 +185,12 @@ class Scheduler:
                 self.waiting.pop()
                 if request.status == RequestStatus.WAITING:
                     request.num_cached_tokens = num_computed
+                    new_reqs.append(request)
+                else:
+                    resumed_reqs.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_computed
                 self._add_running(request)
-                new_reqs.append(request)
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
 
@@ -190,24 +200,55 @@ class Scheduler:
             NewRequestData(
                 req_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
+                params=params_to_wire(request.sampling_params),
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
-                output_token_ids=list(request.output_token_ids),
             )
             for request in new_reqs
         ]
+        for request in resumed_reqs:
+            # A resumed request is a diff: its whole new block list, and the tokens the engine kept.
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            self._add_cached(cached_reqs, request, block_ids, resumed=True)
         # Advanced now, not when the output comes back, so the next schedule() can already plan.
         for request_id, num_tokens in num_scheduled_tokens.items():
-            self.requests[request_id].num_computed_tokens += num_tokens
-        finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+            request = self.requests[request_id]
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                # This step samples the request's next token.
+                request.num_output_placeholders += 1
+            self.known_to_workers.add(request_id)
+        finished_req_ids, self.finished_req_ids = self.finished_req_ids, []
+        preempted_req_ids, self.preempted_req_ids = self.preempted_req_ids, []
         return SchedulerOutput(
+            step_id=next(self._step_ids),
             scheduled_new_reqs=new_reqs_data,
             scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
             finished_req_ids=finished_req_ids,
+            preempted_req_ids=preempted_req_ids,
         )
+
+    def _num_tokens_to_compute(self, request: Request) -> int:
+        """The running request's gap: known tokens plus in-flight placeholders, less what is computed."""
+        placeholders = request.num_output_placeholders
+        params = request.sampling_params
+        # Its last token is already in flight: scheduling more would compute tokens that get dropped.
+        if placeholders and (
+            request.num_output_tokens + placeholders >= params.max_tokens
+            or request.num_tokens + placeholders >= self.max_model_len
+        ):
+            return 0
+        return request.num_tokens + placeholders - request.num_computed_tokens
+
+    @staticmethod
+    def _add_cached(cached: CachedRequestData, request: Request, block_ids: list[int], resumed: bool) -> None:
+        cached.req_ids.append(request.request_id)
+        cached.resumed.append(resumed)
+        cached.new_block_ids.append(block_ids)
+        cached.num_computed_tokens.append(request.num_computed_tokens)
+        cached.num_output_tokens.append(request.num_output_tokens)
 
     def _add_running(self, request: Request) -> None:
         if self.policy == "priority":
@@ -229,10 +270,13 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # A token still in flight for it is dropped when it arrives, and recomputed on resumption.
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
-        self.finished_req_ids.add(request.request_id)
+        if request.request_id in self.known_to_workers:
+            self.preempted_req_ids.append(request.request_id)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -247,13 +291,15 @@ class Scheduler:
             strict=True,
         ):
             request = self.requests.get(request_id)
-            # Frames for requests aborted or preempted since that step are dropped.
+            # Frames for requests aborted, finished by a stop or preempted since that step are dropped.
             if not token_ids or request is None or request.status != RequestStatus.RUNNING:
                 continue
             assert request_id in scheduler_output.num_scheduled_tokens
             new_token_ids = []
             for token_id in token_ids:
-                assert request.num_computed_tokens == request.num_tokens, "sampled before its prompt was in"
+                assert request.num_computed_tokens >= request.num_tokens, "sampled before its prompt was in"
+                assert request.num_output_placeholders > 0, "a token nobody scheduled"
+                request.num_output_placeholders -= 1
                 request.append_output_token(token_id)
                 new_token_ids.append(token_id)
                 if self._check_stop(request, token_id):
@@ -294,7 +340,11 @@ class Scheduler:
         assert request.is_finished
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
-        self.finished_req_ids.add(request.request_id)
+        if request.request_id in self.known_to_workers:
+            self.known_to_workers.discard(request.request_id)
+            self.finished_req_ids.append(request.request_id)
+            if request.request_id in self.preempted_req_ids:
+                self.preempted_req_ids.remove(request.request_id)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """End the requests now and free their blocks; unknown or already-finished ids are ignored."""
@@ -311,9 +361,6 @@ class Scheduler:
                 assert request_id not in self.kv_cache_manager.req_to_blocks
             request.status = RequestStatus.FINISHED_ABORTED
             self._finish(request)
-            if request_id not in aborted_running:
-                # Workers never saw it, or dropped it when it was preempted.
-                self.finished_req_ids.discard(request_id)
             outputs.append(
                 EngineCoreOutput(
                     request_id=request_id,

@@ -105,7 +105,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         type=_positive_float,
         default=cache.kv_cache_memory_gib,
         metavar="GIB",
-        help="KV cache budget in GiB",
+        help="KV cache budget of each worker (tensor-parallel rank) in GiB",
     )
     group.add_argument(
         "--num-kv-blocks",

@@ -27,3 +27,7 @@ class KVCacheTooSmallError(SluiceError, ValueError):
 
 class DeviceUnavailableError(SluiceError, RuntimeError):
     """The configured device is not present on this machine."""
+
+
+class WorkerDiedError(SluiceError, RuntimeError):
+    """A worker process exited or failed: the engine core cannot go on and fails what is in flight."""

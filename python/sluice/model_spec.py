@@ -25,6 +25,24 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
 
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def num_attention_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads") or self.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return int(
+            self.hf_config.get("head_dim") or self.hf_config["hidden_size"] // self.num_attention_heads
+        )
+
 
 def read_model_spec(path: str | Path) -> ModelSpec:
     """Check that `path` is a loadable model folder and summarise it."""

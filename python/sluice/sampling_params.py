@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.errors import InvalidRequestError
+from sluice.wire import BOOL, FLOAT, INT, INT_LIST, Invalid, ProtocolError, Record, optional, token_map
 
 
 @dataclass(slots=True)
@@ -81,10 +82,45 @@ class SamplingParams:
             if not ok:
                 raise InvalidRequestError(message, param=param)
 
-    def to_wire(self) -> dict[str, Any]:
-        """A msgpack-friendly dict (logit_bias keys become strings only on JSON seams, not here)."""
-        return asdict(self)
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> SamplingParams:
-        return cls(**data)
+def _params_from_fields(**fields: Any) -> SamplingParams:
+    return SamplingParams(n=1, **fields)
+
+
+# The `params` map that both seams carry (frontend -> engine core in add_request, engine core ->
+# workers in a new request), in wire order. n never crosses a seam: n > 1 is fanned out first.
+PARAMS_FIELDS = (
+    ("max_tokens", INT),
+    ("temperature", FLOAT),
+    ("top_p", FLOAT),
+    ("top_k", INT),
+    ("min_p", FLOAT),
+    ("repetition_penalty", FLOAT),
+    ("presence_penalty", FLOAT),
+    ("frequency_penalty", FLOAT),
+    ("logit_bias", optional(token_map(FLOAT))),
+    ("seed", optional(INT)),
+    ("logprobs", optional(INT)),
+    ("stop_token_ids", INT_LIST),
+    ("ignore_eos", BOOL),
+    ("min_tokens", INT),
+)
+PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
+
+
+def params_to_wire(params: SamplingParams) -> dict[str, Any]:
+    """The `params` map, in wire order: plain values only; n must be 1."""
+    if params.n != 1:
+        raise ProtocolError(f"n is not on the wire: fan n={params.n} out into n requests")
+    try:
+        return PARAMS_RECORD.encode(params)
+    except Invalid as exc:
+        raise ProtocolError(f"cannot encode: {exc}") from None
+
+
+def params_from_wire(data: dict[str, Any]) -> SamplingParams:
+    """SamplingParams (n=1) from a `params` map; ProtocolError if it is malformed."""
+    try:
+        return PARAMS_RECORD.decode(data)
+    except Invalid as exc:
+        raise ProtocolError(f"malformed params: {exc}") from None

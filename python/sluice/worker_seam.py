@@ -1,52 +1,34 @@
-"""Messages between the engine core and its workers.
+"""Messages between the engine core and its workers, and their msgpack encoding.
 
-The engine core sends one SchedulerOutput per step; rank 0 answers with one
-ModelRunnerOutput. A new request travels in full once; afterwards only its diff
-does. Every field is a plain list, dict, str, int, float or bool so that the
-message maps onto msgpack without pickle.
+docs/protocol.md ("The engine core <-> worker seam") is the contract and this module is its one
+implementation: both ends are Python and import it. The engine core broadcasts one
+SchedulerOutput per step to every rank; rank 0 answers each with one ModelRunnerOutput. A new
+request travels in full once; afterwards only its diff does (new block ids, the token count,
+whether it resumes after a preemption). Every field is a plain int, float, str, bool, list or
+map, so the messages cross the seam as msgpack with no pickle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from sluice.sampling_params import SamplingParams
+from sluice.sampling_params import PARAMS_FIELDS
+from sluice.wire import (
+    BOOL,
+    FLOAT,
+    INT,
+    INT_LIST,
+    STR,
+    Codec,
+    Invalid,
+    MessageSet,
+    Record,
+    list_of,
+    optional,
+)
 
-
-@dataclass(slots=True)
-class NewRequestData:
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
-    # Non-empty when a preempted request resumes: the tokens it had generated.
-    output_token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class CachedRequestData:
-    """Diffs of requests the workers already know, in parallel lists."""
-
-    req_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
-    num_computed_tokens: list[int] = field(default_factory=list)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.req_ids)
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: CachedRequestData
-    # req_id -> tokens to compute for it this step.
-    num_scheduled_tokens: dict[str, int]
-    total_num_scheduled_tokens: int
-    # Requests that finished, were aborted or were preempted since the last step:
-    # workers drop their state. A preempted request that resumes comes back as new.
-    finished_req_ids: set[str]
+PROTOCOL_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -59,10 +41,183 @@ class Logprobs:
     sampled_rank: int
 
 
+LOGPROBS_RECORD = Record(
+    Logprobs, (("token_ids", INT_LIST), ("logprobs", list_of(FLOAT)), ("sampled_rank", INT))
+)
+
+
+# engine core -> workers
+
+
+@dataclass(slots=True)
+class InitKVCache:
+    """Allocate this many KV blocks (the engine core sized them from the memory budget)."""
+
+    num_blocks: int
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    # The `params` map of docs/protocol.md (sluice.sampling_params.PARAMS_FIELDS), plain values.
+    params: dict[str, Any]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Diffs of requests the workers already know, in parallel lists."""
+
+    req_ids: list[str] = field(default_factory=list)
+    # True when the request resumes after a preemption: its new_block_ids then replace its blocks.
+    resumed: list[bool] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    # The engine core's count of the request's output tokens. A resumed request's worker state
+    # drops any beyond it: tokens sampled for it in flight when it was preempted were discarded.
+    num_output_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    # Consecutive from 0; the ModelRunnerOutput for this step carries the same id.
+    step_id: int
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # req_id -> tokens to compute for it this step.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests that finished or were aborted since the last step: workers drop their state.
+    finished_req_ids: list[str]
+    # Requests preempted since the last step: they leave the batch, and workers keep their tokens.
+    preempted_req_ids: list[str]
+
+
+@dataclass(slots=True)
+class Shutdown:
+    """Exit cleanly."""
+
+
+# workers -> engine core
+
+
+@dataclass(slots=True)
+class WorkerReady:
+    """The model is loaded on this rank."""
+
+    rank: int
+
+
+@dataclass(slots=True)
+class KVCacheReady:
+    rank: int
+
+
 @dataclass(slots=True)
 class ModelRunnerOutput:
+    step_id: int
     req_ids: list[str]
     # One list per request: empty while its prompt is still being chunked in.
     sampled_token_ids: list[list[int]]
     # Parallel to req_ids; None for requests that did not ask for logprobs.
     logprobs: list[Logprobs | None]
+
+
+@dataclass(slots=True)
+class WorkerError:
+    """A rank failed; it exits after sending this."""
+
+    rank: int
+    message: str
+
+
+Message = (
+    InitKVCache | SchedulerOutput | Shutdown | WorkerReady | KVCacheReady | ModelRunnerOutput | WorkerError
+)
+
+
+def _check_str_int_map(value: Any) -> dict[str, int]:
+    if type(value) is not dict:
+        raise Invalid(f"expected a map, got {type(value).__name__}")
+    for key, count in value.items():
+        if type(key) is not str:
+            raise Invalid(f"expected str keys, got {type(key).__name__}").at(".<key>")
+        if type(count) is not int:
+            raise Invalid(f"expected an int, got {type(count).__name__}").at(f".{key}")
+    return value
+
+
+_NEW_REQUEST = Record(
+    NewRequestData,
+    (
+        ("req_id", STR),
+        ("prompt_token_ids", INT_LIST),
+        ("params", Record(dict, PARAMS_FIELDS).codec),
+        ("block_ids", INT_LIST),
+        ("num_computed_tokens", INT),
+    ),
+)
+_CACHED_REQUESTS = Record(
+    CachedRequestData,
+    (
+        ("req_ids", list_of(STR)),
+        ("resumed", list_of(BOOL)),
+        ("new_block_ids", list_of(INT_LIST)),
+        ("num_computed_tokens", INT_LIST),
+        ("num_output_tokens", INT_LIST),
+    ),
+)
+
+_MESSAGES = MessageSet(
+    PROTOCOL_VERSION,
+    {
+        InitKVCache: ("init_kv_cache", Record(InitKVCache, (("num_blocks", INT),))),
+        SchedulerOutput: (
+            "scheduler_output",
+            Record(
+                SchedulerOutput,
+                (
+                    ("step_id", INT),
+                    ("scheduled_new_reqs", list_of(_NEW_REQUEST.codec)),
+                    ("scheduled_cached_reqs", _CACHED_REQUESTS.codec),
+                    ("num_scheduled_tokens", Codec(_check_str_int_map, _check_str_int_map)),
+                    ("total_num_scheduled_tokens", INT),
+                    ("finished_req_ids", list_of(STR)),
+                    ("preempted_req_ids", list_of(STR)),
+                ),
+            ),
+        ),
+        Shutdown: ("shutdown", Record(Shutdown, ())),
+        WorkerReady: ("worker_ready", Record(WorkerReady, (("rank", INT),))),
+        KVCacheReady: ("kv_cache_ready", Record(KVCacheReady, (("rank", INT),))),
+        ModelRunnerOutput: (
+            "model_runner_output",
+            Record(
+                ModelRunnerOutput,
+                (
+                    ("step_id", INT),
+                    ("req_ids", list_of(STR)),
+                    ("sampled_token_ids", list_of(INT_LIST)),
+                    ("logprobs", list_of(optional(LOGPROBS_RECORD.codec))),
+                ),
+            ),
+        ),
+        WorkerError: ("worker_error", Record(WorkerError, (("rank", INT), ("message", STR)))),
+    },
+)
+
+
+def encode(message: Message) -> bytes:
+    """The canonical msgpack bytes of `message`; ProtocolError if it breaks the seam's types."""
+    return _MESSAGES.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    """The message in `data`; ProtocolError (or a subclass) for anything that is not one."""
+    return _MESSAGES.decode(data)

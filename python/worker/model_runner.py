@@ -6,7 +6,9 @@ import numpy as np
 import torch
 
 from sluice.config import SluiceConfig
+from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, resolve_max_model_len
+from sluice.sampling_params import params_from_wire
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
 from worker.attention.backend import AttentionMetadata
 from worker.attention.selector import select_attention_backend
@@ -27,9 +29,9 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         hf = spec.hf_config
-        self.num_layers = int(hf["num_hidden_layers"])
-        self.num_kv_heads = int(hf.get("num_key_value_heads") or hf["num_attention_heads"])
-        self.head_dim = int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
+        self.num_layers = spec.num_layers
+        self.num_kv_heads = kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
+        self.head_dim = spec.head_dim
         self.model = load_model(
             spec, self.dtype, device, select_attention_backend(device), max_model_len=self.max_model_len
         )
@@ -39,10 +41,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def kv_cache_bytes_per_block(self) -> int:
-        per_layer = 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-        return per_layer * self.num_layers
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -59,6 +57,10 @@ class ModelRunner:
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove(req_id)
+        for req_id in out.preempted_req_ids:
+            # Its tokens stay: a resumption is sent as a diff, not a full re-send.
+            self.requests[req_id].block_ids.clear()
+            batch.remove(req_id)
         # Running requests the scheduler skipped this step leave the batch but keep their state.
         for req_id in [r for r in batch.req_id_to_row if r not in out.num_scheduled_tokens]:
             batch.remove(req_id)
@@ -66,20 +68,31 @@ class ModelRunner:
             state = RequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
-                output_token_ids=list(new.output_token_ids),
-                sampling_params=new.sampling_params,
+                output_token_ids=[],
+                sampling_params=params_from_wire(new.params),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
             )
             self.requests[new.req_id] = state
             batch.add(state)
         cached = out.scheduled_cached_reqs
-        for req_id, new_blocks, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        for req_id, resumed, new_blocks, num_computed, num_outputs in zip(
+            cached.req_ids,
+            cached.resumed,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            cached.num_output_tokens,
+            strict=True,
         ):
             state = self.requests[req_id]
-            state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
+            if resumed:
+                # Tokens sampled while its preemption was in flight were dropped by the engine core.
+                assert len(state.output_token_ids) >= num_outputs
+                del state.output_token_ids[num_outputs:]
+                state.block_ids[:] = new_blocks
+            else:
+                state.block_ids.extend(new_blocks)
             row = batch.req_id_to_row.get(req_id)
             if row is None:
                 batch.add(state)
@@ -94,7 +107,7 @@ class ModelRunner:
         batch = self.batch
         num_rows = batch.num_rows
         if out.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
+            return ModelRunnerOutput(step_id=out.step_id, req_ids=[], sampled_token_ids=[], logprobs=[])
         req_ids: list[str] = batch.row_req_ids[:num_rows]  # type: ignore[assignment]
         num_scheduled = np.fromiter(
             (out.num_scheduled_tokens[r] for r in req_ids), dtype=np.int32, count=num_rows
@@ -140,4 +153,6 @@ class ModelRunner:
             else:
                 sampled_lists.append([])
                 logprobs.append(None)
-        return ModelRunnerOutput(req_ids=list(req_ids), sampled_token_ids=sampled_lists, logprobs=logprobs)
+        return ModelRunnerOutput(
+            step_id=out.step_id, req_ids=list(req_ids), sampled_token_ids=sampled_lists, logprobs=logprobs
+        )

@@ -1,0 +1,38 @@
+"""How big a KV block is and how many the budget holds: decided by the engine core before any worker starts."""
+
+from __future__ import annotations
+
+from sluice.config import SluiceConfig
+from sluice.errors import KVCacheTooSmallError
+from sluice.model_spec import ModelSpec
+
+GIB = 1 << 30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def kv_heads_per_rank(spec: ModelSpec, tensor_parallel_size: int) -> int:
+    return spec.num_kv_heads // tensor_parallel_size
+
+
+def kv_cache_bytes_per_block(config: SluiceConfig, spec: ModelSpec) -> int:
+    """One block's keys and values in every layer, on one tensor-parallel rank."""
+    heads = kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
+    per_layer = 2 * config.cache.block_size * heads * spec.head_dim * DTYPE_BYTES[config.model.dtype]
+    return per_layer * spec.num_layers
+
+
+def num_kv_blocks(config: SluiceConfig, spec: ModelSpec, max_model_len: int) -> int:
+    """Blocks that --kv-cache-memory (per worker) holds; at least one max_model_len request must fit."""
+    cache = config.cache
+    bytes_per_block = kv_cache_bytes_per_block(config, spec)
+    num_blocks = cache.num_gpu_blocks_override or int(cache.kv_cache_memory_gib * GIB // bytes_per_block)
+    blocks_per_request = -(-max_model_len // cache.block_size)
+    if num_blocks < blocks_per_request:
+        need_gib = blocks_per_request * bytes_per_block / GIB
+        raise KVCacheTooSmallError(
+            f"the KV cache holds {num_blocks} blocks of {cache.block_size} tokens "
+            f"({cache.kv_cache_memory_gib} GiB), but one request of max_model_len "
+            f"{max_model_len} needs {blocks_per_request} blocks ({need_gib:.3f} GiB): "
+            "raise --kv-cache-memory or lower --max-model-len"
+        )
+    return num_blocks

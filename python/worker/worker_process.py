@@ -1,0 +1,117 @@
+"""A worker process: one tensor-parallel rank, driven by the engine core over ZeroMQ.
+
+    python -m worker.worker_process --rank R --world-size N --input ADDR --output ADDR
+        --dist-init URL --config JSON
+
+It loads its shard of the model, reports `worker_ready`, allocates the KV cache on `init_kv_cache`,
+then runs every `scheduler_output` it receives, in order; rank 0 answers each with a
+`model_runner_output`. On `shutdown` it exits 0. Any failure is reported as `worker_error` before
+the process exits 1, so the engine core can fail what is in flight with the reason. It dies with
+the engine core (a parent-death signal), so no worker outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import signal
+import sys
+import traceback
+
+import zmq
+
+from sluice.config import config_from_dict
+from sluice.model_spec import read_model_spec
+from sluice.worker_seam import (
+    InitKVCache,
+    KVCacheReady,
+    SchedulerOutput,
+    Shutdown,
+    WorkerError,
+    WorkerReady,
+    decode,
+    encode,
+)
+from worker.worker import Worker
+
+logger = logging.getLogger("sluice.worker")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m worker.worker_process", description=__doc__)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--input", required=True, metavar="ADDR", help="where steps arrive (PULL)")
+    parser.add_argument("--output", required=True, metavar="ADDR", help="where replies go (PUSH)")
+    parser.add_argument("--dist-init", required=True, metavar="URL", help="torch.distributed init method")
+    parser.add_argument("--config", required=True, metavar="JSON", help="the SluiceConfig, as plain values")
+    return parser
+
+
+def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+    """Answer the engine core's messages until it says shutdown."""
+    outputs.send(encode(WorkerReady(rank=rank)))
+    while True:
+        message = decode(inputs.recv())
+        if isinstance(message, SchedulerOutput):
+            output = worker.execute_model(message)
+            if rank == 0:
+                outputs.send(encode(output))
+        elif isinstance(message, InitKVCache):
+            worker.initialize_kv_cache(message.num_blocks)
+            outputs.send(encode(KVCacheReady(rank=rank)))
+        elif isinstance(message, Shutdown):
+            return
+        else:
+            raise TypeError(f"a worker does not take {type(message).__name__} messages")
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format=f"sluice worker {args.rank}: %(levelname)s %(message)s"
+    )
+    # The engine core stops workers with `shutdown`; a terminal's Ctrl-C reaches the engine core only.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    inputs = context.socket(zmq.PULL)
+    outputs = context.socket(zmq.PUSH)
+    inputs.connect(args.input)
+    outputs.connect(args.output)
+    try:
+        config = config_from_dict(json.loads(args.config))
+        worker = Worker(
+            config,
+            read_model_spec(config.model.path),
+            rank=args.rank,
+            world_size=args.world_size,
+            distributed_init_method=args.dist_init,
+        )
+        serve_steps(args.rank, worker, inputs, outputs)
+        return 0
+    except Exception as exc:  # noqa: BLE001 -- any failure is reported to the engine core, then we exit.
+        logger.error("failed:\n%s", traceback.format_exc())
+        with contextlib.suppress(zmq.ZMQError):
+            outputs.send(encode(WorkerError(rank=args.rank, message=f"{type(exc).__name__}: {exc}")))
+        return 1
+    finally:
+        # Let a final message reach the engine core before the sockets go.
+        outputs.linger = 2000
+        inputs.close(0)
+        outputs.close()
+        context.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

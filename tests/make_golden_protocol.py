@@ -14,13 +14,9 @@ and int8, float64 that is a whole number) and to carry nil fields, logprobs and 
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Any
 
-import msgpack
-
+import golden_vectors
 from sluice.frontend_seam import (
     Abort,
     AddRequest,
@@ -135,28 +131,8 @@ GOLDEN_MESSAGES: dict[str, Message] = {
 }
 
 
-def json_value(value: Any) -> Any:
-    """A decoded msgpack value as JSON can hold it: integer map keys become decimal strings."""
-    if isinstance(value, dict):
-        return {str(key): json_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [json_value(item) for item in value]
-    return value
-
-
-def index_entry(stem: str, data: bytes) -> dict[str, Any]:
-    value = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    return {"file": f"{stem}.msgpack", "type": value["type"], "value": json_value(value)}
-
-
 def render_index(files: dict[str, bytes]) -> str:
-    index = {
-        "protocol_version": 1,
-        "spec": "docs/protocol.md",
-        "note": "value is the msgpack body as JSON; maps keyed by token id have decimal-string keys here",
-        "vectors": [index_entry(stem, data) for stem, data in files.items()],
-    }
-    return json.dumps(index, indent=2, ensure_ascii=False) + "\n"
+    return golden_vectors.render_index(files, 1, "docs/protocol.md")
 
 
 def golden_files() -> dict[str, bytes]:
@@ -164,12 +140,8 @@ def golden_files() -> dict[str, bytes]:
 
 
 def main() -> None:
-    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
     files = golden_files()
-    for stem, data in files.items():
-        (GOLDEN_DIR / f"{stem}.msgpack").write_bytes(data)
-    (GOLDEN_DIR / "index.json").write_text(render_index(files), encoding="utf-8")
-    print(f"wrote {len(files)} vectors and index.json to {GOLDEN_DIR}", file=sys.stderr)
+    golden_vectors.write_vectors(GOLDEN_DIR, files, render_index(files))
 
 
 if __name__ == "__main__":

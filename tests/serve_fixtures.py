@@ -92,6 +92,9 @@ class Server:
         (pid,) = [p for p in descendants(self.process.pid) if "engine.engine_core_server" in cmdline(p)]
         return pid
 
+    def worker_pids(self) -> list[int]:
+        return [p for p in descendants(self.process.pid) if "worker.worker_process" in cmdline(p)]
+
     def request(
         self,
         method: str,

@@ -439,6 +439,26 @@ def test_engine_death_fails_streams_turns_health_503_and_exits_nonzero(small_ser
     assert not [pid for pid in children if alive(pid)]
 
 
+def test_worker_death_fails_streams_with_the_cause_and_exits_nonzero(tmp_path: Path) -> None:
+    args = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--exit-grace-seconds", "3"]
+    with running_server(args, tmp_path / "serve.log") as server:
+        children = descendants(server.process.pid)
+        [worker] = server.worker_pids()
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as c:
+            stream = c.completions.create(
+                model=MODEL, prompt="Count:", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+            )
+            next(iter(stream))
+            os.kill(worker, signal.SIGKILL)
+            with pytest.raises(openai.APIError, match=r"worker rank 0 .*killed by signal 9") as failure:
+                for _ in stream:
+                    pass
+            assert not isinstance(failure.value, openai.APIConnectionError), failure.value
+        assert server.health() == 503
+        assert server.process.wait(30) != 0
+        assert not [pid for pid in children if alive(pid)]
+
+
 def test_serve_refuses_a_missing_frontend(tmp_path: Path) -> None:
     env = {**os.environ, "SLUICE_FRONTEND": str(tmp_path / "absent")}
     done = subprocess.run(

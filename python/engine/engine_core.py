@@ -15,6 +15,7 @@ from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler, SchedulerStats
 from sluice.config import SluiceConfig
+from sluice.errors import WorkerDiedError
 from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
@@ -90,7 +91,12 @@ class EngineCore:
         if not self.batch_queue:
             return []
         scheduler_output = self.batch_queue.popleft()
-        runner_output = self.executor.collect()
+        try:
+            runner_output = self.executor.collect()
+        except WorkerDiedError:
+            # The other ranks cannot go on without it: stop them now rather than leave them waiting.
+            self.executor.shutdown()
+            raise
         assert runner_output.step_id == scheduler_output.step_id, "steps come back in order"
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 

@@ -44,7 +44,9 @@ def _build_dir(files: list[Path]) -> Path:
     for path in files:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    for part in (torch.__version__, sys.version, " ".join(_CFLAGS), _cpu_signature()):
+    # The source folder too: the build files name sources by absolute path, so two checkouts sharing
+    # one build folder would rebuild each other's module on every load.
+    for part in (str(_SOURCE_DIR), torch.__version__, sys.version, " ".join(_CFLAGS), _cpu_signature()):
         digest.update(part.encode())
     return sluice_cache_dir() / "torch_extensions" / digest.hexdigest()[:16]
 

@@ -1,0 +1,127 @@
+"""Worker processes and the async batch queue, end to end through the offline engine.
+
+Every combination of executor (a worker process per rank, or the worker in-process) and async
+scheduling gives the same tokens: greedy fp32 equal to transformers, seeded sampling equal across
+the combinations. A worker that dies, is killed or fails mid-step ends generate() with an error
+naming the rank and the cause, and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from hf_reference import ReferenceOutput, hf_greedy, load_hf_model, mixed_length_prompts
+from sluice.errors import WorkerDiedError
+from sluice.worker_seam import CachedRequestData, SchedulerOutput
+
+NEW_TOKENS = 24
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.9, top_k=40, top_p=0.9, seed=77, ignore_eos=True)
+COMBINATIONS = [("mp", True), ("mp", False), ("inproc", True), ("inproc", False)]
+
+
+@pytest.fixture(scope="module")
+def prompts(w1_prompts: list[list[int]]) -> list[list[int]]:
+    return mixed_length_prompts(w1_prompts, count=8)
+
+
+@pytest.fixture(scope="module")
+def fp32_reference(default_model_path: Path, prompts: list[list[int]]) -> list[ReferenceOutput]:
+    model = load_hf_model(default_model_path, torch.float32)
+    return [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def outputs_by_combination(default_model_path, prompts) -> dict[tuple[str, bool], tuple[list, list]]:
+    """Greedy and seeded tokens of every combination, under a KV pool small enough to preempt."""
+    results = {}
+    for executor, async_scheduling in COMBINATIONS:
+        llm = LLM(
+            model=str(default_model_path),
+            dtype="float32",
+            executor=executor,
+            async_scheduling=async_scheduling,
+            max_model_len=256,
+            num_kv_blocks=24,
+            max_num_seqs=6,
+        )
+        batch = [{"prompt_token_ids": p} for p in prompts]
+        greedy = [r.outputs[0].token_ids for r in llm.generate(batch, GREEDY)]
+        seeded = [r.outputs[0].token_ids for r in llm.generate(batch, SEEDED)]
+        results[(executor, async_scheduling)] = (greedy, seeded, llm.engine.stats().num_preemptions)
+        llm.engine.shutdown()
+    return results
+
+
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=lambda c: f"{c[0]}-async-{c[1]}")
+def test_greedy_fp32_equals_transformers(outputs_by_combination, fp32_reference, combination):
+    greedy, _, num_preemptions = outputs_by_combination[combination]
+    assert greedy == [ref.token_ids for ref in fp32_reference]
+    assert num_preemptions > 0, "the pool was meant to force preemptions"
+
+
+def test_seeded_sampling_is_identical_with_async_on_and_off_and_in_either_executor(outputs_by_combination):
+    seeded = {combination: outputs[1] for combination, outputs in outputs_by_combination.items()}
+    baseline = seeded[("inproc", False)]
+    assert all(tokens == baseline for tokens in seeded.values())
+    greedy = outputs_by_combination[("inproc", False)][0]
+    assert seeded != greedy, "a seeded request is not greedy in disguise"
+
+
+def _worker_pids(llm: LLM) -> list[int]:
+    return [worker.process.pid for worker in llm.engine.executor.workers]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers signal 0; its parent has not reaped it.
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+
+def test_a_worker_killed_mid_step_fails_generate_and_leaves_nothing(default_model_path, prompts):
+    llm = LLM(model=str(default_model_path), dtype="float32", max_num_seqs=8)
+    [pid] = _worker_pids(llm)
+    killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"worker rank 0 .*killed by signal 9"):
+        llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=2000, ignore_eos=True)
+        )
+    killer.join()
+    assert time.monotonic() - started < 60
+    assert _gone(pid)
+    assert not Path(llm.engine.executor.socket_dir).exists()
+
+
+def test_a_failing_worker_reports_why(default_model_path):
+    llm = LLM(model=str(default_model_path), dtype="float32")
+    [pid] = _worker_pids(llm)
+    # A diff for a request the worker never saw: the worker fails, says why, and exits.
+    bogus = SchedulerOutput(
+        10**6, [], CachedRequestData(["nobody"], [False], [[]], [0], [0]), {"nobody": 1}, 1, [], []
+    )
+    llm.engine.executor.submit(bogus)
+    with pytest.raises(WorkerDiedError, match=r"worker rank 0 failed: KeyError: 'nobody'"):
+        llm.engine.executor.collect()
+    llm.engine.shutdown()
+    assert _gone(pid)
+
+
+def test_shutdown_stops_every_worker(default_model_path):
+    llm = LLM(model=str(default_model_path), dtype="float32")
+    pids = _worker_pids(llm)
+    assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    llm.engine.shutdown()
+    assert all(_gone(pid) for pid in pids)

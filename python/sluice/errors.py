@@ -27,3 +27,11 @@ class KVCacheTooSmallError(SluiceError, ValueError):
 
 class DeviceUnavailableError(SluiceError, RuntimeError):
     """The configured device is not present on this machine."""
+
+
+class GraphConfigError(SluiceError, ValueError):
+    """The graph options do not fit the scheduler's limits (e.g. a capture size above max_num_seqs)."""
+
+
+class AttentionBackendError(SluiceError, ValueError):
+    """The attention backend asked for cannot serve this cache (its block size or dtype)."""

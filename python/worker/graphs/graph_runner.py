@@ -5,17 +5,18 @@ on CUDA), a function that takes a closure over static tensors and returns the ca
 it. Every graph reads the StaticInputBuffers it was captured on, and writes its result into one
 static hidden-state tensor that the runner returns a view of.
 
-The model runner's calls:
+The model runner's calls (any StepExecutor; on CPU the C++ step runner takes GraphRunner's place):
     runner = GraphRunner(model, kv_caches, dispatcher, recorder, max_model_len)
-    runner.capture(buffers)                             # once at startup, after the KV cache exists
-    # each step: write inputs into buffers (write or the views + set_shape), then
+    runner.capture(buffers)                       # once at startup, after the KV cache exists
+    # each step: write inputs into buffers (write(), or the views then set_shape()), then
     mode, padded = dispatcher.dispatch(buffers.shape.batch_descriptor())
-    hidden = runner.run(mode, padded, buffers)          # [>= num_tokens, hidden]; rows past it are padding
+    hidden = runner.run(mode, padded, buffers)    # the step's rows first; valid until the next run
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -27,6 +28,16 @@ from worker.models.llama import LlamaForCausalLM
 Replay = Callable[[], None]
 # Captures a closure over static tensors; returns what replays it (the closure itself, when eager).
 Recorder = Callable[[Callable[[], None]], Replay]
+
+
+class StepExecutor(Protocol):
+    """What runs a dispatched step: GraphRunner on CUDA, the C++ step runner on CPU."""
+
+    def capture(self, buffers: StaticInputBuffers) -> None: ...
+
+    def run(self, mode: GraphMode, padded: BatchDescriptor, buffers: StaticInputBuffers) -> torch.Tensor:
+        """Hidden states whose first rows are the step's tokens, for any mode the dispatcher picks."""
+        ...
 
 
 def eager_forward(

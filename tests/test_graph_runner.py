@@ -171,6 +171,8 @@ def test_replayed_steps_match_the_model_run_op_by_op(variant: str) -> None:
         model, caches_graph, dispatcher, recorder_for(variant), MAX_MODEL_LEN, check_addresses=True
     )
     runner.capture(buffers)
+    # fp32 throughout; a padded GEMM may pick another cuBLAS kernel than the unpadded one.
+    tol = 1e-4 if variant == "cuda" else 2e-5
     for schedule, want_mode, want_tokens in SCHEDULES:
         shape, inputs = seqs_ref.step(schedule)
         want = eager_reference(model, caches_ref, shape, inputs)
@@ -180,11 +182,11 @@ def test_replayed_steps_match_the_model_run_op_by_op(variant: str) -> None:
         assert (mode, padded.num_tokens) == (want_mode, want_tokens), schedule
         got = runner.run(mode, padded, buffers)
         assert got.shape[0] >= shape.num_tokens
-        torch.testing.assert_close(got[: shape.num_tokens], want, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(got[: shape.num_tokens], want, atol=tol, rtol=tol)
         # Padded tokens wrote no KV: the caches agree slot for slot, NaN where nothing was written.
         for (k_graph, v_graph), (k_ref, v_ref) in zip(caches_graph, caches_ref, strict=True):
-            torch.testing.assert_close(k_graph, k_ref, atol=2e-5, rtol=2e-5, equal_nan=True)
-            torch.testing.assert_close(v_graph, v_ref, atol=2e-5, rtol=2e-5, equal_nan=True)
+            torch.testing.assert_close(k_graph, k_ref, atol=tol, rtol=tol, equal_nan=True)
+            torch.testing.assert_close(v_graph, v_ref, atol=tol, rtol=tol, equal_nan=True)
     assert dispatcher.num_fallbacks == 1
 
 

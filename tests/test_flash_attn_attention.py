@@ -98,7 +98,8 @@ def _assert_matches_reference(case: Case, tol: float) -> None:
 @pytest.mark.parametrize("group", [1, 3])
 def test_mixed_batch_matches_reference(dtype: torch.dtype, group: int) -> None:
     seqs = [*MIXED, (700, 1), (600, 300)]
-    case = make_case(seqs, num_kv_heads=2, group=group, head_dim=64, dtype=dtype, block_size=256, fill=1e30)
+    # Slots no sequence may read hold 1e4, which would swamp any softmax it leaked into (fp16 has no 1e30).
+    case = make_case(seqs, num_kv_heads=2, group=group, head_dim=64, dtype=dtype, block_size=256, fill=1e4)
     _assert_matches_reference(case, 2e-2 if dtype == torch.bfloat16 else 4e-3)
 
 

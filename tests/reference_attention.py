@@ -12,6 +12,9 @@ from worker.attention.backend import AttentionMetadata
 
 
 class ReferenceAttentionBackend:
+    # It reads lengths back to the host, which a captured graph cannot do.
+    supports_full_graph = False
+
     def forward(
         self,
         query: torch.Tensor,
@@ -25,8 +28,10 @@ class ReferenceAttentionBackend:
         _, block_size, num_kv_heads, head_dim = key_cache.shape
         flat_k = key_cache.view(-1, num_kv_heads, head_dim)
         flat_v = value_cache.view(-1, num_kv_heads, head_dim)
-        flat_k[metadata.slot_mapping] = key.to(key_cache.dtype)
-        flat_v[metadata.slot_mapping] = value.to(value_cache.dtype)
+        # Padded tokens carry slot -1 and write nothing, as in every real backend.
+        written = metadata.slot_mapping >= 0
+        flat_k[metadata.slot_mapping[written]] = key[written].to(key_cache.dtype)
+        flat_v[metadata.slot_mapping[written]] = value[written].to(value_cache.dtype)
         num_heads = query.shape[1]
         group = num_heads // num_kv_heads
         out = torch.empty_like(query)

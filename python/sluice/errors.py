@@ -31,3 +31,11 @@ class DeviceUnavailableError(SluiceError, RuntimeError):
 
 class WorkerDiedError(SluiceError, RuntimeError):
     """A worker process exited or failed: the engine core cannot go on and fails what is in flight."""
+
+
+class GraphConfigError(SluiceError, ValueError):
+    """The graph options do not fit the scheduler's limits (e.g. a capture size above max_num_seqs)."""
+
+
+class AttentionBackendError(SluiceError, ValueError):
+    """The attention backend asked for cannot serve this cache (its block size or dtype)."""

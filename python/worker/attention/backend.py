@@ -33,6 +33,10 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
+    # Whether the backend may run inside a FULL graph of a uniform decode batch: every per-step
+    # length comes from tensors, and a batch size always launches the same kernels.
+    supports_full_graph: bool
+
     def forward(
         self,
         query: torch.Tensor,

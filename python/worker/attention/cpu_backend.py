@@ -9,6 +9,8 @@ from worker.native_ops import load_native_ops
 
 
 class CpuAttentionBackend:
+    supports_full_graph = True
+
     def __init__(self) -> None:
         ops = load_native_ops()
         self._write_kv_cache = ops.write_kv_cache

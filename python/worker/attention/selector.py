@@ -1,21 +1,51 @@
-"""Picks the attention backend for a device at run time."""
+"""Picks the attention backend for a device at run time.
+
+On CUDA, flash-attn serves when it imports and fits the cache (block size a multiple of 256,
+fp16/bf16); otherwise Triton. SLUICE_ATTENTION_BACKEND=triton or =flash_attn forces one (the
+off switch for measuring flash-attn against Triton); forcing flash-attn where it does not fit is
+an error that says why.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from sluice.errors import AttentionBackendError
 from worker.attention.backend import AttentionBackend
 
+CUDA_BACKENDS = ("flash_attn", "triton")
 
-def select_attention_backend(device: torch.device) -> AttentionBackend:
+
+def select_attention_backend(
+    device: torch.device, block_size: int | None = None, dtype: torch.dtype | None = None
+) -> AttentionBackend:
+    """block_size and dtype describe the KV cache; without them flash-attn is never picked."""
     if device.type == "cpu":
         from worker.attention.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
     if device.type == "cuda":
-        from worker.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
+        return _cuda_backend(block_size, dtype, os.environ.get("SLUICE_ATTENTION_BACKEND"))
     raise NotImplementedError(
         f"no attention backend for device {device.type!r}: Sluice supports cpu and cuda"
     )
+
+
+def _cuda_backend(block_size: int | None, dtype: torch.dtype | None, forced: str | None) -> AttentionBackend:
+    if forced not in (None, *CUDA_BACKENDS):
+        raise AttentionBackendError(f"SLUICE_ATTENTION_BACKEND={forced!r}: expected one of {CUDA_BACKENDS}")
+    if forced != "triton":
+        from worker.attention.flash_attn_backend import FlashAttentionBackend
+
+        try:
+            if block_size is None or dtype is None:
+                raise AttentionBackendError("the selector was not told the KV cache's block size and dtype")
+            return FlashAttentionBackend(block_size, dtype)
+        except (AttentionBackendError, ImportError) as exc:
+            if forced == "flash_attn":
+                raise AttentionBackendError(f"SLUICE_ATTENTION_BACKEND=flash_attn, but {exc}") from exc
+    from worker.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()

@@ -15,6 +15,8 @@ BLOCK_N = 32
 
 
 class TritonAttentionBackend:
+    supports_full_graph = True
+
     def forward(
         self,
         query: torch.Tensor,

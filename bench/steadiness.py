@@ -27,6 +27,8 @@ from harness import LOCK_ENV, bench_lock, log, machine_busy_seconds, offline_wor
 # glibc's malloc: keep freed memory in the heap instead of unmapping it (32 MiB is the tunable's ceiling).
 MALLOC_KEEP = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
 BIND_CORES = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+KERNEL_SHAPE = (64, 576, 1536)
+KERNEL_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +88,21 @@ def library_path(name: str, iomp: str | None) -> str:
     return soname
 
 
-def child_main(setting_name: str) -> None:
-    """One fresh process: load the default model, warm up, time W1 once, print one JSON line."""
+def child_main(setting_name: str, kernel: bool) -> None:
+    """One fresh process: time W1 once after a warm-up (or the clue's linear), print one JSON line."""
     setting = SETTINGS[setting_name]
     if setting.cores is not None:
         os.sched_setaffinity(0, setting.cores)
     import torch
 
-    from engine import LLM, SamplingParams
-
     if setting.num_threads is not None:
         torch.set_num_threads(setting.num_threads)
+    if kernel:
+        print(json.dumps(linear_figures()), flush=True)
+        return
+
+    from engine import LLM, SamplingParams
+
     w1 = offline_workload("W1")
     llm = LLM(dtype="bfloat16", max_num_seqs=64, enable_prefix_caching=False)
     prompts = [{"prompt_token_ids": p} for p in w1.prompts]
@@ -109,9 +115,35 @@ def child_main(setting_name: str) -> None:
     ours = time.process_time() - cpu_before
     assert all(len(r.outputs[0].token_ids) == w1.output_tokens for r in results)
     tokens = len(prompts) * w1.output_tokens
-    line = {"tok_s": tokens / elapsed, "seconds": elapsed, "threads": torch.get_num_threads()}
+    line = {"value": tokens / elapsed, "seconds": elapsed, "threads": torch.get_num_threads()}
     line["foreign_cpu_s"] = machine_busy_seconds() - busy_before - ours
     print(json.dumps(line), flush=True)
+
+
+def linear_figures() -> dict[str, float]:
+    """The issue's clue: bf16 F.linear at M=64, K=576, N=1536 (W1's decode MLP), median of 2 s of calls."""
+    import torch
+    import torch.nn.functional as F
+
+    m, k, n = KERNEL_SHAPE
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    for _ in range(20):
+        F.linear(x, w)
+    times = []
+    busy_before, cpu_before = machine_busy_seconds(), time.process_time()
+    deadline = time.perf_counter() + KERNEL_SECONDS
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        F.linear(x, w)
+        times.append(time.perf_counter() - start)
+    ours = time.process_time() - cpu_before
+    gflops = 2 * m * k * n / statistics.median(times) / 1e9
+    return {
+        "value": gflops,
+        "threads": torch.get_num_threads(),
+        "foreign_cpu_s": machine_busy_seconds() - busy_before - ours,
+    }
 
 
 def run_child(name: str, args: argparse.Namespace) -> dict[str, float]:
@@ -119,17 +151,14 @@ def run_child(name: str, args: argparse.Namespace) -> dict[str, float]:
     env = dict(os.environ, **setting.env)
     if setting.preload:
         env["LD_PRELOAD"] = ":".join(library_path(p, args.iomp) for p in setting.preload)
-    argv = [sys.executable, __file__, "--child", name]
-    busy = None
-    with bench_lock(args.lock, exclusive=True):
-        if setting.busy:
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
+    argv = [sys.executable, __file__, "--child", name, *(["--kernel"] if args.kernel else [])]
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if setting.busy else None
+    try:
+        out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -139,13 +168,14 @@ def main() -> None:
     )
     parser.add_argument("settings", nargs="*", default=list(SETTINGS), metavar="SETTING")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per setting")
-    parser.add_argument("--lock", default=os.environ.get(LOCK_ENV), help="flock file held during each run")
+    parser.add_argument("--lock", default=os.environ.get(LOCK_ENV), help="flock file held during each round")
     parser.add_argument("--iomp", default=None, help="libiomp5.so to preload (default: this venv's)")
     parser.add_argument("--json", type=Path, default=None, help="also write every run here")
+    parser.add_argument("--kernel", action="store_true", help="time the clue's F.linear (GFLOP/s), not W1")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child_main(args.child)
+        child_main(args.child, args.kernel)
         return
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
@@ -153,21 +183,23 @@ def main() -> None:
 
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in args.settings}
     for index in range(args.processes):
-        for name in args.settings:
-            log(f"process {index + 1}/{args.processes}: {name}")
-            result = run_child(name, args)
-            log(f"  {result['tok_s']:.1f} tok/s, foreign CPU {result['foreign_cpu_s']:.1f} s")
-            runs[name].append(result)
+        # One round (every setting once) per exclusive hold: minutes, not the whole experiment.
+        with bench_lock(args.lock, exclusive=True):
+            for name in args.settings:
+                log(f"process {index + 1}/{args.processes}: {name}")
+                result = run_child(name, args)
+                log(f"  {result['value']:.1f}, foreign CPU {result['foreign_cpu_s']:.1f} s")
+                runs[name].append(result)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
-    print(f"{'setting':24} {'median tok/s':>12} {'spread':>7} {'foreign CPU s':>13}  runs")
+    unit = "GFLOP/s" if args.kernel else "tok/s"
+    print(f"{'setting':24} {'median ' + unit:>14} {'spread':>7} {'foreign CPU s':>13}  runs")
     for name, results in runs.items():
-        tok_s = [r["tok_s"] for r in results]
+        values = [r["value"] for r in results]
         foreign = max(r["foreign_cpu_s"] for r in results)
-        values = " ".join(f"{v:.0f}" for v in tok_s)
-        print(
-            f"{name:24} {statistics.median(tok_s):12.1f} {100 * spread(tok_s):6.1f}% {foreign:13.1f}  {values}"
-        )
+        shown = " ".join(f"{v:.0f}" for v in values)
+        median = statistics.median(values)
+        print(f"{name:24} {median:14.1f} {100 * spread(values):6.1f}% {foreign:13.1f}  {shown}")
 
 
 if __name__ == "__main__":

@@ -11,49 +11,17 @@ previous run would otherwise make every run after the first look faster than a f
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from harness import log, process_tree_cpu_seconds, w1_prompts
+from servers import start_sluice
+from w3_client import W3Run, run_w3
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-SHARED_BENCH = Path(__file__).resolve().parent / "workloads"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-@dataclass
-class RequestTiming:
-    ttft: float
-    e2e: float
-    output_tokens: int
-
-    @property
-    def tpot(self) -> float:
-        return (self.e2e - self.ttft) / max(self.output_tokens - 1, 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 of stat; fields[0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def frontend_pid(serve_pid: int) -> int:
@@ -68,80 +36,6 @@ def frontend_pid(serve_pid: int) -> int:
         if int(stat[1]) == serve_pid and cmdline and cmdline[0].endswith(b"sluice-frontend"):
             return int(entry.name)
     raise RuntimeError("could not find the sluice-frontend process under sluice serve")
-
-
-def start_server(port: int, max_num_seqs: int) -> subprocess.Popen[str]:
-    sluice = str(Path(sys.executable).parent / "sluice")
-    cmd = [
-        sluice,
-        "serve",
-        "--port",
-        str(port),
-        "--max-num-seqs",
-        str(max_num_seqs),
-        "--max-model-len",
-        "2048",
-    ]
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert server.stdout is not None
-    for line in server.stdout:
-        if "Sluice is serving" in line:
-            return server
-    raise RuntimeError(f"sluice serve exited with {server.wait()} before it was ready")
-
-
-def stop_server(server: subprocess.Popen[str]) -> None:
-    server.send_signal(signal.SIGTERM)
-    try:
-        server.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-
-
-async def one_request(client, model: str, prompt: list[int], max_tokens: int) -> RequestTiming:
-    start = time.perf_counter()
-    ttft = None
-    tokens = 0
-    stream = await client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text and ttft is None:
-            ttft = time.perf_counter() - start
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    e2e = time.perf_counter() - start
-    assert tokens == max_tokens, f"expected {max_tokens} tokens, got {tokens}"
-    return RequestTiming(ttft if ttft is not None else e2e, e2e, tokens)
-
-
-async def run_w3(port: int, prompts: list[list[int]], concurrency: int, max_tokens: int):
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-    model = (await client.models.list()).data[0].id
-    gate = asyncio.Semaphore(concurrency)
-
-    async def gated(prompt: list[int]) -> RequestTiming:
-        async with gate:
-            return await one_request(client, model, prompt, max_tokens)
-
-    start = time.perf_counter()
-    timings = await asyncio.gather(*(gated(p) for p in prompts))
-    elapsed = time.perf_counter() - start
-    await client.close()
-    return timings, elapsed
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def offline_throughput(prompts: list[list[int]], max_num_seqs: int, max_tokens: int) -> float:
@@ -167,45 +61,43 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=128)
     args = parser.parse_args()
-    prompts = json.loads((SHARED_BENCH / "w1_prompts.json").read_text())["prompts"]
+    prompts = w1_prompts()
 
-    port = free_port()
-    log(f"starting sluice serve on port {port} (max_num_seqs {args.concurrency})")
-    server = start_server(port, args.concurrency)
-    runs = []
-    try:
-        front = frontend_pid(server.pid)
-        log("warming up")
-        asyncio.run(run_w3(port, prompts[: args.concurrency], args.concurrency, 8))
-        for run in range(1, args.runs + 1):
-            log(f"W3 run {run}/{args.runs}")
-            cpu_before = cpu_seconds(front)
-            timings, elapsed = asyncio.run(run_w3(port, prompts, args.concurrency, args.output_tokens))
-            cpu = cpu_seconds(front) - cpu_before
-            tokens = sum(t.output_tokens for t in timings)
-            runs.append((timings, tokens / elapsed, 1000 * cpu / tokens))
-    finally:
-        stop_server(server)
+    runs: list[tuple[W3Run, float]] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-w3-") as log_dir:
+        server = start_sluice("sluice", None, ["--max-num-seqs", str(args.concurrency)], Path(log_dir))
+        log(f"starting sluice serve on port {server.port} (max_num_seqs {args.concurrency})")
+        try:
+            server.wait_ready()
+            front = frontend_pid(server.process.pid)
+            log("warming up")
+            run_w3(server.url, prompts[: args.concurrency], args.concurrency, 8)
+            for run in range(1, args.runs + 1):
+                log(f"W3 run {run}/{args.runs}")
+                cpu_before = process_tree_cpu_seconds(front)
+                figures = run_w3(server.url, prompts, args.concurrency, args.output_tokens)
+                cpu = process_tree_cpu_seconds(front) - cpu_before
+                runs.append((figures, 1000 * cpu / figures.output_tokens))
+        finally:
+            server.stop()
 
     offline = []
     for run in range(1, args.runs + 1):
         log(f"offline run {run}/{args.runs} (max_num_seqs {args.concurrency})")
         offline.append(offline_throughput(prompts, args.concurrency, args.output_tokens))
 
-    def median_of(metric) -> float:
-        return statistics.median(metric(r) for r in runs)
+    def median(field: str) -> float:
+        return statistics.median(getattr(figures, field) for figures, _ in runs)
 
-    w3 = median_of(lambda r: r[1])
+    w3 = median("out_tok_s")
     off = statistics.median(offline)
     print(f"runs: {args.runs} (medians); {len(prompts)} requests, concurrency {args.concurrency}")
-    for name, attr in (("TTFT", "ttft"), ("TPOT", "tpot")):
-        p50 = median_of(lambda r, a=attr: percentile([getattr(t, a) for t in r[0]], 50))
-        p99 = median_of(lambda r, a=attr: percentile([getattr(t, a) for t in r[0]], 99))
-        print(f"W3 {name} p50 / p99:        {1000 * p50:8.1f} / {1000 * p99:8.1f} ms")
+    print(f"W3 TTFT p50 / p99:          {median('ttft_p50_ms'):8.1f} / {median('ttft_p99_ms'):8.1f} ms")
+    print(f"W3 TPOT p50 / p99:          {median('tpot_p50_ms'):8.1f} / {median('tpot_p99_ms'):8.1f} ms")
     print(f"W3 output throughput:       {w3:8.1f} tok/s")
     print(f"offline (max_num_seqs {args.concurrency}):    {off:8.1f} tok/s")
     print(f"W3 / offline:               {w3 / off:8.2f} (target >= 0.9)")
-    print(f"frontend CPU per 1k tokens: {median_of(lambda r: r[2]):8.3f} s")
+    print(f"frontend CPU per 1k tokens: {statistics.median(cpu for _, cpu in runs):8.3f} s")
 
 
 if __name__ == "__main__":

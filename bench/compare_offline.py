@@ -1,0 +1,213 @@
+"""Issue 8's offline figures, Sluice against vLLM's CPU build in the same run: W1, W2, W4, W5.
+
+Every system stays loaded in its own process (bench/sluice_driver.py, bench/vllm_driver.py under
+vLLM's venv) while the runs alternate between them, run after run, so the machine's drift hits
+all alike. Before each run the read bandwidth is measured (bench/limits.py), for the floor of the
+single-stream workloads. Prints medians of --runs, the ratio to vLLM and the issue's target, the
+distance to the read-bandwidth floor (W2, W5), and, with --switches, each optimisation on against
+off (async scheduling, the graph dispatcher, the multiprocess executor). Without --vllm-venv (or
+$SLUICE_BENCH_VLLM_VENV) Sluice runs alone, and says so.
+
+  python bench/compare_offline.py [--vllm-venv DIR] [--runs 3] [--workloads W1,W2,W4,W5]
+         [--switches] [--w4-model DIR] [--lock FILE] [--json FILE] [--plot FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    BENCH_DIR,
+    LOCK_ENV,
+    TARGETS,
+    W5_FLOOR_BOUND,
+    JsonLineChild,
+    bench_lock,
+    log,
+    offline_workload,
+    spread,
+)
+from make_w4_model import default_w4_dir
+from plot_ratios import RatioBar, plot_ratios
+from vllm_peer import vllm_env, vllm_python, vllm_venv
+
+# Each optimisation's off switch, as sluice_driver.py options; the default Sluice has all of them on.
+SWITCHES_OFF = {
+    "no async scheduling": ["--no-async-scheduling"],
+    "no graph dispatcher": ["--enforce-eager"],
+    "in-process executor": ["--executor", "inproc"],
+}
+SLUICE = "sluice"
+VLLM = "vllm"
+# Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.
+PHASES = {"default": ("W1", "W2"), "w4": ("W4", "W5")}
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None
+
+
+def systems_for(model: Path, venv: Path | None, switches: bool, sluice_args: list[str]) -> list[System]:
+    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), *sluice_args]
+    systems = [System(SLUICE, sluice, None)]
+    if venv is not None:
+        argv = [vllm_python(venv), str(BENCH_DIR / "vllm_driver.py"), "--model", str(model)]
+        systems.append(System(VLLM, argv, vllm_env(venv)))
+    if switches:
+        systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in SWITCHES_OFF.items()]
+    return systems
+
+
+def read_floor_ms(model: Path) -> dict[str, float]:
+    """Read bandwidth now, and the model's one-stream decode floor at that bandwidth."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        argv = [sys.executable, str(BENCH_DIR / "limits.py"), "--no-matmul", "--model", str(model)]
+        subprocess.run([*argv, "--json", out.name], check=True, stdout=subprocess.DEVNULL)
+        figures = json.loads(Path(out.name).read_text())
+    return {"read_gbs": figures["read_gbs"], "floor_ms": figures["models"][str(model)]["decode_floor_ms"]}
+
+
+def run_phase(
+    model: Path, workloads: list[str], systems: list[System], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Every run of every workload on every system, alternating; the systems' order rotates per run."""
+    figures: dict[str, dict[str, list[dict[str, float]]]] = {
+        w: {s.name: [] for s in systems} for w in workloads
+    }
+    floors: list[dict[str, float]] = []
+    children: list[JsonLineChild] = []
+    try:
+        with bench_lock(args.lock, exclusive=False):
+            for system in systems:
+                log(f"starting {system.name} on {model.name}")
+                children.append(JsonLineChild(system.name, system.argv, system.env))
+                children[-1].read_reply()
+            for workload in workloads:
+                for child in children:
+                    log(f"warming up {child.name} on {workload}")
+                    child.ask({"workload": workload, "warmup": True})
+        for run in range(args.runs):
+            with bench_lock(args.lock, exclusive=True):
+                floors.append(read_floor_ms(model))
+                log(f"run {run + 1}/{args.runs}: read bandwidth {floors[-1]['read_gbs']:.1f} GB/s")
+                order = children[run % len(children) :] + children[: run % len(children)]
+                for workload in workloads:
+                    for child in order:
+                        reply = child.ask({"workload": workload})
+                        log(f"run {run + 1}/{args.runs}: {workload} {child.name}: {reply}")
+                        figures[workload][child.name].append(reply)
+    finally:
+        for child in children:
+            child.close()
+    return {"figures": figures, "floors": floors}
+
+
+def headline(workload: str) -> tuple[str, str]:
+    """The figure a workload is judged by, and its unit."""
+    return ("ms_per_token", "ms/token") if offline_workload(workload).single_stream else ("tok_s", "tok/s")
+
+
+def report(results: dict[str, Any], runs: int, bars: list[RatioBar]) -> None:
+    """Print each workload's table and append its ratio to vLLM (if any) to `bars`."""
+    for workload, per_system in results["figures"].items():
+        key, unit = headline(workload)
+        target = TARGETS[workload]
+        medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
+        print(f"\n{workload}: {unit}, medians of {runs} runs")
+        for name, rs in per_system.items():
+            values = [r[key] for r in rs]
+            line = f"  {name:32} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%: "
+            print(line + " ".join(f"{v:.2f}" for v in values) + ")")
+        if VLLM in medians:
+            ratio = medians[SLUICE] / medians[VLLM]
+            verdict = "met" if target.met(ratio) else "NOT met"
+            print(f"  Sluice / vLLM: {ratio:.2f}x  (target {target.describe()}: {verdict})")
+            bars.append(RatioBar(f"{workload} {target.metric}", ratio, target))
+        else:
+            print("  no vLLM in this run (--vllm-venv): Sluice alone, no ratio")
+        for name, off in medians.items():
+            if name.startswith(f"{SLUICE}, "):
+                # Gain of the switch: how much better Sluice is with the optimisation on than off.
+                on = medians[SLUICE]
+                gain = on / off if key == "tok_s" else off / on
+                print(f"  on vs off ({name.removeprefix(f'{SLUICE}, ')}): {gain:.2f}x")
+        if key == "ms_per_token":
+            floor = statistics.median(f["floor_ms"] for f in results["floors"])
+            gbs = statistics.median(f["read_gbs"] for f in results["floors"])
+            print(
+                f"  read-bandwidth floor: {floor:.2f} ms/token ({gbs:.1f} GB/s, median of the runs' measurements)"
+            )
+            for name in medians:
+                # Paired per run: each run's time over the floor measured just before it.
+                distance = statistics.median(
+                    r[key] / f["floor_ms"] for r, f in zip(per_system[name], results["floors"])
+                )
+                bound = f" (target within {W5_FLOOR_BOUND:g}x)" if workload == "W5" and name == SLUICE else ""
+                print(f"  {name}: {distance:.2f}x the floor{bound}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vllm-venv", default=None, help="vLLM's venv (or $SLUICE_BENCH_VLLM_VENV)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workloads", default="W1,W2,W4,W5")
+    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
+    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
+    parser.add_argument("--switches", action="store_true", help="also run Sluice with each optimisation off")
+    parser.add_argument("--sluice-arg", action="append", default=[], help="extra sluice_driver.py option")
+    parser.add_argument(
+        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
+    args = parser.parse_args()
+    if args.runs < 3:
+        log(f"--runs {args.runs}: the issue's figures are medians of at least 3")
+    venv = vllm_venv(args.vllm_venv)
+    if venv is None:
+        log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): running Sluice alone, no ratios")
+    wanted = args.workloads.split(",")
+    for workload in wanted:
+        offline_workload(workload)
+
+    from sluice.default_model import prepare_default_model
+
+    models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
+    every: dict[str, Any] = {"runs": args.runs, "vllm_venv": str(venv) if venv else None, "phases": {}}
+    bars: list[RatioBar] = []
+    for phase, phase_workloads in PHASES.items():
+        workloads = [w for w in phase_workloads if w in wanted]
+        if not workloads:
+            continue
+        model = models[phase].resolve()
+        if not (model / "config.json").is_file():
+            raise SystemExit(
+                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
+            )
+        systems = systems_for(model, venv, args.switches, args.sluice_arg)
+        results = run_phase(model, workloads, systems, args)
+        every["phases"][phase] = {"model": str(model), **results}
+        report(results, args.runs, bars)
+    if args.json:
+        args.json.write_text(json.dumps(every, indent=1))
+    if args.plot and bars:
+        plot_ratios(bars, args.plot, "Sluice vs vLLM CPU, offline (medians, same run)")
+        print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""W3 (online) against vLLM's api_server, the on/off switches, and a sweep over the engine's threads and binding.
+
+Starts `sluice serve` (one server per configuration) and vLLM's api_server, both bf16,
+max_model_len 2048, prefix caching off, and keeps them all up while the runs alternate between
+them. A run is the 64 W1 prompts as streaming /v1/completions requests (token ids, 128 tokens,
+ignore_eos, concurrency 16) through the `openai` client. Prints medians of --runs: output tok/s,
+TTFT p50/p99, TPOT p50/p99, the servers' CPU seconds per 1,000 tokens, the ratios to vLLM against
+the issue's targets, each switch on against off (--switches), and one row per --num-threads x
+--cpu-bind pair (the sweep). --busy N adds N spinning processes during every timed run: a busy
+frontend host.
+
+  python bench/compare_w3.py [--vllm-venv DIR] [--runs 3] [--switches]
+         [--num-threads N ...] [--cpu-bind auto|none|LIST ...] [--busy N] [--json FILE] [--plot FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import LOCK_ENV, TARGETS, bench_lock, log, machine_busy_seconds, spread, w1_prompts
+from plot_ratios import RatioBar, plot_ratios
+from servers import Server, start_sluice, start_vllm
+from vllm_peer import vllm_venv
+from w3_client import run_w3
+
+SLUICE = "sluice"
+VLLM = "vllm"
+SWITCHES_OFF = {
+    "no async scheduling": ["--no-async-scheduling"],
+    "no graph dispatcher": ["--enforce-eager"],
+    "in-process executor": ["--executor", "inproc"],
+}
+# The figures of a run, the way they are printed and judged: (field, label, target key).
+METRICS = (
+    ("out_tok_s", "tok/s", "W3 throughput"),
+    ("ttft_p50_ms", "TTFT p50 ms", None),
+    ("ttft_p99_ms", "TTFT p99 ms", "W3 TTFT p99"),
+    ("tpot_p50_ms", "TPOT p50 ms", "W3 TPOT p50"),
+    ("tpot_p99_ms", "TPOT p99 ms", None),
+)
+IDLE_WINDOW_S = 3.0
+
+
+def sluice_configurations(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Server name -> extra `sluice serve` options: the default, the switches off, the sweep."""
+    configurations = {SLUICE: []}
+    if args.switches:
+        configurations |= {f"{SLUICE}, {name}": off for name, off in SWITCHES_OFF.items()}
+    threads = args.num_threads or [None]
+    binds = args.cpu_bind or [None]
+    if args.num_threads or args.cpu_bind:
+        for count, bind in itertools.product(threads, binds):
+            options = ([] if count is None else ["--num-threads", str(count)]) + (
+                [] if bind is None else ["--cpu-bind", bind]
+            )
+            configurations[f"{SLUICE} threads={count or 'default'} bind={bind or 'default'}"] = options
+    return configurations
+
+
+def idle_cpu_share() -> float:
+    """The machine's busy share over a short window while nothing is asked of the servers."""
+    before = machine_busy_seconds()
+    time.sleep(IDLE_WINDOW_S)
+    return (machine_busy_seconds() - before) / (IDLE_WINDOW_S * (os.cpu_count() or 1))
+
+
+def timed_run(server: Server, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        cpu_before = server.cpu_seconds()
+        figures = run_w3(server.url, prompts, args.concurrency, args.output_tokens)
+        cpu = server.cpu_seconds() - cpu_before
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    return {**dataclasses.asdict(figures), "server_cpu_s_per_1k": 1e3 * cpu / figures.output_tokens}
+
+
+def run_all(servers: list[Server], args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    prompts = w1_prompts()[: args.num_prompts]
+    runs: dict[str, list[dict[str, float]]] = {s.name: [] for s in servers}
+    with bench_lock(args.lock, exclusive=False):
+        for server in servers:
+            log(f"waiting for {server.name} ({server.url})")
+            server.wait_ready()
+        for server in servers:
+            log(f"warming up {server.name}")
+            run_w3(server.url, prompts[: args.concurrency], args.concurrency, 8)
+    for run in range(args.runs):
+        with bench_lock(args.lock, exclusive=True):
+            if run == 0:
+                log(f"machine busy while every server idles: {100 * idle_cpu_share():.0f}%")
+            order = servers[run % len(servers) :] + servers[: run % len(servers)]
+            for server in order:
+                runs[server.name].append(timed_run(server, prompts, args))
+                shown = {k: round(v, 1) for k, v in runs[server.name][-1].items()}
+                log(f"run {run + 1}/{args.runs}: {server.name}: {shown}")
+    return runs
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def report(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace, bars: list[RatioBar]) -> None:
+    table = {name: medians(rs) for name, rs in runs.items()}
+    width = max(len(name) for name in table) + 2
+    header = "".join(f"{label:>13}" for _, label, _ in METRICS)
+    print(
+        f"\nW3: {args.num_prompts} prompts, concurrency {args.concurrency}, {args.output_tokens} tokens, "
+        f"busy processes {args.busy}; medians of {args.runs} runs"
+    )
+    print(f"{'server':{width}}{header}{'CPU s/1k tok':>14}{'tok/s spread':>14}")
+    for name, row in table.items():
+        cells = "".join(f"{row[field]:13.1f}" for field, _, _ in METRICS)
+        tok_spread = 100 * spread([r["out_tok_s"] for r in runs[name]])
+        print(f"{name:{width}}{cells}{row['server_cpu_s_per_1k']:14.3f}{tok_spread:13.1f}%")
+    if VLLM in table:
+        print("\nSluice / vLLM:")
+        for name in (n for n in table if n != VLLM):
+            for field, label, target_key in METRICS:
+                if target_key is None:
+                    continue
+                ratio = table[name][field] / table[VLLM][field]
+                target = TARGETS[target_key]
+                verdict = "met" if target.met(ratio) else "NOT met"
+                print(f"  {name:{width}} {label:12} {ratio:5.2f}x  (target {target.describe()}: {verdict})")
+                if name == SLUICE:
+                    bars.append(RatioBar(target_key, ratio, target))
+    else:
+        print("\nno vLLM in this run (--vllm-venv): Sluice alone, no ratios")
+    for name, off in table.items():
+        if name.startswith(f"{SLUICE}, "):
+            on = table[SLUICE]
+            gains = ", ".join(
+                f"{label} {on[field] / off[field] if field == 'out_tok_s' else off[field] / on[field]:.2f}x"
+                for field, label, _ in METRICS
+            )
+            print(f"on vs off ({name.removeprefix(f'{SLUICE}, ')}): {gains} (above 1: on is better)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vllm-venv", default=None, help="vLLM's venv (or $SLUICE_BENCH_VLLM_VENV)")
+    parser.add_argument("--model", type=Path, default=None, help="model folder (default: the default model)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--switches", action="store_true", help="also serve with each optimisation off")
+    parser.add_argument("--num-threads", type=int, action="append", help="sweep: engine threads (repeatable)")
+    parser.add_argument("--cpu-bind", action="append", help="sweep: auto, none or a core list (repeatable)")
+    parser.add_argument("--busy", type=int, default=0, help="spinning processes during each timed run")
+    parser.add_argument(
+        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
+    args = parser.parse_args()
+    venv = vllm_venv(args.vllm_venv)
+    if venv is None:
+        log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): serving Sluice alone, no ratios")
+
+    from sluice.default_model import prepare_default_model
+
+    model = (args.model or prepare_default_model()).resolve()
+    servers: list[Server] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-w3-logs-") as log_dir:
+        try:
+            with bench_lock(args.lock, exclusive=False):
+                for name, options in sluice_configurations(args).items():
+                    log(f"starting {name}: sluice serve {' '.join(options)}")
+                    servers.append(start_sluice(name, model, options, Path(log_dir)))
+                if venv is not None:
+                    log("starting vLLM's api_server")
+                    servers.append(start_vllm(venv, model, Path(log_dir)))
+            runs = run_all(servers, args)
+        finally:
+            for server in servers:
+                server.stop()
+    bars: list[RatioBar] = []
+    report(runs, args, bars)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"args": {k: v for k, v in vars(args).items() if k != "json"}, "runs": runs},
+                indent=1,
+                default=str,
+            )
+        )
+    if args.plot and bars:
+        plot_ratios(bars, args.plot, "Sluice vs vLLM CPU, W3 online (medians, same run)")
+        print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""OpenAI-compatible servers under test: `sluice serve` and vLLM's api_server, started, awaited, stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import process_tree_cpu_seconds
+from vllm_peer import vllm_env, vllm_python
+
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the server and every process under it (frontend, engine core, workers)."""
+        return process_tree_cpu_seconds(self.process.pid)
+
+    def wait_ready(self) -> None:
+        """Poll /v1/models until it answers 200; fail with the log's tail if the server exits first."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"{self.name} was not ready after {READY_TIMEOUT_S:.0f} s (log: {self.log_path})")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, then SIGKILL to whatever is left of it."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(name: str, port: int, argv: list[str], env: dict[str, str] | None, log_dir: Path) -> Server:
+    """A server in a session of its own (so stop() reaches all its children), logging to a file."""
+    log_path = log_dir / f"{name.replace(' ', '_').replace('/', '_').replace('=', '')}.log"
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    return Server(name, process, port, log_path)
+
+
+def start_sluice(name: str, model: Path | None, extra_args: list[str], log_dir: Path) -> Server:
+    """`sluice serve` on a free port, prefix caching off, bf16, max_model_len 2048."""
+    port = free_port()
+    sluice = str(Path(sys.executable).parent / "sluice")
+    argv = [sluice, "serve", *([str(model)] if model else []), "--port", str(port), "--dtype", "bfloat16"]
+    argv += ["--max-model-len", "2048", "--no-enable-prefix-caching", *extra_args]
+    return _start(name, port, argv, None, log_dir)
+
+
+def start_vllm(venv: Path, model: Path, log_dir: Path) -> Server:
+    """vLLM's api_server (the wheel's `vllm` command is broken: the module instead), prefix caching off."""
+    port = free_port()
+    argv = [vllm_python(venv), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    argv += ["--dtype", "bfloat16", "--max-model-len", "2048", "--no-enable-prefix-caching"]
+    argv += ["--port", str(port), "--host", "127.0.0.1"]
+    return _start("vllm", port, argv, vllm_env(venv), log_dir)

@@ -19,6 +19,7 @@ from sluice.errors import WorkerDiedError
 from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
+from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import SchedulerOutput
 
 
@@ -40,6 +41,7 @@ class EngineCore:
         # Steps submitted to the workers whose outputs have not been collected, oldest first.
         self.batch_queue: deque[SchedulerOutput] = deque()
         self.max_in_flight = 2 if config.scheduler.async_scheduling else 1
+        self.timer = PhaseTimes("engine core")
 
     def add_request(
         self,
@@ -81,24 +83,33 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Fill the batch queue, then collect the oldest step and fold its tokens into the requests."""
+        timer = self.timer
         while len(self.batch_queue) < self.max_in_flight:
+            since = timer.start()
             scheduler_output = self.scheduler.schedule()
             has_news = scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids
+            since = timer.lap("schedule", since)
             if scheduler_output.total_num_scheduled_tokens == 0 and not has_news:
                 break
             self.executor.submit(scheduler_output)
+            timer.lap("submit", since)
             self.batch_queue.append(scheduler_output)
         if not self.batch_queue:
             return []
         scheduler_output = self.batch_queue.popleft()
+        since = timer.start()
         try:
             runner_output = self.executor.collect()
         except WorkerDiedError:
             # The other ranks cannot go on without it: stop them now rather than leave them waiting.
             self.executor.shutdown()
             raise
+        since = timer.lap("wait_for_workers", since)
         assert runner_output.step_id == scheduler_output.step_id, "steps come back in order"
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        timer.lap("update", since)
+        timer.count_step()
+        return outputs
 
     def sentinels(self) -> list[int]:
         """File descriptors that turn readable when a worker dies."""

@@ -54,7 +54,7 @@ class InProcessExecutor:
         self.pending.append(scheduler_output)
 
     def collect(self) -> ModelRunnerOutput:
-        return self.worker.execute_model(self.pending.popleft())
+        return self.worker.execute_model(self.pending.popleft()).output()
 
     def sentinels(self) -> list[int]:
         return []

@@ -1,15 +1,18 @@
-"""Each batch row's KV block ids, kept in one long-lived array."""
+"""Each batch row's KV block ids: a long-lived host array, mirrored into the device's step buffer."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class BlockTable:
-    def __init__(self, max_num_rows: int, max_blocks_per_row: int, block_size: int) -> None:
-        self.block_size = block_size
+    def __init__(self, max_num_rows: int, max_blocks_per_row: int, pin_memory: bool) -> None:
         self.max_blocks_per_row = max_blocks_per_row
-        self.table = np.zeros((max_num_rows, max_blocks_per_row), dtype=np.int32)
+        # Pinned where there is a device, so the per-step mirror copy runs asynchronously.
+        host = torch.zeros((max_num_rows, max_blocks_per_row), dtype=torch.int32, pin_memory=pin_memory)
+        self._host = host
+        self.table = host.numpy()
         self.num_blocks = np.zeros(max_num_rows, dtype=np.int32)
 
     def set_row(self, row: int, block_ids: list[int]) -> None:
@@ -33,7 +36,8 @@ class BlockTable:
         self.num_blocks[dst] = n
         self.num_blocks[src] = 0
 
-    def slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Flat cache slot of each (row, position) pair."""
-        block_ids = self.table[rows, positions // self.block_size].astype(np.int64)
-        return block_ids * self.block_size + positions % self.block_size
+    def mirror(self, device_table: torch.Tensor, num_rows: int) -> None:
+        """Copy rows 0..num_rows-1 (the columns in use) into the device's block-table buffer."""
+        width = int(self.num_blocks[:num_rows].max()) if num_rows else 0
+        if width:
+            device_table[:num_rows, :width].copy_(self._host[:num_rows, :width], non_blocking=True)

@@ -1,12 +1,16 @@
-"""The persistent input batch: long-lived per-row arrays that each step changes only by deltas.
+"""The persistent input batch: long-lived per-row state that each step changes only by deltas.
 
-Rows 0..num_rows-1 are always occupied (holes are filled by moving the last
-rows down), so a step's inputs are contiguous slices of these arrays.
+Rows 0..num_rows-1 are always occupied (holes are filled by moving the last rows down), so a
+step's inputs are contiguous slices. Each row's token ids live on the device: a step's sampled
+ids are written there by the device itself, and the next step's input ids are gathered from
+there, so a sampled token reaches the next step without a trip through the host. The host keeps
+only counters (tokens per row, tokens computed) and the block table.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from worker.block_table import BlockTable
 from worker.request_state import RequestState
@@ -20,15 +24,17 @@ class InputBatch:
         max_model_len: int,
         block_size: int,
         sampling_state: SamplingState,
+        device: torch.device,
     ) -> None:
         self.max_num_rows = max_num_rows
+        self.device = device
         self.row_req_ids: list[str | None] = [None] * max_num_rows
         self.req_id_to_row: dict[str, int] = {}
-        self.token_ids = np.zeros((max_num_rows, max_model_len), dtype=np.int64)
+        self.token_ids = torch.zeros((max_num_rows, max_model_len), dtype=torch.int64, device=device)
         self.num_tokens = np.zeros(max_num_rows, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_rows, dtype=np.int32)
         max_blocks = (max_model_len + block_size - 1) // block_size
-        self.block_table = BlockTable(max_num_rows, max_blocks, block_size)
+        self.block_table = BlockTable(max_num_rows, max_blocks, pin_memory=device.type == "cuda")
         self.sampling = sampling_state
         self._holes: list[int] = []
 
@@ -42,11 +48,9 @@ class InputBatch:
         assert self.row_req_ids[row] is None
         self.row_req_ids[row] = state.req_id
         self.req_id_to_row[state.req_id] = row
-        n_prompt = len(state.prompt_token_ids)
-        n = n_prompt + len(state.output_token_ids)
-        self.token_ids[row, :n_prompt] = state.prompt_token_ids
-        self.token_ids[row, n_prompt:n] = state.output_token_ids
-        self.num_tokens[row] = n
+        tokens = [*state.prompt_token_ids, *state.output_token_ids]
+        self.token_ids[row, : len(tokens)].copy_(torch.tensor(tokens, dtype=torch.int64), non_blocking=True)
+        self.num_tokens[row] = len(tokens)
         self.num_computed_tokens[row] = state.num_computed_tokens
         self.block_table.set_row(row, state.block_ids)
         self.sampling.add(row, state.sampling_params, state.prompt_token_ids, state.output_token_ids)
@@ -86,8 +90,12 @@ class InputBatch:
         self.block_table.move_row(src, dst)
         self.sampling.move(src, dst)
 
-    def append_token(self, row: int, token_id: int) -> None:
-        n = int(self.num_tokens[row])
-        self.token_ids[row, n] = token_id
-        self.num_tokens[row] = n + 1
-        self.sampling.append_output_token(row, token_id)
+    def append_sampled(self, rows: list[int], sampled: torch.Tensor) -> None:
+        """Write each row's sampled token (sampled[i] for rows[i], on the device) after its last token."""
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.int64)
+        positions = torch.from_numpy(self.num_tokens[rows].astype(np.int64))
+        self.token_ids.index_put_((index.to(self.device), positions.to(self.device)), sampled)
+        self.num_tokens[rows] += 1
+        self.sampling.append_output_tokens(rows, sampled)

@@ -1,6 +1,15 @@
-"""Runs one scheduled step: apply the schedule's deltas, build inputs, forward, sample."""
+"""Runs one scheduled step: apply the schedule's deltas, build inputs on the device, forward, sample.
+
+The forward runs in the mode the graph dispatcher picks for the batch: captured CUDA graphs, the
+CPU's C++ step, or op by op. Its inputs always come from the static input buffers. The sampled
+ids go straight into the persistent batch's device token table, where the next step reads them;
+the host copy that the engine core needs is taken last (StepResult.output), so a step that is
+already queued can be launched before this one's tokens reach the host.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -9,38 +18,79 @@ from sluice.config import SluiceConfig
 from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, resolve_max_model_len
 from sluice.sampling_params import params_from_wire
+from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
-from worker.attention.backend import AttentionMetadata
 from worker.attention.selector import select_attention_backend
+from worker.graphs.dispatcher import build_dispatcher
+from worker.graphs.graph_runner import StepExecutor
+from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
 from worker.model_loader import load_model
 from worker.request_state import RequestState
-from worker.sampler import Sampler
+from worker.sampler import Sampler, SamplerOutput
 from worker.sampling_state import SamplingState
-from worker.step_inputs import build_step_inputs
+from worker.step_inputs import StepInputBuilder
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+@dataclass(slots=True)
+class StepResult:
+    """A step whose forward and sampling were launched; output() brings its tokens to the host."""
+
+    step_id: int
+    req_ids: list[str]
+    # Per row: whether it sampled (False while its prompt is still being chunked in).
+    sampled_rows: list[bool]
+    sampler_output: SamplerOutput | None
+    states: list[RequestState]
+
+    def output(self) -> ModelRunnerOutput:
+        sampled_lists: list[list[int]] = []
+        logprobs = []
+        if self.sampler_output is None:
+            return ModelRunnerOutput(self.step_id, [], [], [])
+        token_ids = self.sampler_output.token_ids.tolist()
+        for row, state in enumerate(self.states):
+            if self.sampled_rows[row]:
+                state.output_token_ids.append(token_ids[row])
+                sampled_lists.append([token_ids[row]])
+                logprobs.append(self.sampler_output.logprobs[row])
+            else:
+                sampled_lists.append([])
+                logprobs.append(None)
+        return ModelRunnerOutput(self.step_id, self.req_ids, sampled_lists, logprobs)
+
+
 class ModelRunner:
     def __init__(self, config: SluiceConfig, spec: ModelSpec, device: torch.device) -> None:
+        self.config = config
         self.device = device
         self.dtype = DTYPES[config.model.dtype]
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
-        hf = spec.hf_config
         self.num_layers = spec.num_layers
         self.num_kv_heads = kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
         self.head_dim = spec.head_dim
-        self.model = load_model(
-            spec, self.dtype, device, select_attention_backend(device), max_model_len=self.max_model_len
+        attention = select_attention_backend(device, block_size=self.block_size, dtype=self.dtype)
+        self.model = load_model(spec, self.dtype, device, attention, max_model_len=self.max_model_len)
+        scheduler = config.scheduler
+        max_rows = scheduler.max_num_seqs
+        vocab_size = int(spec.hf_config["vocab_size"])
+        self.sampling_state = SamplingState(max_rows, vocab_size, device, spec.eos_token_ids)
+        self.batch = InputBatch(max_rows, self.max_model_len, self.block_size, self.sampling_state, device)
+        self.buffers = StaticInputBuffers(
+            scheduler.max_num_batched_tokens, max_rows, -(-self.max_model_len // self.block_size), device
         )
-        max_rows = config.scheduler.max_num_seqs
-        self.sampling_state = SamplingState(max_rows, int(hf["vocab_size"]), device, spec.eos_token_ids)
-        self.batch = InputBatch(max_rows, self.max_model_len, self.block_size, self.sampling_state)
+        self.inputs = StepInputBuilder(self.buffers, self.block_size)
+        self.dispatcher = build_dispatcher(
+            config.graph, scheduler, device.type, attention.supports_full_graph
+        )
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.step_executor: StepExecutor | None = None
+        self.timer = PhaseTimes("worker")
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -51,6 +101,12 @@ class ModelRunner:
             )
             for _ in range(self.num_layers)
         ]
+        self.step_executor = make_step_executor(self)
+        self.step_executor.capture(self.buffers)
+
+    @property
+    def num_eager_fallbacks(self) -> int:
+        return self.dispatcher.num_fallbacks
 
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.batch
@@ -102,57 +158,68 @@ class ModelRunner:
         batch.condense()
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, out: SchedulerOutput) -> StepResult:
+        timer = self.timer
+        since = timer.start()
         self._update_states(out)
         batch = self.batch
         num_rows = batch.num_rows
         if out.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(step_id=out.step_id, req_ids=[], sampled_token_ids=[], logprobs=[])
+            return StepResult(out.step_id, [], [], None, [])
+        assert self.step_executor is not None, "initialize_kv_cache before the first step"
         req_ids: list[str] = batch.row_req_ids[:num_rows]  # type: ignore[assignment]
         num_scheduled = np.fromiter(
             (out.num_scheduled_tokens[r] for r in req_ids), dtype=np.int32, count=num_rows
         )
-        inputs = build_step_inputs(batch, num_scheduled)
-        device = self.device
-        metadata = AttentionMetadata(
-            num_tokens=len(inputs.input_ids),
-            num_seqs=num_rows,
-            slot_mapping=torch.from_numpy(inputs.slot_mapping).to(device, non_blocking=True),
-            query_start_loc=torch.from_numpy(inputs.query_start_loc).to(device, non_blocking=True),
-            seq_lens=torch.from_numpy(inputs.seq_lens).to(device, non_blocking=True),
-            block_table=torch.from_numpy(batch.block_table.table[:num_rows]).to(device, non_blocking=True),
-            max_query_len=inputs.max_query_len,
-            max_seq_len=inputs.max_seq_len,
+        shape = self.inputs.build(batch, num_scheduled)
+        since = timer.lap("prepare_inputs", since)
+        mode, padded = self.dispatcher.dispatch(shape.batch_descriptor())
+        hidden = self.step_executor.run(mode, padded, self.buffers)
+        logits = self.model.compute_logits(hidden[self.buffers.logits_indices[:num_rows]])
+        since = timer.lap("forward", since)
+        sampler_output = self.sampler.sample(logits, self.sampling_state.metadata(num_rows))
+        since = timer.lap("sample", since)
+        # Rows still chunking their prompt sampled from a partial context: their tokens are dropped.
+        seq_lens = batch.num_computed_tokens[:num_rows] + num_scheduled
+        sampled = seq_lens >= batch.num_tokens[:num_rows]
+        batch.num_computed_tokens[:num_rows] = seq_lens
+        states = [self.requests[req_id] for req_id in req_ids]
+        for state, seq_len in zip(states, seq_lens.tolist(), strict=True):
+            state.num_computed_tokens = seq_len
+        rows = np.flatnonzero(sampled).tolist()
+        if rows:
+            token_ids = sampler_output.token_ids
+            batch.append_sampled(rows, token_ids if len(rows) == num_rows else token_ids[rows])
+        timer.lap("bookkeeping", since)
+        timer.count_step()
+        return StepResult(out.step_id, list(req_ids), sampled.tolist(), sampler_output, states)
+
+
+def make_step_executor(runner: ModelRunner) -> StepExecutor:
+    """What runs each dispatched step: captured CUDA graphs, or on CPU the eager forward."""
+    if runner.device.type == "cuda":
+        from worker.graphs.cuda_graphs import CudaGraphRecorder
+        from worker.graphs.graph_runner import GraphRunner
+
+        return GraphRunner(
+            runner.model,
+            runner.kv_caches,
+            runner.dispatcher,
+            CudaGraphRecorder(runner.device),
+            runner.max_model_len,
         )
-        hidden = self.model(
-            torch.from_numpy(inputs.input_ids).to(device, non_blocking=True),
-            torch.from_numpy(inputs.positions).to(device, non_blocking=True),
-            self.kv_caches,
-            metadata,
-        )
-        logits_indices = torch.from_numpy(inputs.logits_indices).to(device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[logits_indices])
-        sampled = self.sampler.sample(logits, self.sampling_state.metadata(num_rows))
-        token_ids = sampled.token_ids
-        if isinstance(token_ids, torch.Tensor):
-            token_ids = token_ids.tolist()
-        # Rows still chunking their prompt sampled from a partial context: drop those tokens.
-        done = inputs.seq_lens >= batch.num_tokens[:num_rows]
-        batch.num_computed_tokens[:num_rows] = inputs.seq_lens
-        sampled_lists: list[list[int]] = []
-        logprobs = []
-        for row, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            state.num_computed_tokens = int(inputs.seq_lens[row])
-            if done[row]:
-                token = token_ids[row]
-                state.output_token_ids.append(token)
-                batch.append_token(row, token)
-                sampled_lists.append([token])
-                logprobs.append(sampled.logprobs[row])
-            else:
-                sampled_lists.append([])
-                logprobs.append(None)
-        return ModelRunnerOutput(
-            step_id=out.step_id, req_ids=list(req_ids), sampled_token_ids=sampled_lists, logprobs=logprobs
-        )
+    return EagerStepExecutor(runner)
+
+
+class EagerStepExecutor:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.model = runner.model
+        self.kv_caches = runner.kv_caches
+
+    def capture(self, buffers: StaticInputBuffers) -> None:
+        return None
+
+    def run(self, mode: object, padded: object, buffers: StaticInputBuffers) -> torch.Tensor:
+        from worker.graphs.graph_runner import eager_forward
+
+        return eager_forward(self.model, self.kv_caches, buffers)

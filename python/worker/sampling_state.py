@@ -130,9 +130,6 @@ class SamplingState:
         # Allocated the first time a penalised request arrives.
         self._output_counts: torch.Tensor | None = None
         self._prompt_mask: torch.Tensor | None = None
-        # Appended tokens of penalised rows, applied to the counts in one scatter.
-        self._pending_rows: list[int] = []
-        self._pending_tokens: list[int] = []
 
     def add(
         self,
@@ -142,7 +139,6 @@ class SamplingState:
         output_token_ids: list[int],
     ) -> None:
         assert 0 <= row < self.max_num_rows and not self._occupied[row], f"row {row} is not free"
-        self._flush_pending_counts()
         self._occupied[row] = True
         greedy = params.temperature < GREEDY_TEMPERATURE_EPS
         self._temperature[row] = 0.0 if greedy else params.temperature
@@ -201,7 +197,6 @@ class SamplingState:
 
     def remove(self, row: int) -> None:
         assert self._occupied[row], f"row {row} is empty"
-        self._flush_pending_counts()
         self._occupied[row] = False
         for rows in self._feature_sets:
             rows.discard(row)
@@ -210,7 +205,6 @@ class SamplingState:
 
     def move(self, src_row: int, dst_row: int) -> None:
         assert self._occupied[src_row] and not self._occupied[dst_row], (src_row, dst_row)
-        self._flush_pending_counts()
         for array in (
             self._temperature,
             self._top_k,
@@ -240,13 +234,24 @@ class SamplingState:
         self.remove(src_row)
 
     def append_output_token(self, row: int, token_id: int) -> None:
-        assert self._occupied[row], f"row {row} is empty"
-        self._num_output[row] += 1
-        if self._min_tokens_rows and self._num_output[row] >= self._min_tokens[row]:
-            self._min_tokens_rows.discard(row)
-        if self._output_counts is not None and self._is_penalised(row):
-            self._pending_rows.append(row)
-            self._pending_tokens.append(token_id)
+        self.append_output_tokens([row], torch.tensor([token_id], dtype=torch.int64, device=self.device))
+
+    def append_output_tokens(self, rows: list[int], token_ids: torch.Tensor) -> None:
+        """Count one new output token per row; token_ids [len(rows)] stay on the device."""
+        penalised = []
+        for i, row in enumerate(rows):
+            assert self._occupied[row], f"row {row} is empty"
+            self._num_output[row] += 1
+            if self._min_tokens_rows and self._num_output[row] >= self._min_tokens[row]:
+                self._min_tokens_rows.discard(row)
+            if self._output_counts is not None and self._is_penalised(row):
+                penalised.append(i)
+        if penalised:
+            assert self._output_counts is not None
+            index = torch.tensor(penalised, dtype=torch.int64, device=self.device)
+            counted_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)[index]
+            ones = torch.ones(len(penalised), dtype=torch.int32, device=self.device)
+            self._output_counts.index_put_((counted_rows, token_ids[index]), ones, accumulate=True)
 
     def num_output_tokens(self, row: int) -> int:
         return int(self._num_output[row])
@@ -296,7 +301,6 @@ class SamplingState:
     def _fill_penalties(self, md: SamplingMetadata, num_rows: int) -> None:
         if not any(r < num_rows for r in self._repetition_rows | self._presence_frequency_rows):
             return
-        self._flush_pending_counts()
         assert self._output_counts is not None
         md.output_counts = self._output_counts[:num_rows]
         if any(r < num_rows for r in self._repetition_rows):
@@ -360,14 +364,3 @@ class SamplingState:
             shape = (self.max_num_rows, self.vocab_size)
             self._prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
         return self._prompt_mask
-
-    def _flush_pending_counts(self) -> None:
-        if not self._pending_rows:
-            return
-        assert self._output_counts is not None
-        rows = torch.tensor(self._pending_rows, dtype=torch.int64, device=self.device)
-        tokens = torch.tensor(self._pending_tokens, dtype=torch.int64, device=self.device)
-        ones = torch.ones(len(self._pending_rows), dtype=torch.int32, device=self.device)
-        self._output_counts.index_put_((rows, tokens), ones, accumulate=True)
-        self._pending_rows.clear()
-        self._pending_tokens.clear()

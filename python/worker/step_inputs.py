@@ -1,50 +1,74 @@
-"""Turns the persistent batch plus one step's schedule into flat model inputs, with numpy only."""
+"""Writes one step's model inputs into the static input buffers, computed on the device.
+
+Only per-row counters cross from the host (tokens already computed and tokens scheduled, plus the
+block-table rows); the per-token arrays (input ids, positions, slot mapping) are built from them
+on the device, gathering input ids from the persistent batch's token table, where the previous
+step's sampled ids already sit.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+import torch
 
+from worker.graphs.input_buffers import StaticInputBuffers, StepShape
 from worker.input_batch import InputBatch
 
 
-@dataclass(slots=True)
-class StepInputs:
-    input_ids: np.ndarray
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    query_start_loc: np.ndarray
-    seq_lens: np.ndarray
-    # Row of the last scheduled token of each batch row: where logits are taken.
-    logits_indices: np.ndarray
-    max_query_len: int
-    max_seq_len: int
+class StepInputBuilder:
+    def __init__(self, buffers: StaticInputBuffers, block_size: int) -> None:
+        self.buffers = buffers
+        self.block_size = block_size
+        device = buffers.device
+        self._arange = torch.arange(buffers.max_num_tokens, dtype=torch.int64, device=device)
+        self._computed = torch.zeros(buffers.max_num_reqs, dtype=torch.int64, device=device)
+        self._num_scheduled = torch.zeros(buffers.max_num_reqs, dtype=torch.int64, device=device)
 
+    def build(self, batch: InputBatch, num_scheduled: np.ndarray) -> StepShape:
+        """num_scheduled[i]: the tokens row i computes this step (every row 0..len-1 is scheduled)."""
+        buffers = self.buffers
+        num_reqs = len(num_scheduled)
+        computed = batch.num_computed_tokens[:num_reqs]
+        seq_lens = computed + num_scheduled
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
 
-def build_step_inputs(batch: InputBatch, num_scheduled: np.ndarray) -> StepInputs:
-    """num_scheduled[i] is the token count of batch row i this step (every row is scheduled)."""
-    num_rows = len(num_scheduled)
-    total = int(num_scheduled.sum())
-    query_start_loc = np.zeros(num_rows + 1, dtype=np.int32)
-    np.cumsum(num_scheduled, out=query_start_loc[1:])
-    computed = batch.num_computed_tokens[:num_rows]
-    if total == num_rows:
-        # Pure decode: one token per row, so every array is per-row already.
-        rows = np.arange(num_rows)
-        positions = computed.astype(np.int64)
-    else:
-        rows = np.repeat(np.arange(num_rows), num_scheduled)
-        offsets = np.arange(total) - np.repeat(query_start_loc[:-1], num_scheduled)
-        positions = computed[rows].astype(np.int64) + offsets
-    seq_lens = (computed + num_scheduled).astype(np.int32)
-    return StepInputs(
-        input_ids=batch.token_ids[rows, positions],
-        positions=positions,
-        slot_mapping=batch.block_table.slot_mapping(rows, positions),
-        query_start_loc=query_start_loc,
-        seq_lens=seq_lens,
-        logits_indices=(query_start_loc[1:] - 1).astype(np.int64),
-        max_query_len=int(num_scheduled.max()),
-        max_seq_len=int(seq_lens.max()),
-    )
+        # Per-row values up to the device.
+        buffers.query_start_loc[: num_reqs + 1].copy_(torch.from_numpy(query_start_loc), non_blocking=True)
+        buffers.seq_lens[:num_reqs].copy_(torch.from_numpy(seq_lens), non_blocking=True)
+        batch.block_table.mirror(buffers.block_table, num_reqs)
+        computed_dev = self._computed[:num_reqs]
+        computed_dev.copy_(torch.from_numpy(computed), non_blocking=True)
+
+        # Per-token values built on the device.
+        positions = buffers.positions[:num_tokens]
+        if num_tokens == num_reqs:
+            # Pure decode: one token per row, so every array is per row already.
+            rows = self._arange[:num_reqs]
+            positions.copy_(computed_dev)
+        else:
+            scheduled_dev = self._num_scheduled[:num_reqs]
+            scheduled_dev.copy_(torch.from_numpy(num_scheduled), non_blocking=True)
+            rows = torch.repeat_interleave(self._arange[:num_reqs], scheduled_dev, output_size=num_tokens)
+            starts = buffers.query_start_loc[:num_reqs].to(torch.int64)
+            torch.sub(self._arange[:num_tokens], starts[rows], out=positions)
+            positions.add_(computed_dev[rows])
+        buffers.input_ids[:num_tokens] = batch.token_ids[rows, positions]
+        block_ids = buffers.block_table[rows, positions // self.block_size].to(torch.int64)
+        torch.add(
+            positions % self.block_size, block_ids * self.block_size, out=buffers.slot_mapping[:num_tokens]
+        )
+        torch.sub(
+            buffers.query_start_loc[1 : num_reqs + 1].to(torch.int64),
+            1,
+            out=buffers.logits_indices[:num_reqs],
+        )
+        shape = StepShape(
+            num_tokens=num_tokens,
+            num_reqs=num_reqs,
+            max_query_len=int(num_scheduled.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+        buffers.set_shape(shape)
+        return shape

@@ -8,8 +8,8 @@ from sluice.config import SluiceConfig
 from sluice.cpu_binding import threads_per_rank, usable_cores
 from sluice.errors import DeviceUnavailableError
 from sluice.model_spec import ModelSpec
-from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
-from worker.model_runner import ModelRunner
+from sluice.worker_seam import SchedulerOutput
+from worker.model_runner import ModelRunner, StepResult
 
 
 class Worker:
@@ -34,5 +34,5 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> StepResult:
         return self.model_runner.execute_model(scheduler_output)

@@ -25,6 +25,7 @@ import zmq
 
 from sluice.config import config_from_dict
 from sluice.model_spec import read_model_spec
+from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import (
     InitKVCache,
     KVCacheReady,
@@ -35,6 +36,7 @@ from sluice.worker_seam import (
     decode,
     encode,
 )
+from worker.model_runner import StepResult
 from worker.worker import Worker
 
 logger = logging.getLogger("sluice.worker")
@@ -59,14 +61,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
-    """Answer the engine core's messages until it says shutdown."""
+    """Answer the engine core's messages until it says shutdown.
+
+    A step's tokens reach the host only when its output is sent. When the next step is already
+    waiting (async scheduling), it is launched first: on a GPU the device then never idles while
+    the host copies tokens back. The next step reads the sampled ids on the device either way.
+    """
     outputs.send(encode(WorkerReady(rank=rank)))
+    pending: StepResult | None = None
     while True:
+        if pending is not None and not inputs.poll(0):
+            _send_output(rank, pending, outputs, worker.model_runner.timer)
+            pending = None
         message = decode(inputs.recv())
         if isinstance(message, SchedulerOutput):
-            output = worker.execute_model(message)
-            if rank == 0:
-                outputs.send(encode(output))
+            launched = worker.execute_model(message)
+            if pending is not None:
+                _send_output(rank, pending, outputs, worker.model_runner.timer)
+            pending = launched
         elif isinstance(message, InitKVCache):
             worker.initialize_kv_cache(message.num_blocks)
             outputs.send(encode(KVCacheReady(rank=rank)))
@@ -74,6 +86,14 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
             return
         else:
             raise TypeError(f"a worker does not take {type(message).__name__} messages")
+
+
+def _send_output(rank: int, step: StepResult, outputs: zmq.Socket, timer: PhaseTimes) -> None:
+    since = timer.start()
+    output = step.output()
+    if rank == 0:
+        outputs.send(encode(output))
+    timer.lap("send_output", since)
 
 
 def main(argv: list[str] | None = None) -> int:

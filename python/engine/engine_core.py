@@ -15,8 +15,8 @@ from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler, SchedulerStats
 from sluice.config import SluiceConfig
+from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
-from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
 from sluice.step_timing import PhaseTimes
@@ -29,8 +29,8 @@ class EngineCore:
         self.spec = read_model_spec(config.model.path)
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
-        # Sized (and refused, if too small) before any worker process starts.
-        self.num_kv_blocks = num_kv_blocks(config, self.spec, self.max_model_len)
+        # Every option is checked, and the KV pool sized, before any worker process starts.
+        self.num_kv_blocks = check_engine_config(config, self.spec)
         self.executor = make_executor(config, self.spec)
         try:
             self.executor.initialize_kv_cache(self.num_kv_blocks)

@@ -185,9 +185,11 @@ def model_path_from_args(args: argparse.Namespace) -> str | None:
     return positional if positional is not None else option
 
 
-def config_from_args(args: argparse.Namespace) -> SluiceConfig:
-    """The SluiceConfig that parsed engine options describe; prepares the default model if none is named."""
-    path = model_path_from_args(args)
+def config_from_args(args: argparse.Namespace, model_path: str | None = None) -> SluiceConfig:
+    """The SluiceConfig that parsed engine options describe; prepares the default model if none is named.
+
+    `model_path`, when given, is the model folder already resolved from the options."""
+    path = model_path or model_path_from_args(args)
     if path is None:
         from sluice.default_model import prepare_default_model
 

@@ -39,3 +39,7 @@ class GraphConfigError(SluiceError, ValueError):
 
 class AttentionBackendError(SluiceError, ValueError):
     """The attention backend asked for cannot serve this cache (its block size or dtype)."""
+
+
+class InvalidConfigError(SluiceError, ValueError):
+    """An engine option that cannot work here (an unknown device, a TP size the executor cannot run)."""

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from sluice.engine_args import add_engine_arguments, model_path_from_args
+from sluice.config_checks import check_engine_config
+from sluice.engine_args import add_engine_arguments, config_from_args, model_path_from_args
 from sluice.errors import SluiceError
+from sluice.model_spec import read_model_spec
 
 FRONTEND_BINARY = "sluice-frontend"
 # The exit status when the engine core died: the same as the frontend's in that case.
@@ -302,6 +304,8 @@ def serve(args: argparse.Namespace) -> int:
             raise ServeError(f"{path} is not a folder: the model must be a local Hugging Face folder")
     model_dir = model_dir.resolve()
     name = args.served_model_name or model_dir.name
+    # A bad engine option is refused here, before any process starts.
+    check_engine_config(config_from_args(args, str(model_dir)), read_model_spec(model_dir))
 
     supervisor = Supervisor()
     supervisor.install_signal_handlers()

@@ -1,0 +1,55 @@
+"""Every check of a configuration that needs no process: bad options get a typed error before any starts.
+
+The engine core runs these before it starts its workers, and `sluice serve` before it starts the
+engine core, so a bad option is refused at once with a message that names it. None of them loads
+torch.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from sluice.capture_sizes import validate_graph_config
+from sluice.config import Device, ExecutorBackend, SluiceConfig
+from sluice.cpu_binding import cores_per_rank, usable_cores
+from sluice.errors import DeviceUnavailableError, InvalidConfigError
+from sluice.kv_cache_layout import num_kv_blocks
+from sluice.model_spec import ModelSpec, resolve_max_model_len
+
+
+def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
+    """Raise a typed SluiceError for the first option that cannot work; returns the KV blocks to allocate."""
+    device, parallel = config.device, config.parallel
+    if device.device not in get_args(Device):
+        raise InvalidConfigError(
+            f"unknown device {device.device!r}: Sluice runs on {' or '.join(get_args(Device))}"
+        )
+    if parallel.executor not in get_args(ExecutorBackend):
+        raise InvalidConfigError(f"unknown executor {parallel.executor!r}: use mp or inproc")
+    if parallel.tensor_parallel_size < 1:
+        raise InvalidConfigError(
+            f"tensor_parallel_size must be at least 1, got {parallel.tensor_parallel_size}"
+        )
+    if parallel.executor == "inproc" and parallel.tensor_parallel_size > 1:
+        raise InvalidConfigError(
+            f"the in-process executor runs one rank; tensor_parallel_size {parallel.tensor_parallel_size} "
+            "needs the multiprocess executor (--executor mp)"
+        )
+    if device.device == "cuda":
+        _check_cuda_devices(parallel.tensor_parallel_size)
+    validate_graph_config(config.graph, config.scheduler)
+    cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
+    return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
+
+
+def _check_cuda_devices(needed: int) -> None:
+    # Only a CUDA configuration pays for importing torch here.
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
+    if torch.cuda.device_count() < needed:
+        raise DeviceUnavailableError(
+            f"tensor_parallel_size {needed} needs {needed} CUDA devices, but torch sees "
+            f"{torch.cuda.device_count()}"
+        )

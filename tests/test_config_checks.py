@@ -1,0 +1,59 @@
+"""Bad engine options get a typed error that names them before any process starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engine.multiproc_executor
+from engine import LLM
+from sluice.cpu_binding import CpuBindError
+from sluice.errors import GraphConfigError, InvalidConfigError, KVCacheTooSmallError
+
+SLUICE = str(Path(sys.executable).parent / "sluice")
+
+
+@pytest.fixture
+def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker process was started for a configuration that cannot work")
+
+    monkeypatch.setattr(engine.multiproc_executor.subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"capture_sizes": (1, 2, 64), "max_num_seqs": 8},
+            GraphConfigError,
+            r"capture size 64.*max_num_seqs",
+        ),
+        ({"device": "tpu"}, InvalidConfigError, r"unknown device 'tpu'"),
+        ({"executor": "inproc", "tensor_parallel_size": 2}, InvalidConfigError, r"in-process executor"),
+        ({"cpu_bind": "0-4095"}, CpuBindError, r"cores .* this process may not use"),
+        ({"cpu_bind": "1-0"}, CpuBindError, r"runs backwards"),
+        ({"kv_cache_memory": 0.001}, KVCacheTooSmallError, r"raise --kv-cache-memory"),
+    ],
+)
+def test_bad_options_are_refused_before_any_process(
+    default_model_path, no_processes, options, error, message
+):
+    with pytest.raises(error, match=message):
+        LLM(model=str(default_model_path), **options)
+
+
+def test_serve_refuses_bad_capture_sizes_before_starting_anything(default_model_path):
+    done = subprocess.run(
+        [SLUICE, "serve", "--capture-sizes", "1,512", "--max-num-seqs", "8", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "capture size 512" in done.stderr and "Traceback" not in done.stderr
+    assert "engine core" not in done.stderr

@@ -27,3 +27,7 @@ class KVCacheTooSmallError(SluiceError, ValueError):
 
 class DeviceUnavailableError(SluiceError, RuntimeError):
     """The configured device is not present on this machine."""
+
+
+class TensorParallelSizeError(SluiceError, ValueError):
+    """The tensor-parallel size is below 1 or does not divide the model's heads or MLP width."""

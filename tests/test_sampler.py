@@ -386,3 +386,16 @@ def test_removed_rows_leave_no_features_behind():
     md = state.metadata(1)
     assert md.all_greedy and not md.needs_processing
     assert sample(state, LOGITS.unsqueeze(0)).token_ids.item() == 1
+
+
+def test_draws_come_from_the_samplers_generator_alone():
+    # Tensor-parallel ranks sample with generators seeded alike, whatever their default generators hold.
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(2))
+    state = state_with(*[SamplingParams(temperature=2.0)] * 6, vocab=40)
+    draws = []
+    for default_seed in (1, 2):
+        torch.manual_seed(default_seed)
+        sampler = Sampler(torch.Generator().manual_seed(9))
+        draws.append([sampler.sample(logits.clone(), state.metadata(6)).token_ids.tolist() for _ in range(3)])
+    assert draws[0] == draws[1]
+    assert draws[0][0] != draws[0][1] or draws[0][1] != draws[0][2]

@@ -62,12 +62,17 @@ _CHAT_TEMPLATE = (
 )
 
 
-def write_tiny_model(arch: str, folder: Path, dtype: str = "float32", seed: int = 0) -> Path:
-    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral") into `folder`; returns it."""
+def write_tiny_model(
+    arch: str, folder: Path, dtype: str = "float32", seed: int = 0, overrides: dict[str, Any] | None = None
+) -> Path:
+    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral") into `folder`; returns it.
+
+    `overrides` replaces config values (head counts, vocab size, ...).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
-    config = AutoConfig.for_model(arch, **{**_COMMON, **_ARCHITECTURES[arch]})
+    config = AutoConfig.for_model(arch, **{**_COMMON, **_ARCHITECTURES[arch], **(overrides or {})})
     generator = torch.Generator().manual_seed(seed)
     torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

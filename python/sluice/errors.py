@@ -43,3 +43,7 @@ class AttentionBackendError(SluiceError, ValueError):
 
 class InvalidConfigError(SluiceError, ValueError):
     """An engine option that cannot work here (an unknown device, a TP size the executor cannot run)."""
+
+
+class TensorParallelSizeError(SluiceError, ValueError):
+    """The tensor-parallel size is below 1 or does not divide the model's heads or MLP width."""

@@ -1,9 +1,16 @@
-"""Build a Llama-family model from a Hugging Face folder's safetensors, fusing q/k/v and gate/up."""
+"""Build a Llama-family model from a Hugging Face folder's safetensors, fusing q/k/v and gate/up.
+
+Under tensor parallelism each rank reads only its shard of each checkpoint tensor (safetensors
+slices), as the model's Projection.split and vocab-parallel tables say, so no rank ever holds the
+whole model.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -11,7 +18,9 @@ from safetensors import safe_open
 from sluice.errors import SluiceError
 from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
-from worker.models.llama import LlamaForCausalLM
+from worker.distributed import TensorParallelGroup
+from worker.models.llama import LlamaForCausalLM, Projection, Split
+from worker.models.vocab_parallel import VocabParallelEmbedding
 
 # Which checkpoint tensors are stacked, in order, into one fused parameter.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -28,9 +37,11 @@ def load_model(
     device: torch.device,
     attention: AttentionBackend,
     max_model_len: int | None = None,
+    tp: TensorParallelGroup | None = None,
 ) -> LlamaForCausalLM:
+    """The model with this rank's shard of every weight; tp defaults to the process's group."""
     with torch.device(device):
-        model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len)
+        model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
     loaded: set[str] = set()
     for file in weight_files(spec.path):
@@ -45,7 +56,7 @@ def load_model(
                         f"{file.name} holds tensor {name!r}, which {spec.architecture} with this "
                         "config.json does not have"
                     )
-                _copy_into(targets[name], reader.get_tensor(name), name)
+                _copy_into(targets[name], reader, name)
                 loaded.add(name)
     missing = [name for name in targets if name not in loaded]
     if missing:
@@ -63,27 +74,68 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def _checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The slice of our parameter that a checkpoint tensor fills, and which part of that tensor it holds."""
+
+    tensor: torch.Tensor
+    # The checkpoint tensor's shape, as config.json implies it.
+    full_shape: tuple[int, ...]
+    # The dimension split over the ranks (None: every rank holds all of it), and this rank's offset on it.
+    dim: int | None = None
+    start: int = 0
+
+
+def _checkpoint_targets(model: LlamaForCausalLM) -> dict[str, _Target]:
     """Map each Hugging Face tensor name to the slice of our parameter it fills."""
-    targets: dict[str, torch.Tensor] = {}
+    targets: dict[str, _Target] = {}
     for name, param in model.named_parameters():
         hf_name = name if name.startswith("lm_head.") else f"model.{name}"
-        module_path, _, _ = name.rpartition(".")
+        module_path, _, kind = name.rpartition(".")
+        module = model.get_submodule(module_path)
+        if isinstance(module, VocabParallelEmbedding):
+            full_shape = (module.vocab_size, *param.shape[1:])
+            targets[hf_name] = _Target(param.data, full_shape, 0, module.vocab_start)
+            continue
+        split = module.split if isinstance(module, Projection) else "replicated"
         owner, _, fused = module_path.rpartition(".")
         if fused not in _FUSED:
-            targets[hf_name] = param.data
+            targets[hf_name] = _shard_target(param.data, split, kind, model.tp)
             continue
         sizes = getattr(model.get_submodule(owner), fused.removesuffix("_proj") + "_shards")
         offset = 0
         for part, size in zip(_FUSED[fused], sizes, strict=True):
-            targets[hf_name.replace(f".{fused}.", f".{part}.")] = param.data[offset : offset + size]
+            part_target = _shard_target(param.data[offset : offset + size], split, kind, model.tp)
+            targets[hf_name.replace(f".{fused}.", f".{part}.")] = part_target
             offset += size
     return targets
 
 
-def _copy_into(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if target.shape != tensor.shape:
+def _shard_target(tensor: torch.Tensor, split: Split, kind: str, tp: TensorParallelGroup) -> _Target:
+    """Rank r of a split holds the r-th of tp.size equal parts: output rows (column) or input columns (row)."""
+    if split == "column":
+        return _Target(tensor, (tensor.shape[0] * tp.size, *tensor.shape[1:]), 0, tp.rank * tensor.shape[0])
+    if split == "row" and kind == "weight":
+        out_features, in_features = tensor.shape
+        return _Target(tensor, (out_features, in_features * tp.size), 1, tp.rank * in_features)
+    # Norms, replicated projections, and a row split's bias, which rank 0 alone adds.
+    return _Target(tensor, tuple(tensor.shape))
+
+
+def _copy_into(target: _Target, reader: Any, name: str) -> None:
+    """Read this rank's part of checkpoint tensor `name` into the target; zero any padding past its end."""
+    checkpoint = reader.get_slice(name)
+    shape = tuple(checkpoint.get_shape())
+    if shape != target.full_shape:
         raise WeightLoadError(
-            f"tensor {name!r} has shape {tuple(tensor.shape)}, but config.json implies {tuple(target.shape)}"
+            f"tensor {name!r} has shape {shape}, but config.json implies {target.full_shape}"
         )
-    target.copy_(tensor)
+    if target.dim is None:
+        target.tensor.copy_(reader.get_tensor(name))
+        return
+    dim, held = target.dim, target.tensor.shape[target.dim]
+    count = max(0, min(held, shape[dim] - target.start))
+    index = [slice(None)] * len(shape)
+    index[dim] = slice(target.start, target.start + count)
+    target.tensor.narrow(dim, 0, count).copy_(checkpoint[tuple(index)])
+    target.tensor.narrow(dim, count, held - count).zero_()

@@ -29,6 +29,11 @@ class SamplerOutput:
 
 
 class Sampler:
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        # Draws for unseeded random rows; tensor-parallel ranks pass one seeded alike so that they all
+        # sample the same tokens. None: torch's default generator.
+        self.generator = generator
+
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         assert logits.dim() == 2 and logits.shape[0] == md.num_rows, (tuple(logits.shape), md.num_rows)
         if md.all_greedy and not md.needs_processing:
@@ -56,7 +61,8 @@ class Sampler:
         all_random = md.random_rows is None
         random_logits = logits if all_random else logits[md.random_rows]
         probs = random_probs(random_logits, md)
-        sampled = inverse_cdf_sample(probs, row_uniforms(probs.shape[0], md.seeded, probs.device))
+        uniforms = row_uniforms(probs.shape[0], md.seeded, probs.device, self.generator)
+        sampled = inverse_cdf_sample(probs, uniforms)
         if all_random:
             return sampled
         token_ids = logits.argmax(dim=-1)
@@ -156,12 +162,18 @@ def apply_top_p_sorted(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tenso
     return torch.empty_like(logits).scatter_(1, order, ascending)
 
 
-def row_uniforms(num_rows: int, seeded: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
-    """One number in (0, 1] per row: from torch's default generator, or from a seeded row's step seed."""
+def row_uniforms(
+    num_rows: int,
+    seeded: list[tuple[int, int]],
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One number in (0, 1] per row: from `generator` (a CPU one; None: torch's default), or from a
+    seeded row's step seed."""
     if len(seeded) == num_rows:
         uniforms = torch.empty(num_rows, dtype=torch.float64)
     else:
-        uniforms = 1.0 - torch.rand(num_rows, dtype=torch.float64)
+        uniforms = 1.0 - torch.rand(num_rows, dtype=torch.float64, generator=generator)
     if seeded:
         index = torch.tensor([i for i, _ in seeded], dtype=torch.int64)
         uniforms[index] = torch.tensor(

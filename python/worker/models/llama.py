@@ -3,12 +3,18 @@
 q/k/v and gate/up are fused into one weight each at load time, so a layer runs few, large
 matmuls. Every op mirrors transformers' order of float operations, so float32 outputs are
 token-identical to it and bf16 stays as close as rounding allows.
+
+Under tensor parallelism (Megatron's layout) each rank holds its share of the heads: qkv_proj and
+gate_up_proj are split by output rows (column-parallel; a rank's q, k and v shards, or gate and up
+shards, stay fused), o_proj and down_proj by input columns (row-parallel). A row-parallel output is a
+partial sum: forward() all-reduces it between the stages, and only rank 0 adds its bias. The
+embedding and the LM head are split by vocab rows (vocab_parallel.py); norms and rotary are replicated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +22,14 @@ from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
 from worker.attention.backend import AttentionBackend, AttentionMetadata
+from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
 from worker.models.rotary import RotaryEmbedding, inverse_frequencies, rope_parameters_of
+from worker.models.vocab_parallel import VocabParallelEmbedding
+
+# How a projection's checkpoint weight is split over the ranks: whole on each, by output rows
+# (the bias too), or by input columns (the bias whole on each, added by rank 0 alone).
+Split = Literal["replicated", "column", "row"]
 
 
 def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -35,21 +47,34 @@ class RMSNorm(nn.Module):
 
 
 class Projection(nn.Module):
-    """A linear layer's weight (and optional bias); callers apply it through LayerOps.linear, skipping hooks."""
+    """A linear layer's weight (and optional bias); callers apply it through LayerOps.linear, skipping hooks.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+    The features are this rank's: the output rows of a column split, the input columns of a row split.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, split: Split
+    ) -> None:
         super().__init__()
+        self.split = split
         self.weight = _weight(out_features, in_features, dtype=dtype)
         self.bias = _weight(out_features, dtype=dtype) if bias else None
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype, tp: TensorParallelGroup
+    ) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
-        self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
+        total_heads = cfg["num_attention_heads"]
+        total_kv_heads = cfg.get("num_key_value_heads") or total_heads
+        # sluice.parallel_validation.check_tensor_parallel rejects other sizes before any process starts.
+        assert total_heads % tp.size == 0 and total_kv_heads % tp.size == 0, (total_heads, total_kv_heads)
+        # This rank's heads: query heads and the KV heads they share stay together on one rank.
+        self.num_heads = total_heads // tp.size
+        self.num_kv_heads = total_kv_heads // tp.size
+        self.head_dim = cfg.get("head_dim") or hidden // total_heads
         self.scale = self.head_dim**-0.5
         attention_bias = bool(cfg.get("attention_bias", False))
         qkv_bias = attention_bias or architecture == "Qwen2ForCausalLM"
@@ -57,8 +82,8 @@ class SelfAttention(nn.Module):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         self.qkv_shards = (q_size, kv_size, kv_size)
-        self.qkv_proj = Projection(hidden, q_size + 2 * kv_size, qkv_bias, dtype)
-        self.o_proj = Projection(q_size, hidden, o_bias, dtype)
+        self.qkv_proj = Projection(hidden, q_size + 2 * kv_size, qkv_bias, dtype, "column")
+        self.o_proj = Projection(q_size, hidden, o_bias, dtype, "row")
         self.qk_norm = architecture == "Qwen3ForCausalLM"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
@@ -66,17 +91,19 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any], dtype: torch.dtype) -> None:
+    def __init__(self, cfg: dict[str, Any], dtype: torch.dtype, tp: TensorParallelGroup) -> None:
         super().__init__()
-        hidden, inner = cfg["hidden_size"], cfg["intermediate_size"]
+        hidden = cfg["hidden_size"]
+        assert cfg["intermediate_size"] % tp.size == 0, cfg["intermediate_size"]
+        inner = cfg["intermediate_size"] // tp.size
         bias = bool(cfg.get("mlp_bias", False))
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise UnsupportedArchitectureError(f"hidden_act {act!r} is not supported; Sluice implements silu")
         self.inner = inner
         self.gate_up_shards = (inner, inner)
-        self.gate_up_proj = Projection(hidden, 2 * inner, bias, dtype)
-        self.down_proj = Projection(inner, hidden, bias, dtype)
+        self.gate_up_proj = Projection(hidden, 2 * inner, bias, dtype, "column")
+        self.down_proj = Projection(inner, hidden, bias, dtype, "row")
 
 
 class DecoderLayer(nn.Module):
@@ -86,13 +113,16 @@ class DecoderLayer(nn.Module):
         architecture: str,
         dtype: torch.dtype,
         ops: LayerOps,
+        tp: TensorParallelGroup,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
-        self.self_attn = SelfAttention(cfg, architecture, dtype)
+        self.self_attn = SelfAttention(cfg, architecture, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, tp)
         self.ops = ops
+        # The ranks' row-parallel partial sums are added up afterwards: one of them adds the bias.
+        adds_row_bias = tp.rank == 0
         # nn.Module attribute lookups cost microseconds each; the per-token path reads plain slots.
         # The loader fills these parameters in place, so the references stay valid.
         attn, mlp = self.self_attn, self.mlp
@@ -103,11 +133,11 @@ class DecoderLayer(nn.Module):
             qkv_weight=attn.qkv_proj.weight,
             qkv_bias=attn.qkv_proj.bias,
             o_weight=attn.o_proj.weight,
-            o_bias=attn.o_proj.bias,
+            o_bias=attn.o_proj.bias if adds_row_bias else None,
             gate_up_weight=mlp.gate_up_proj.weight,
             gate_up_bias=mlp.gate_up_proj.bias,
             down_weight=mlp.down_proj.weight,
-            down_bias=mlp.down_proj.bias,
+            down_bias=mlp.down_proj.bias if adds_row_bias else None,
             q_norm=attn.q_norm.weight if attn.qk_norm else None,
             k_norm=attn.k_norm.weight if attn.qk_norm else None,
             num_heads=attn.num_heads,
@@ -140,12 +170,12 @@ class DecoderLayer(nn.Module):
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     def attention_output(self, attn: torch.Tensor) -> torch.Tensor:
-        """o_proj of the attention output [num_tokens, heads, head_dim]."""
+        """o_proj of the attention output [num_tokens, heads, head_dim]; a partial sum under TP."""
         t = self.tensors
         return self.ops.linear(attn.view(attn.shape[0], -1), t.o_weight, t.o_bias)
 
     def feed_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Adds the attention's `delta` into `residual` (in place); returns the MLP's output."""
+        """Adds the attention's `delta` into `residual` (in place); returns the MLP's output (a partial sum under TP)."""
         t, ops = self.tensors, self.ops
         x = ops.add_rms_norm(residual, delta, t.post_norm, t.eps)
         gate_up = ops.linear(x, t.gate_up_weight, t.gate_up_bias)
@@ -189,8 +219,10 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         attention: AttentionBackend,
         max_model_len: int | None = None,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
+        tp = tp or tensor_parallel_group()
         architecture = (hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
         max_positions = int(hf_config.get("max_position_embeddings", 2048))
         max_model_len = max_model_len or max_positions
@@ -204,19 +236,24 @@ class LlamaForCausalLM(nn.Module):
         self.architecture = architecture
         self.dtype = dtype
         self.attention = attention
+        self.tp = tp
         self.ops = layer_ops_for(torch.get_default_device())
-        self.embed_tokens = Projection(hidden, vocab, False, dtype)
+        self.embed_tokens = VocabParallelEmbedding(vocab, hidden, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, architecture, dtype, self.ops)
+            DecoderLayer(hf_config, architecture, dtype, self.ops, tp)
             for _ in range(hf_config["num_hidden_layers"])
         )
         self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
         self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
-        self.lm_head = Projection(hidden, vocab, False, dtype)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        head_dim = self.layers[0].self_attn.head_dim
-        inv_freq = inverse_frequencies(rope_parameters_of(hf_config), head_dim, max_positions)
+        self.lm_head = (
+            self.embed_tokens
+            if self.tie_word_embeddings
+            else VocabParallelEmbedding(vocab, hidden, dtype, tp)
+        )
+        # This rank's share of the KV cache's shape: [num_blocks, block_size, num_kv_heads, head_dim].
+        self.num_kv_heads = self.layers[0].self_attn.num_kv_heads
+        self.head_dim = self.layers[0].self_attn.head_dim
+        inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
 
     def forward(
@@ -227,16 +264,18 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Final-normed hidden states [num_tokens, hidden] of a flattened batch."""
-        residual = F.embedding(input_ids, self.embed_tokens.weight)
+        residual = self.embed_tokens.embed(input_ids)
         cos, sin = self.rotary.lookup(positions)
         delta = None
+        all_reduce = self.tp.all_reduce
         for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
             q, k, v = layer.attention_input(delta, residual, cos, sin)
             attn = self.attention.forward(q, k, v, key_cache, value_cache, metadata, layer.tensors.scale)
-            delta = layer.feed_forward(layer.attention_output(attn), residual)
+            delta = all_reduce(layer.attention_output(attn))
+            delta = all_reduce(layer.feed_forward(delta, residual))
         assert delta is not None
         return self.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """float32 logits [n, vocab] for the rows the runner samples from."""
-        return self.ops.linear(hidden_states, self.lm_head.weight, None).float()
+        """float32 logits [n, vocab] for the rows the runner samples from; the whole vocab on every rank."""
+        return self.lm_head.logits(hidden_states, self.ops)

@@ -1,0 +1,49 @@
+"""A [vocab, hidden] table split by vocab rows over the tensor-parallel ranks: the embedding and the LM head.
+
+Rank r holds rows [r * shard, (r + 1) * shard) with shard = ceil(vocab / size). When vocab does not
+divide by size, the last rank's table is padded with zero rows; no token id falls in the padding,
+and the padding's logits are cut off after the gather, so a vocab of any size works.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.distributed import TensorParallelGroup
+from worker.layer_ops import LayerOps
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(
+        self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tp: TensorParallelGroup
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.shard_size
+        # The rows of this shard that are real tokens; the rest (on the last rank only) is padding.
+        self.num_tokens_held = max(0, min(self.shard_size, vocab_size - self.vocab_start))
+        # Left uninitialised: the loader fills the token rows and zeroes the padding.
+        self.weight = nn.Parameter(
+            torch.empty(self.shard_size, hidden_size, dtype=dtype), requires_grad=False
+        )
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, hidden]: each rank looks up the ids it holds, zeros elsewhere, then the sum over ranks."""
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local_ids = input_ids - self.vocab_start
+        elsewhere = (local_ids < 0) | (local_ids >= self.num_tokens_held)
+        rows = F.embedding(local_ids.masked_fill(elsewhere, 0), self.weight)
+        rows.masked_fill_(elsewhere.unsqueeze(1), 0.0)
+        return self.tp.all_reduce(rows)
+
+    def logits(self, hidden_states: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """float32 logits [n, vocab], the whole vocab on every rank: each rank's shard, gathered."""
+        logits = self.tp.all_gather_last_dim(ops.linear(hidden_states, self.weight, None))
+        if logits.shape[-1] != self.vocab_size:
+            logits = logits[:, : self.vocab_size].contiguous()
+        return logits.float()

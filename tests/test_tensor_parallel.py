@@ -280,3 +280,36 @@ def test_two_ranks_over_nccl_generate_the_single_rank_tokens(tiny_prompts: list)
 def _run_cuda_on_rank(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
     tokens, _ = greedy_generate(load_float32(folder, "cuda"), prompts, MAX_NEW_TOKENS)
     return tokens
+
+
+def _engine_greedy(folder: Path, prompts: list[list[int]], tp_size: int, logprobs: int | None = None) -> list:
+    from engine import LLM
+
+    llm = LLM(model=str(folder), dtype="float32", tensor_parallel_size=tp_size, max_model_len=256)
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    outputs = [r.outputs[0] for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    llm.engine.shutdown()
+    return outputs
+
+
+def _assert_engine_tokens_match(folder: Path, prompts: list[list[int]], tp_size: int) -> None:
+    reference = _engine_greedy(folder, prompts, 1, logprobs=2)
+    ours = _engine_greedy(folder, prompts, tp_size)
+    for p, (got, ref) in enumerate(zip(ours, reference, strict=True)):
+        for step, (token, ref_token) in enumerate(zip(got.token_ids, ref.token_ids, strict=True)):
+            if token != ref_token:
+                # Logprob differences are logit differences: the TP=1 run's own top-two gap.
+                top = sorted((lp.logprob for lp in ref.logprobs[step].values()), reverse=True)
+                assert top[0] - top[1] < NEAR_TIE, f"prompt {p}, step {step}: not a near-tie"
+                break
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_engine_with_two_worker_ranks_matches_one(arch: str, tiny_folders: dict, tiny_prompts: list) -> None:
+    _assert_engine_tokens_match(tiny_folders[arch], tiny_prompts, 2)
+
+
+def test_engine_with_three_worker_ranks_matches_one_on_the_default_model(
+    default_model_path: Path, default_prompts: list
+) -> None:
+    _assert_engine_tokens_match(default_model_path, default_prompts, 3)

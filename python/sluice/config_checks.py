@@ -15,6 +15,7 @@ from sluice.cpu_binding import cores_per_rank, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import ModelSpec, resolve_max_model_len
+from sluice.parallel_validation import check_tensor_parallel
 
 
 def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
@@ -35,21 +36,17 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
             f"the in-process executor runs one rank; tensor_parallel_size {parallel.tensor_parallel_size} "
             "needs the multiprocess executor (--executor mp)"
         )
+    check_tensor_parallel(spec, parallel.tensor_parallel_size, device.device)
     if device.device == "cuda":
-        _check_cuda_devices(parallel.tensor_parallel_size)
+        _check_cuda_available()
     validate_graph_config(config.graph, config.scheduler)
     cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
 
 
-def _check_cuda_devices(needed: int) -> None:
+def _check_cuda_available() -> None:
     # Only a CUDA configuration pays for importing torch here.
     import torch
 
     if not torch.cuda.is_available():
         raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
-    if torch.cuda.device_count() < needed:
-        raise DeviceUnavailableError(
-            f"tensor_parallel_size {needed} needs {needed} CUDA devices, but torch sees "
-            f"{torch.cuda.device_count()}"
-        )

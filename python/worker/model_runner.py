@@ -21,6 +21,7 @@ from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
 from worker.attention.selector import select_attention_backend
+from worker.distributed import tensor_parallel_group
 from worker.graphs.dispatcher import build_dispatcher
 from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
@@ -70,10 +71,12 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         self.num_layers = spec.num_layers
-        self.num_kv_heads = kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
-        self.head_dim = spec.head_dim
         attention = select_attention_backend(device, block_size=self.block_size, dtype=self.dtype)
         self.model = load_model(spec, self.dtype, device, attention, max_model_len=self.max_model_len)
+        # This rank's share of the KV heads: the engine core sized the pool for the same count.
+        assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
+        self.num_kv_heads = self.model.num_kv_heads
+        self.head_dim = self.model.head_dim
         scheduler = config.scheduler
         max_rows = scheduler.max_num_seqs
         vocab_size = int(spec.hf_config["vocab_size"])
@@ -86,7 +89,8 @@ class ModelRunner:
         self.dispatcher = build_dispatcher(
             config.graph, scheduler, device.type, attention.supports_full_graph
         )
-        self.sampler = Sampler()
+        # Collective: every rank gets the same generator, so every rank samples the same tokens.
+        self.sampler = Sampler(tensor_parallel_group().shared_generator())
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.step_executor: StepExecutor | None = None

@@ -9,6 +9,7 @@ from sluice.cpu_binding import threads_per_rank, usable_cores
 from sluice.errors import DeviceUnavailableError
 from sluice.model_spec import ModelSpec
 from sluice.worker_seam import SchedulerOutput
+from worker.distributed import init_tensor_parallel
 from worker.model_runner import ModelRunner, StepResult
 
 
@@ -25,10 +26,12 @@ class Worker:
         self.rank = rank
         if config.device.device == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
-        if world_size > 1:
-            raise NotImplementedError("tensor parallelism is not wired in yet")
         torch.set_num_threads(threads_per_rank(config.device, world_size, usable_cores()))
         self.device = torch.device(config.device.device)
+        # Before the model is built: its layers read their shard from the tensor-parallel group.
+        if world_size > 1:
+            assert distributed_init_method is not None, "several ranks need a rendezvous"
+            init_tensor_parallel(rank, world_size, distributed_init_method, self.device)
         self.model_runner = ModelRunner(config, spec, self.device)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

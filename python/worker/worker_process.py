@@ -36,6 +36,7 @@ from sluice.worker_seam import (
     decode,
     encode,
 )
+from worker.distributed import destroy_tensor_parallel
 from worker.model_runner import StepResult
 from worker.worker import Worker
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             distributed_init_method=args.dist_init,
         )
         serve_steps(args.rank, worker, inputs, outputs)
+        destroy_tensor_parallel()
         return 0
     except Exception as exc:  # noqa: BLE001 -- any failure is reported to the engine core, then we exit.
         logger.error("failed:\n%s", traceback.format_exc())

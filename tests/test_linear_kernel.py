@@ -114,6 +114,19 @@ def test_other_dtypes_stay_unpacked_and_exact(dtype: torch.dtype) -> None:
     assert torch.equal(native.linear_float32(x, prepared, None), F.linear(x, w).float())
 
 
+def test_switched_off_packing_leaves_bf16_weights_as_loaded(ops) -> None:
+    probe = (
+        "import torch; from worker.native_ops import load_native_ops; w = torch.ones(4, 4, dtype=torch.bfloat16); "
+        "p = load_native_ops().prepare_linear_weight(w); print(p.dtype, p.data_ptr() == w.data_ptr())"
+    )
+    for switch, expected in (("0", "torch.bfloat16 True"), ("1", "torch.int32 False")):
+        env = {**os.environ, "SLUICE_PACKED_LINEAR": switch}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+        )
+        assert done.stdout.strip() == expected
+
+
 GENERATE = """
 import json, sys, torch
 from engine import LLM, SamplingParams

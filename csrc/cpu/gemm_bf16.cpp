@@ -25,55 +25,72 @@ constexpr int kTileRows = 6;
 constexpr int kFewRows = 12;
 // Rows per work item: small enough that two threads share even one column group of a long prefill.
 constexpr int64_t kItemRows = 240;
+// Work items wanted per call: with dynamic scheduling the threads finish about half an item apart.
+constexpr int64_t kMinItems = 16;
+// Weight bytes per work item when few rows stream it from memory: longer runs read faster.
+constexpr int64_t kStreamBytes = 1 << 20;
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 
 template <typename Out>
 struct Tiles {
-  // Few rows are bound by reading the weight: prefetch it. Index: rows - 1.
-  static constexpr auto few4 = gemm::make_tile_table<4, Out, true>(std::make_integer_sequence<int, kTileRows>{});
-  static constexpr auto few2 = gemm::make_tile_table<2, Out, true>(std::make_integer_sequence<int, kFewRows>{});
-  static constexpr auto many = gemm::make_tile_table<4, Out, false>(std::make_integer_sequence<int, kTileRows>{});
+  // Index: rows - 1.
+  static constexpr auto four = gemm::make_tile_table<4, Out>(std::make_integer_sequence<int, kTileRows>{});
+  static constexpr auto two = gemm::make_tile_table<2, Out>(std::make_integer_sequence<int, kFewRows>{});
 };
 
 // Rows [row0, row0 + rows) of one column group.
 template <typename Out>
-void run_item(const Problem& p, int64_t group, int64_t row0, int64_t rows) {
-  if (rows <= kTileRows) {
-    Tiles<Out>::few4[rows - 1](p, row0, group, 0);
-    return;
-  }
-  if (rows <= kFewRows) {
-    Tiles<Out>::few2[rows - 1](p, row0, group, 0);
-    Tiles<Out>::few2[rows - 1](p, row0, group, 2);
+void run_group(const Problem& p, int64_t group, int64_t row0, int64_t rows) {
+  if (rows > kTileRows && rows <= kFewRows) {
+    Tiles<Out>::two[rows - 1](p, row0, group, 0);
+    Tiles<Out>::two[rows - 1](p, row0, group, 2);
     return;
   }
   int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows) Tiles<Out>::many[kTileRows - 1](p, row0 + r, group, 0);
-  if (r < rows) Tiles<Out>::many[rows - r - 1](p, row0 + r, group, 0);
+  for (; r + kTileRows <= rows; r += kTileRows) Tiles<Out>::four[kTileRows - 1](p, row0 + r, group, 0);
+  if (r < rows) Tiles<Out>::four[rows - r - 1](p, row0 + r, group, 0);
+}
+
+// Work items: `span` consecutive column groups times one block of `block_rows` rows.
+struct Plan {
+  int64_t span, block_rows, blocks_per_span, items;
+};
+
+Plan plan_items(const Problem& p, int64_t m) {
+  const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
+  const int64_t group_bytes = p.pairs * kGroupInts * int64_t(sizeof(int32_t));
+  const int64_t span = m <= kFewRows ? std::clamp(kStreamBytes / group_bytes, int64_t(1),
+                                                  std::max(int64_t(1), groups / kMinItems))
+                                     : 1;
+  const int64_t spans = (groups + span - 1) / span;
+  // Few column groups are split into row blocks too, so that the items are many and the last one small.
+  const int64_t split = std::min((kMinItems + spans - 1) / spans, m / kTileRows);
+  const int64_t row_blocks = std::max((m + kItemRows - 1) / kItemRows, split);
+  // Equal row blocks of whole tiles, so that no item is a sliver.
+  const int64_t per_block = (m + row_blocks - 1) / row_blocks;
+  const int64_t block_rows = std::min(m, (per_block + kTileRows - 1) / kTileRows * kTileRows);
+  const int64_t blocks_per_span = (m + block_rows - 1) / block_rows;
+  return {span, block_rows, blocks_per_span, spans * blocks_per_span};
 }
 
 template <typename Out>
 void run(const Problem& p, int64_t m) {
+  const Plan plan = plan_items(p, m);
   const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
-  const int64_t row_blocks = (m + kItemRows - 1) / kItemRows;
-  // Equal row blocks, whole tiles each, so no item is a sliver.
-  const int64_t per_block = (m + row_blocks - 1) / row_blocks;
-  const int64_t block_rows = std::min(m, (per_block + kTileRows - 1) / kTileRows * kTileRows);
-  const int64_t blocks_per_group = (m + block_rows - 1) / block_rows;
-  const int64_t items = groups * blocks_per_group;
   auto item = [&](int64_t i) {
-    const int64_t group = i / blocks_per_group, row0 = (i % blocks_per_group) * block_rows;
-    run_item<Out>(p, group, row0, std::min(block_rows, m - row0));
+    const int64_t first = i / plan.blocks_per_span * plan.span, row0 = i % plan.blocks_per_span * plan.block_rows;
+    const int64_t rows = std::min(plan.block_rows, m - row0);
+    for (int64_t g = first; g < std::min(groups, first + plan.span); ++g) run_group<Out>(p, g, row0, rows);
   };
   const int threads = at::get_num_threads();
-  if (threads <= 1 || items == 1 || m * p.n * p.k < kSerialMacs || at::in_parallel_region()) {
-    for (int64_t i = 0; i < items; ++i) item(i);
+  if (threads <= 1 || plan.items == 1 || m * p.n * p.k < kSerialMacs || at::in_parallel_region()) {
+    for (int64_t i = 0; i < plan.items; ++i) item(i);
     return;
   }
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(threads, items), 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
+  at::parallel_for(0, std::min<int64_t>(threads, plan.items), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < plan.items;
          i = next.fetch_add(1, std::memory_order_relaxed))
       item(i);
   });

@@ -32,10 +32,6 @@ struct Problem {
   int64_t out_stride;
 };
 
-// Distance of the software prefetch ahead of the loads, in k pairs (one pair is a 256-byte group row):
-// the hardware prefetcher alone leaves single-row decode short of DRAM bandwidth.
-constexpr int64_t kPrefetchPairs = 16;
-
 inline __m512bh pair_broadcast(const uint16_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
@@ -47,7 +43,7 @@ inline __mmask16 column_mask(int64_t remaining) {
 }
 
 // Rows row0..row0+R of vectors v0..v0+V of column group `group`; Out is float or uint16_t (bf16 bits).
-template <int R, int V, typename Out, bool Prefetch>
+template <int R, int V, typename Out>
 void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
   static_assert(R * V + V <= 32, "accumulators and weight vectors must fit the 32 registers");
   const int32_t* w = p.weight + group * p.pairs * kGroupInts + v0 * 16;
@@ -58,10 +54,6 @@ void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
   const int64_t full_pairs = p.k / 2;
   for (int64_t j = 0; j < full_pairs; ++j) {
     const int32_t* row = w + j * kGroupInts;
-    if constexpr (Prefetch) {
-      for (int line = 0; line < kGroupInts; line += 16)
-        _mm_prefetch(row + kPrefetchPairs * kGroupInts + line, _MM_HINT_T0);
-    }
     __m512bh b[V];
     for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_load_si512(row + v * 16);
     for (int r = 0; r < R; ++r) {
@@ -101,9 +93,9 @@ void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
 
 using TileFn = void (*)(const Problem&, int64_t, int64_t, int);
 
-template <int V, typename Out, bool Prefetch, int... I>
+template <int V, typename Out, int... I>
 constexpr auto make_tile_table(std::integer_sequence<int, I...>) {
-  return std::array<TileFn, sizeof...(I)>{&tile<I + 1, V, Out, Prefetch>...};
+  return std::array<TileFn, sizeof...(I)>{&tile<I + 1, V, Out>...};
 }
 
 }  // namespace sluice::cpu::gemm

@@ -20,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from serve_fixtures import SLUICE, Server, alive, descendants, running_server
+from serve_fixtures import SLUICE, Server, alive, cmdline, descendants, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-test"
@@ -366,7 +366,9 @@ def test_errors_reach_the_openai_client_typed(client: openai.OpenAI) -> None:
 
 def test_sigterm_drains_then_exits_0_leaving_no_processes(server: Server, client: openai.OpenAI) -> None:
     children = descendants(server.process.pid)
-    assert len(children) == 2
+    # The frontend, the engine core and one worker process (TP=1, the mp executor).
+    assert len(children) == 3, [cmdline(pid) for pid in children]
+    assert len(server.worker_pids()) == 1 and server.engine_pid() in children
     ignore_eos = {"ignore_eos": True}
     expected = greedy(client, PROMPTS[4], max_tokens=48, extra_body=ignore_eos).text
     stream = client.completions.create(

@@ -1,6 +1,7 @@
 #include <torch/extension.h>
 
 #include "ops.h"
+#include "packed_weight.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Sluice CPU kernels";
@@ -16,6 +17,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &sluice::cpu::silu_and_mul, "silu(gate) * up", py::arg("gate_up"));
   m.def("linear", &sluice::cpu::linear, "x @ weight.T + bias", py::arg("x"), py::arg("weight"),
         py::arg("bias"));
+  m.def("linear_float32", &sluice::cpu::linear_float32, "x @ weight.T + bias in float32", py::arg("x"),
+        py::arg("weight"), py::arg("bias"));
+  m.def("prepare_linear_weight", &sluice::cpu::prepare_linear_weight, "the weight as linear reads it fastest",
+        py::arg("weight"));
+  m.def("pack_linear_weight", &sluice::cpu::pack_linear_weight, "a bf16 weight in the packed GEMM layout",
+        py::arg("weight"));
   m.def("rotary_embedding", &sluice::cpu::rotary_embedding, "rotate q and k in place", py::arg("qk"),
         py::arg("cos"), py::arg("sin_signed"));
 }

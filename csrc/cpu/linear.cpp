@@ -1,12 +1,59 @@
-// Linear layers on CPU. Today every call goes to ATen; a packed-weight kernel lands here.
+// Linear layers on CPU: bf16 weights packed at load (packed_weight.h) go through the packed GEMM;
+// every other weight, float32 and float16 included, through ATen, exactly as F.linear.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <string_view>
+#include <vector>
 
 #include "ops.h"
+#include "packed_weight.h"
 
 namespace sluice::cpu {
+namespace {
+
+// SLUICE_PACKED_LINEAR=0 leaves every weight as loaded, so that packing's gain can be measured.
+bool packing_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SLUICE_PACKED_LINEAR");
+    return packed_gemm_available() && !(value != nullptr && std::string_view(value) == "0");
+  }();
+  return enabled;
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         at::ScalarType out_dtype) {
+  const PackedShape shape = packed_shape(weight);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == shape.k, "x has shape ", x.sizes(), " but the packed weight expects ",
+              shape.k, " features");
+  at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, shape.k});
+  if (rows.stride(1) != 1) rows = rows.contiguous();
+  at::Tensor out = at::empty({rows.size(0), shape.n}, x.options().dtype(out_dtype));
+  packed_gemm(rows, weight, bias, out);
+  if (x.dim() == 2) return out;
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = shape.n;
+  return out.view(sizes);
+}
+
+}  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (is_packed_weight(weight)) return packed_linear(x, weight, bias, at::kBFloat16);
   return at::linear(x, weight, bias);
+}
+
+at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (is_packed_weight(weight)) return packed_linear(x, weight, bias, at::kFloat);
+  return at::linear(x, weight, bias).to(at::kFloat);
+}
+
+at::Tensor prepare_linear_weight(const at::Tensor& weight) {
+  if (!packing_enabled() || weight.scalar_type() != at::kBFloat16 || weight.dim() != 2 || !weight.device().is_cpu())
+    return weight;
+  return pack_linear_weight(weight);
 }
 
 }  // namespace sluice::cpu

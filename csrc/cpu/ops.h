@@ -25,8 +25,16 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
 // silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
-// x @ weight.T + bias, as F.linear computes it.
+// x @ weight.T + bias, as F.linear computes it; weight is as loaded or as prepare_linear_weight left it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
+// linear's result in float32: a packed weight's fp32 accumulators are stored without a bf16 rounding,
+// any other weight's result is F.linear's then widened (as .float() would).
+at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
+// The weight as linear reads it fastest: a 2-d bfloat16 weight packed (packed_weight.h) where this
+// CPU has AVX512_BF16 and SLUICE_PACKED_LINEAR is not 0; any other weight unchanged.
+at::Tensor prepare_linear_weight(const at::Tensor& weight);
 
 // Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.
 void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin_signed);

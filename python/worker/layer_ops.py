@@ -14,7 +14,18 @@ import torch.nn.functional as F
 
 class LayerOps(Protocol):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x @ weight.T + bias, with weight as the model holds it."""
+        """x @ weight.T + bias, with weight as prepare_linear_weight returned it."""
+        ...
+
+    def linear_float32(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """linear's result in float32 (logits), without rounding to the model dtype first where it can."""
+        ...
+
+    def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """A loaded [out, in] weight in the form linear reads fastest (on CPU: bf16 packed for the
+        native GEMM, unless SLUICE_PACKED_LINEAR=0); call once per weight, after loading and sharding."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
@@ -35,6 +46,14 @@ class LayerOps(Protocol):
 class TorchLayerOps:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)
+
+    def linear_float32(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return F.linear(x, weight, bias).float()
+
+    def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.float()

@@ -62,6 +62,7 @@ def load_model(
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"model folder {str(spec.path)!r} lacks tensor(s) {shown}")
+    model.prepare_linear_weights()
     return model.eval()
 
 

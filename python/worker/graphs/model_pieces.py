@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from worker.attention.backend import AttentionMetadata
 from worker.models.llama import LlamaForCausalLM
@@ -61,7 +60,7 @@ class ModelPieces:
         if index == 0:
 
             def first() -> None:
-                residual.copy_(F.embedding(input_ids, model.embed_tokens.weight))
+                residual.copy_(model.embed_tokens.embed(input_ids))
                 table_cos, table_sin = model.rotary.lookup(positions)
                 cos.copy_(table_cos)
                 sin.copy_(table_sin)
@@ -70,10 +69,12 @@ class ModelPieces:
             return first
 
         before = layers[index - 1]
+        # Under tensor parallelism each rank's stage output is a partial sum, as in the model's forward.
+        all_reduce = model.tp.all_reduce
         if index == len(layers):
 
             def last() -> None:
-                delta = before.feed_forward(before.attention_output(attn), residual)
+                delta = all_reduce(before.feed_forward(all_reduce(before.attention_output(attn)), residual))
                 hidden_out.copy_(model.ops.add_rms_norm(residual, delta, model.norm.weight, model.norm.eps))
 
             return last
@@ -81,7 +82,7 @@ class ModelPieces:
         after = layers[index]
 
         def middle() -> None:
-            delta = before.feed_forward(before.attention_output(attn), residual)
+            delta = all_reduce(before.feed_forward(all_reduce(before.attention_output(attn)), residual))
             store_qkv(*after.attention_input(delta, residual, cos, sin))
 
         return middle

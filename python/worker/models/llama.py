@@ -13,6 +13,7 @@ embedding and the LM head are split by vocab rows (vocab_parallel.py); norms and
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +60,10 @@ class Projection(nn.Module):
         self.split = split
         self.weight = _weight(out_features, in_features, dtype=dtype)
         self.bias = _weight(out_features, dtype=dtype) if bias else None
+
+    def prepare(self, ops: LayerOps) -> None:
+        """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU)."""
+        self.weight = nn.Parameter(ops.prepare_linear_weight(self.weight.data), requires_grad=False)
 
 
 class SelfAttention(nn.Module):
@@ -144,6 +149,18 @@ class DecoderLayer(nn.Module):
             num_kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
             scale=attn.scale,
+        )
+
+    def prepare_linear_weights(self) -> None:
+        attn, mlp = self.self_attn, self.mlp
+        for projection in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            projection.prepare(self.ops)
+        self.tensors = dataclasses.replace(
+            self.tensors,
+            qkv_weight=attn.qkv_proj.weight,
+            o_weight=attn.o_proj.weight,
+            gate_up_weight=mlp.gate_up_proj.weight,
+            down_weight=mlp.down_proj.weight,
         )
 
     # A layer runs as three dense stages with attention between the first two. The stages are the
@@ -255,6 +272,13 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = self.layers[0].self_attn.head_dim
         inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
+
+    def prepare_linear_weights(self) -> None:
+        """Puts every linear weight in the form self.ops.linear reads fastest; once, after loading (and
+        sharding). The embedding stays as loaded for F.embedding, so a tied LM head gets its own copy."""
+        for layer in self.layers:
+            layer.prepare_linear_weights()
+        self.lm_head.prepare(self.ops)
 
     def forward(
         self,

@@ -30,6 +30,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(self.shard_size, hidden_size, dtype=dtype), requires_grad=False
         )
+        # The table as the LM head reads it: the loaded weight's storage until prepare() gives ops.linear
+        # its own form (a packed copy on CPU), which F.embedding cannot read. A plain tensor, not a
+        # second parameter, so that the loader sees one table.
+        self.head_weight: torch.Tensor = self.weight.detach()
+
+    def prepare(self, ops: LayerOps) -> None:
+        """Once, after loading: the LM head's weight in the form ops.linear reads fastest."""
+        self.head_weight = ops.prepare_linear_weight(self.weight.data)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[num_tokens, hidden]: each rank looks up the ids it holds, zeros elsewhere, then the sum over ranks."""
@@ -43,7 +51,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden_states: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         """float32 logits [n, vocab], the whole vocab on every rank: each rank's shard, gathered."""
-        logits = self.tp.all_gather_last_dim(ops.linear(hidden_states, self.weight, None))
+        logits = self.tp.all_gather_last_dim(ops.linear_float32(hidden_states, self.head_weight, None))
         if logits.shape[-1] != self.vocab_size:
             logits = logits[:, : self.vocab_size].contiguous()
-        return logits.float()
+        return logits

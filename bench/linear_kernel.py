@@ -1,0 +1,161 @@
+"""Sluice's packed bf16 linear against torch's F.linear, on the linear shapes of the default and 1.1B models.
+
+For every shape and row count M it prints the median GFLOP/s of both and their ratio; at M=1 also the
+weight bytes read per second, against the machine's read bandwidth measured in the same run (a sum over
+a 1 GiB tensor). Weights are cycled through enough copies to overflow the last-level cache, so M=1
+reads them from memory as a decode step does. --busy repeats the table while a competing process keeps
+one core busy, to show how each degrades. Run under the exclusive bench lock:
+
+    flock -x /tmp/sluice-bench.lock .venv/bin/python bench/linear_kernel.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from worker.native_ops import load_native_ops
+
+# (name, K, N) of each linear: qkv, o, gate_up, down and the LM head.
+SHAPES = {
+    "default": [
+        ("qkv", 576, 960),
+        ("o", 576, 576),
+        ("gate_up", 576, 3072),
+        ("down", 1536, 576),
+        ("lm_head", 576, 49152),
+    ],
+    "1.1b": [
+        ("qkv", 2048, 2560),
+        ("o", 2048, 2048),
+        ("gate_up", 2048, 11264),
+        ("down", 5632, 2048),
+        ("lm_head", 2048, 49152),
+    ],
+}
+ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+# More than the last-level cache (32 MiB here), so that weights come from memory.
+COLD_BYTES = 96 << 20
+
+
+def read_bandwidth(runs: int, huge_pages: bool) -> float:
+    """GB/s of a sum over a 1 GiB float32 tensor, the median of `runs`; on 2 MiB pages (as packed weights
+    are) or on torch's usual 4 KiB ones (as bench/limits.py measures the read-bandwidth floor)."""
+    if huge_pages:
+        area = mmap.mmap(-1, 1 << 30)
+        area.madvise(mmap.MADV_HUGEPAGE)
+        data = torch.frombuffer(area, dtype=torch.float32).fill_(1.0)
+    else:
+        data = torch.ones(1 << 28, dtype=torch.float32)
+    data.sum()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return data.numel() * 4 / statistics.median(times) / 1e9
+
+
+def seconds_per_call(fn: Callable[[int], object], calls: int, runs: int) -> float:
+    """The median over `runs` of the mean time of `calls` calls; fn(i) is the i-th call."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def time_both(k: int, n: int, m: int, runs: int) -> tuple[float, float]:
+    """Seconds per call of F.linear and of the packed linear for x [m, k] and W [n, k]."""
+    ops = load_native_ops()
+    copies = max(1, -(-COLD_BYTES // (n * k * 2)))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    packed = [ops.pack_linear_weight(w) for w in weights]
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+
+    def torch_call(i: int) -> object:
+        return F.linear(x, weights[i % copies])
+
+    def ours_call(i: int) -> object:
+        return ops.linear(x, packed[i % copies], None)
+
+    # Enough calls per run for about 50 ms, and at least one pass over the copies.
+    once = seconds_per_call(torch_call, 2, 1)
+    calls = max(copies, min(2000, int(0.05 / max(once, 1e-7))))
+    seconds_per_call(ours_call, calls, 1)
+    return seconds_per_call(torch_call, calls, runs), seconds_per_call(ours_call, calls, runs)
+
+
+def print_table(models: list[str], rows: list[int], runs: int, bandwidth: float) -> None:
+    print(
+        f"{'model':8} {'linear':8} {'K':>5} {'N':>6} {'M':>5} {'torch GF/s':>10} {'ours GF/s':>10} {'ratio':>6}"
+    )
+    for model in models:
+        for name, k, n in SHAPES[model]:
+            for m in rows:
+                theirs, ours = time_both(k, n, m, runs)
+                flops = 2 * m * n * k
+                line = (
+                    f"{model:8} {name:8} {k:5} {n:6} {m:5} {flops / theirs / 1e9:10.1f} "
+                    f"{flops / ours / 1e9:10.1f} {theirs / ours:6.2f}"
+                )
+                if m == 1:
+                    read = n * k * 2
+                    line += (
+                        f"   weight read GB/s: torch {read / theirs / 1e9:.1f}, ours {read / ours / 1e9:.1f}"
+                        f" ({read / ours / 1e9 / bandwidth:.0%} of {bandwidth:.1f})"
+                    )
+                print(line, flush=True)
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """A competing process spinning on the last core."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(proc.pid, {max(os.sched_getaffinity(0))})
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES, reverse=True))
+    parser.add_argument("--rows", nargs="+", type=int, default=ROWS)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--busy", action="store_true", help="also repeat the table with one core kept busy")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    small_pages = read_bandwidth(args.runs, huge_pages=False)
+    bandwidth = read_bandwidth(args.runs, huge_pages=True)
+    print(
+        f"threads {torch.get_num_threads()}, read bandwidth (sum over 1 GiB): {bandwidth:.1f} GB/s on 2 MiB pages,"
+        f" {small_pages:.1f} GB/s on 4 KiB pages; packed weights live on 2 MiB pages, F.linear's on 4 KiB"
+    )
+    print_table(args.models, args.rows, args.runs, bandwidth)
+    if args.busy:
+        print("\nwith a competing process spinning on one core:")
+        with busy_core():
+            print_table(args.models, args.rows, args.runs, bandwidth)
+
+
+if __name__ == "__main__":
+    main()

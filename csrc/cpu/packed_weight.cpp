@@ -1,0 +1,81 @@
+// Packing a bf16 linear weight into the GEMM's column-group layout (see packed_weight.h).
+#include "packed_weight.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace sluice::cpu {
+
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// A decode step streams every weight from memory once; with 4 KiB pages that read ran at about two
+// thirds of the speed it reaches on transparent huge pages here (TLB misses on every stream), so the
+// packed weight starts on a huge page boundary and asks for them. The tail past the last whole huge
+// page stays on small pages, so nothing is rounded up in resident memory.
+at::Tensor huge_page_zeros(int64_t ints) {
+  const size_t bytes = size_t(ints) * sizeof(int32_t);
+  void* data = std::aligned_alloc(kHugePage, (bytes + 63) / 64 * 64);
+  TORCH_CHECK(data != nullptr, "cannot allocate ", bytes, " bytes for a packed weight");
+#ifdef MADV_HUGEPAGE
+  if (bytes >= kHugePage) madvise(data, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // best effort
+#endif
+  std::memset(data, 0, bytes);
+  return at::from_blob(data, {ints}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kInt));
+}
+
+}  // namespace
+
+bool is_packed_weight(const at::Tensor& w) {
+  return w.scalar_type() == at::kInt && w.dim() == 1 && w.numel() >= kHeaderInts && w.is_contiguous() &&
+         w.device().is_cpu() && w.const_data_ptr<int32_t>()[0] == kPackedMagic;
+}
+
+PackedShape packed_shape(const at::Tensor& w) {
+  const int32_t* header = w.const_data_ptr<int32_t>();
+  TORCH_CHECK(header[1] == kPackedVersion, "packed weight has version ", header[1], ", expected ", kPackedVersion);
+  const PackedShape shape{header[2], header[3]};
+  const int64_t groups = (shape.n + kGroupCols - 1) / kGroupCols;
+  TORCH_CHECK(w.numel() == kHeaderInts + groups * ((shape.k + 1) / 2) * kGroupInts,
+              "packed weight's size does not match its header's [N, K] = [", shape.n, ", ", shape.k, "]");
+  return shape;
+}
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
+              "only a 2-d bfloat16 CPU weight can be packed, got ", weight.scalar_type(), " of shape ",
+              weight.sizes());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(n > 0 && k > 0 && n <= std::numeric_limits<int32_t>::max() && k <= std::numeric_limits<int32_t>::max(),
+              "cannot pack a weight of shape ", weight.sizes());
+  const int64_t groups = (n + kGroupCols - 1) / kGroupCols, pairs = (k + 1) / 2;
+  at::Tensor packed = huge_page_zeros(kHeaderInts + groups * pairs * kGroupInts);
+  int32_t* out = packed.mutable_data_ptr<int32_t>();
+  out[0] = kPackedMagic;
+  out[1] = kPackedVersion;
+  out[2] = int32_t(n);
+  out[3] = int32_t(k);
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
+  const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(out + kHeaderInts + g * pairs * kGroupInts);
+      const int64_t cols = std::min<int64_t>(kGroupCols, n - g * kGroupCols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t* src = w + (g * kGroupCols + c) * row_stride;
+        for (int64_t kk = 0; kk < k; ++kk) dst[((kk / 2) * kGroupInts + c) * 2 + kk % 2] = src[kk * col_stride];
+      }
+    }
+  });
+  return packed;
+}
+
+}  // namespace sluice::cpu

@@ -1,0 +1,174 @@
+"""The packed bf16 GEMM (csrc/cpu/gemm_bf16.cpp) against a float64 reference, and the model on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_reference import mixed_length_prompts
+from worker.native_ops import load_native_ops
+
+FP32_UNIT = 2.0**-24
+# Half an ulp of a bf16 result, relative.
+BF16_HALF_ULP = 2.0**-8
+
+
+@pytest.fixture(scope="module")
+def ops():
+    native = load_native_ops()
+    probe = native.prepare_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16))
+    if probe.dtype != torch.int32:
+        pytest.skip("this CPU has no AVX512_BF16 (or SLUICE_PACKED_LINEAR=0): weights stay unpacked")
+    return native
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x @ w.T + b in float64, and the sum of |x||w| that bounds the rounding error of float32 sums."""
+    exact = x.double() @ w.double().T
+    magnitude = x.double().abs() @ w.double().abs().T
+    if b is not None:
+        exact = exact + b.double()
+        magnitude = magnitude + b.double().abs()
+    return exact, magnitude
+
+
+def assert_within_rounding(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor, k: int) -> None:
+    """float32 accumulation error (a few sqrt(K) units of |x||w|), plus half an ulp if rounded to bf16."""
+    tolerance = 8 * k**0.5 * FP32_UNIT * magnitude + 1e-30
+    if got.dtype == torch.bfloat16:
+        tolerance = tolerance + BF16_HALF_ULP * exact.abs()
+    diff = (got.double() - exact).abs()
+    assert bool((diff <= tolerance).all()), f"max excess {(diff - tolerance).max().item()}"
+
+
+SHAPES = [(1, 1), (17, 3), (64, 64), (100, 77), (130, 2049), (960, 576)]
+ROWS = [1, 2, 3, 5, 6, 7, 12, 13, 17, 64, 127, 300]
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_packed_linear_matches_float64(ops, rows: int, n: int, k: int) -> None:
+    torch.manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+    packed = ops.pack_linear_weight(w)
+    for bias in (None, b):
+        exact, magnitude = reference(x, w, bias)
+        got = ops.linear(x, packed, bias)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        assert_within_rounding(got, exact, magnitude, k)
+        got32 = ops.linear_float32(x, packed, bias)
+        assert got32.dtype == torch.float32 and got32.shape == (rows, n)
+        assert_within_rounding(got32, exact, magnitude, k)
+
+
+def test_three_dim_and_strided_inputs(ops) -> None:
+    torch.manual_seed(7)
+    w = torch.randn(80, 35, dtype=torch.bfloat16)
+    packed = ops.pack_linear_weight(w)
+    wide = torch.randn(2, 9, 50, dtype=torch.bfloat16)
+    # Rows 50 elements apart, then a transposed view whose columns are not contiguous.
+    for x in (wide[..., :35], wide[0, :, :35], torch.randn(35, 6, dtype=torch.bfloat16).T):
+        exact, magnitude = reference(x.reshape(-1, 35), w, None)
+        got = ops.linear(x, packed, None)
+        assert got.shape == (*x.shape[:-1], 80)
+        assert_within_rounding(got.reshape(-1, 80), exact, magnitude, 35)
+
+
+def test_packing_ignores_the_weights_strides(ops) -> None:
+    w = torch.randn(70, 33, dtype=torch.bfloat16)
+    assert torch.equal(ops.pack_linear_weight(w), ops.pack_linear_weight(w.T.contiguous().T))
+
+
+def test_zero_rows_give_an_empty_result(ops) -> None:
+    packed = ops.pack_linear_weight(torch.randn(40, 16, dtype=torch.bfloat16))
+    assert ops.linear(torch.empty(0, 16, dtype=torch.bfloat16), packed, None).shape == (0, 40)
+
+
+def test_bad_inputs_are_refused(ops) -> None:
+    packed = ops.pack_linear_weight(torch.randn(40, 16, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="features"):
+        ops.linear(torch.randn(3, 17, dtype=torch.bfloat16), packed, None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.linear(torch.randn(3, 16), packed, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        ops.linear(torch.randn(3, 16, dtype=torch.bfloat16), packed, torch.randn(39, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_other_dtypes_stay_unpacked_and_exact(dtype: torch.dtype) -> None:
+    native = load_native_ops()
+    w = torch.randn(48, 40, dtype=dtype)
+    x = torch.randn(5, 40, dtype=dtype)
+    prepared = native.prepare_linear_weight(w)
+    assert prepared.dtype == dtype and prepared.data_ptr() == w.data_ptr()
+    assert torch.equal(native.linear(x, prepared, None), F.linear(x, w))
+    assert torch.equal(native.linear_float32(x, prepared, None), F.linear(x, w).float())
+
+
+def test_switched_off_packing_leaves_bf16_weights_as_loaded(ops) -> None:
+    probe = (
+        "import torch; from worker.native_ops import load_native_ops; w = torch.ones(4, 4, dtype=torch.bfloat16); "
+        "p = load_native_ops().prepare_linear_weight(w); print(p.dtype, p.data_ptr() == w.data_ptr())"
+    )
+    for switch, expected in (("0", "torch.bfloat16 True"), ("1", "torch.int32 False")):
+        env = {**os.environ, "SLUICE_PACKED_LINEAR": switch}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+        )
+        assert done.stdout.strip() == expected
+
+
+GENERATE = """
+import json, sys, torch
+from engine import LLM, SamplingParams
+from worker.native_ops import load_native_ops
+prompts = json.loads(sys.stdin.read())
+packed = load_native_ops().prepare_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16)).dtype == torch.int32
+llm = LLM(model=sys.argv[1], dtype="bfloat16")
+params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, logprobs=5)
+outs = [r.outputs[0] for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs] for o in outs]
+print(json.dumps({"packed": packed, "tokens": [o.token_ids for o in outs], "logprobs": logprobs}))
+"""
+
+
+NEAR_TIE = 0.25
+
+
+def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str) -> dict:
+    env = {**os.environ, "SLUICE_PACKED_LINEAR": packed_linear}
+    done = subprocess.run(
+        [sys.executable, "-c", GENERATE, str(model)],
+        input=json.dumps(prompts),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_packed_model_generates_what_the_unpacked_one_does(ops, default_model_path, w1_prompts) -> None:
+    prompts = mixed_length_prompts(w1_prompts, count=8)
+    packed = greedy_bf16(default_model_path, prompts, "1")
+    unpacked = greedy_bf16(default_model_path, prompts, "0")
+    assert packed["packed"] and not unpacked["packed"]
+    for i, (ours, theirs) in enumerate(zip(packed["tokens"], unpacked["tokens"], strict=True)):
+        pos = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if pos is None:
+            continue
+        # A divergence is allowed only at a near-tie in both runs: two bf16 ulps of a logit in [16, 32),
+        # since the F.linear path rounds logits to bf16 and the packed one keeps them in float32.
+        for run, chosen, other in ((unpacked, theirs[pos], ours[pos]), (packed, ours[pos], theirs[pos])):
+            top = run["logprobs"][i][pos]
+            gap = top[str(chosen)] - top.get(str(other), float("-inf"))
+            assert gap <= NEAR_TIE, f"prompt {i} diverges at {pos} where a run's margin was {gap:.3f}"

@@ -12,63 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from paged_sequences import PagedSequences
 from reference_attention import ReferenceAttentionBackend
 from sluice.errors import UnsupportedArchitectureError
 from sluice.model_spec import read_model_spec
 from tiny_models import tiny_model_dir
-from worker.attention.backend import AttentionMetadata
 from worker.model_loader import WeightLoadError, load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.models.rotary import inverse_frequencies, rope_parameters_of
 
-BLOCK_SIZE = 16
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
-
-
-class PagedSequences:
-    """Sequences of a batch with scattered block tables, fed to the model step by step."""
-
-    def __init__(self, model: LlamaForCausalLM, seqs: list[list[int]], seed: int = 0) -> None:
-        self.model, self.seqs = model, seqs
-        per_seq = max(len(s) for s in seqs) // BLOCK_SIZE + 1
-        blocks = list(range(1, len(seqs) * per_seq + 1))
-        random.Random(seed).shuffle(blocks)
-        self.block_table = torch.tensor(
-            [blocks[i * per_seq : (i + 1) * per_seq] for i in range(len(seqs))], dtype=torch.int32
-        )
-        attn = model.layers[0].self_attn
-        shape = (len(blocks) + 1, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
-            for _ in model.layers
-        ]
-        self.computed = [0] * len(seqs)
-
-    def step(self, query_lens: list[int]) -> torch.Tensor:
-        """Run the next query_lens[i] tokens of each sequence; float32 logits of every new token."""
-        ids, positions, slots = [], [], []
-        for i, n in enumerate(query_lens):
-            for pos in range(self.computed[i], self.computed[i] + n):
-                ids.append(self.seqs[i][pos])
-                positions.append(pos)
-                slots.append(int(self.block_table[i, pos // BLOCK_SIZE]) * BLOCK_SIZE + pos % BLOCK_SIZE)
-            self.computed[i] += n
-        starts = [0]
-        for n in query_lens:
-            starts.append(starts[-1] + n)
-        metadata = AttentionMetadata(
-            num_tokens=len(ids),
-            num_seqs=len(query_lens),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            seq_lens=torch.tensor(self.computed, dtype=torch.int32),
-            block_table=self.block_table,
-            max_query_len=max(query_lens),
-            max_seq_len=max(self.computed),
-        )
-        with torch.inference_mode():
-            hidden = self.model.forward(torch.tensor(ids), torch.tensor(positions), self.kv_caches, metadata)
-            return self.model.compute_logits(hidden)
 
 
 def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:

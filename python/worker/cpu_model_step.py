@@ -14,6 +14,7 @@ hidden states returned are a view of a buffer that the next step overwrites.
 from __future__ import annotations
 
 from dataclasses import fields
+from types import ModuleType
 
 import torch
 
@@ -97,10 +98,10 @@ def cpu_model_step_for(
     return CpuModelStep(model, max_num_tokens, tensor_parallel_size)
 
 
-def _layer_weights(native: object, layer: DecoderLayer) -> object:
+def _layer_weights(native: ModuleType, layer: DecoderLayer) -> object:
     tensors = layer.tensors
     # Not dataclasses.asdict: that deep-copies the tensors, and the step must share the model's.
     values = {f.name: getattr(tensors, f.name) for f in fields(tensors)}
-    # The local width under tensor parallelism: down_proj's input is this rank's shard of the MLP.
-    values["intermediate_size"] = tensors.down_weight.shape[1]
-    return native.DecoderLayerWeights(**values)  # type: ignore[attr-defined]
+    # From the module, not a weight's shape: a packed weight's shape is its layout's, not [out, in].
+    values["intermediate_size"] = layer.mlp.inner
+    return native.DecoderLayerWeights(**values)

@@ -29,10 +29,13 @@ void check_layer(const DecoderLayerWeights& w, const DecoderLayerWeights& first)
   TORCH_CHECK(w.q_norm.has_value() == w.k_norm.has_value(), "q_norm and k_norm come together");
   TORCH_CHECK(w.hidden_size() == first.hidden_size() && w.head_dim == first.head_dim,
               "every layer must share the hidden size and head_dim");
+  TORCH_CHECK(w.input_norm.scalar_type() == first.input_norm.scalar_type() &&
+                  w.post_norm.scalar_type() == first.input_norm.scalar_type(),
+              "every layer's norms must be in the model dtype");
+  // Weights are checked by linear_out itself: a packed one (packed_weight.h) is int32 with its own shape.
   for (const at::Tensor* t : {&w.input_norm, &w.post_norm, &w.qkv_weight, &w.o_weight, &w.gate_up_weight,
                               &w.down_weight}) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == first.input_norm.scalar_type(),
-                "every layer tensor must be a CPU tensor of the model dtype");
+    TORCH_CHECK(t->device().is_cpu(), "every layer tensor must be a CPU tensor");
   }
 }
 

@@ -1,4 +1,4 @@
-"""Sequences of a batch with scattered block tables, fed to our model step by step over a paged KV cache."""
+"""Sequences of a batch with scattered block tables, fed to a model step by step over a paged KV cache."""
 
 from __future__ import annotations
 
@@ -26,19 +26,25 @@ class PagedSequences:
         self.block_table = torch.tensor(
             [blocks[i * per_seq : (i + 1) * per_seq] for i in range(len(seqs))], dtype=torch.int32
         )
-        # This rank's KV heads under tensor parallelism.
-        shape = (len(blocks) + 1, BLOCK_SIZE, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [
+        self.num_blocks = len(blocks) + 1
+        self.kv_caches = self.new_kv_caches()
+        self.computed = [0] * len(seqs)
+
+    def new_kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Zeroed (key_cache, value_cache) pairs, one per layer, that fit these sequences; this rank's KV
+        heads under tensor parallelism."""
+        model = self.model
+        shape = (self.num_blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim)
+        return [
             (
                 torch.zeros(shape, dtype=model.dtype, device=self.device),
                 torch.zeros(shape, dtype=model.dtype, device=self.device),
             )
             for _ in model.layers
         ]
-        self.computed = [0] * len(seqs)
 
-    def step(self, query_lens: list[int]) -> torch.Tensor:
-        """Run the next query_lens[i] tokens of each sequence; float32 logits of every new token."""
+    def next_inputs(self, query_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """input_ids, positions and metadata of the next query_lens[i] tokens of each sequence."""
         ids, positions, slots = [], [], []
         for i, n in enumerate(query_lens):
             for pos in range(self.computed[i], self.computed[i] + n):
@@ -60,9 +66,11 @@ class PagedSequences:
             max_query_len=max(query_lens),
             max_seq_len=max(self.computed),
         )
+        return torch.tensor(ids, device=device), torch.tensor(positions, device=device), metadata
+
+    def step(self, query_lens: list[int]) -> torch.Tensor:
+        """Run the next query_lens[i] tokens of each sequence; float32 logits of every new token."""
+        ids, positions, metadata = self.next_inputs(query_lens)
         with torch.inference_mode():
-            input_ids = torch.tensor(ids, device=device)
-            hidden = self.model.forward(
-                input_ids, torch.tensor(positions, device=device), self.kv_caches, metadata
-            )
+            hidden = self.model.forward(ids, positions, self.kv_caches, metadata)
             return self.model.compute_logits(hidden)

@@ -22,6 +22,11 @@ void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-d tensor with contiguous rows");
 }
 
+void check_output(const at::Tensor& out, at::IntArrayRef sizes, const at::Tensor& like) {
+  TORCH_CHECK(out.sizes() == sizes && out.is_contiguous() && out.scalar_type() == like.scalar_type(),
+              "out must be a contiguous ", sizes, " tensor of dtype ", like.scalar_type());
+}
+
 template <typename F>
 void dispatch_float_types(at::ScalarType type, F&& body) {
   switch (type) {
@@ -63,11 +68,11 @@ void rms_norm_row(T* out, const T* x, const T* weight, int64_t n, float eps) {
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "x");
+  check_output(out, x.sizes(), x);
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
               "weight must be a contiguous vector of x's width and dtype");
-  at::Tensor out = at::empty(x.sizes(), x.options());
   const int64_t n = x.size(1), stride = x.stride(0);
   dispatch_float_types(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -78,10 +83,16 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
       for (int64_t r = begin; r < end; ++r) rms_norm_row(dst + r * n, src + r * stride, w, n, eps);
     });
   });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  rms_norm_into(out, x, weight, eps);
   return out;
 }
 
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+void add_rms_norm_into(at::Tensor& out, at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                       double eps) {
   TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous(), "residual must be a contiguous 2-d tensor");
   check_rows(delta, "delta");
   TORCH_CHECK(delta.sizes() == residual.sizes() && delta.scalar_type() == residual.scalar_type(),
@@ -89,7 +100,7 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == residual.size(1) &&
                   weight.scalar_type() == residual.scalar_type(),
               "weight must be a contiguous vector of residual's width and dtype");
-  at::Tensor out = at::empty(residual.sizes(), residual.options());
+  check_output(out, residual.sizes(), residual);
   const int64_t n = residual.size(1), delta_stride = delta.stride(0);
   dispatch_float_types(residual.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -106,14 +117,19 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
       }
     });
   });
+}
+
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty(residual.sizes(), residual.options());
+  add_rms_norm_into(out, residual, delta, weight, eps);
   return out;
 }
 
-at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+void silu_and_mul_into(at::Tensor& out, const at::Tensor& gate_up) {
   check_rows(gate_up, "gate_up");
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold gate and up halves of equal width");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2, stride = gate_up.stride(0);
-  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  check_output(out, {rows, n}, gate_up);
   dispatch_float_types(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* src = gate_up.const_data_ptr<T>();
@@ -141,6 +157,11 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
       }
     });
   });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  at::Tensor out = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  silu_and_mul_into(out, gate_up);
   return out;
 }
 

@@ -50,6 +50,18 @@ at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const s
   return at::linear(x, weight, bias).to(at::kFloat);
 }
 
+// The same kernel as linear, into a preallocated [rows, out_features] buffer: the packed GEMM for a
+// packed weight (it checks out's shape and dtype), else ATen's out variant, which runs at::linear's
+// addmm/mm, so the two agree bit for bit.
+void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias) {
+  if (is_packed_weight(weight)) {
+    packed_gemm(x, weight, bias, out);
+    return;
+  }
+  at::linear_out(out, x, weight, bias);
+}
+
 at::Tensor prepare_linear_weight(const at::Tensor& weight) {
   if (!packing_enabled() || weight.scalar_type() != at::kBFloat16 || weight.dim() != 2 || !weight.device().is_cpu())
     return weight;

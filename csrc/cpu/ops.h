@@ -2,7 +2,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace sluice::cpu {
 
@@ -18,15 +20,22 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 
 // rms_norm(x) * weight for each row of x [rows, width].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void rms_norm_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // residual += delta in place, then returns rms_norm(residual) * weight: a layer's residual step.
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight, double eps);
+void add_rms_norm_into(at::Tensor& out, at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                       double eps);
 
 // silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+void silu_and_mul_into(at::Tensor& out, const at::Tensor& gate_up);
 
 // x @ weight.T + bias, as F.linear computes it; weight is as loaded or as prepare_linear_weight left it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// linear written into out, a preallocated contiguous [rows, out_features] buffer; bitwise the same product.
+void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                const std::optional<at::Tensor>& bias);
 
 // linear's result in float32: a packed weight's fp32 accumulators are stored without a bf16 rounding,
 // any other weight's result is F.linear's then widened (as .float() would).
@@ -38,5 +47,9 @@ at::Tensor prepare_linear_weight(const at::Tensor& weight);
 
 // Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.
 void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin_signed);
+
+// Pins thread i of the calling thread's OpenMP pool (torch's intra-op pool) to core cpu_ids[i]; returns,
+// per thread, the core it was pinned to, or -errno where the kernel refused.
+std::vector<int64_t> bind_threads(const std::vector<int64_t>& cpu_ids);
 
 }  // namespace sluice::cpu

@@ -14,8 +14,9 @@ embedding and the LM head are split by vocab rows (vocab_parallel.py); norms and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,18 @@ class MLP(nn.Module):
         self.gate_up_shards = (inner, inner)
         self.gate_up_proj = Projection(hidden, 2 * inner, bias, dtype, "column")
         self.down_proj = Projection(inner, hidden, bias, dtype, "row")
+
+
+class DenseStages(Protocol):
+    """A layer's three dense stages (DecoderLayer's methods, or the C++ ones of worker.cpu_model_step)."""
+
+    def attention_input(
+        self, delta: torch.Tensor | None, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def attention_output(self, attn: torch.Tensor) -> torch.Tensor: ...
+
+    def feed_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> torch.Tensor: ...
 
 
 class DecoderLayer(nn.Module):
@@ -286,17 +299,20 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
+        stages: Sequence[DenseStages] | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [num_tokens, hidden] of a flattened batch."""
+        """Final-normed hidden states [num_tokens, hidden] of a flattened batch; `stages`, one per
+        layer, stand in for the layers' own dense stages (the CPU's PIECEWISE path)."""
         residual = self.embed_tokens.embed(input_ids)
         cos, sin = self.rotary.lookup(positions)
         delta = None
         all_reduce = self.tp.all_reduce
-        for layer, (key_cache, value_cache) in zip(self.layers, kv_caches, strict=True):
-            q, k, v = layer.attention_input(delta, residual, cos, sin)
+        layer_stages = self.layers if stages is None else stages
+        for layer, stage, (key_cache, value_cache) in zip(self.layers, layer_stages, kv_caches, strict=True):
+            q, k, v = stage.attention_input(delta, residual, cos, sin)
             attn = self.attention.forward(q, k, v, key_cache, value_cache, metadata, layer.tensors.scale)
-            delta = all_reduce(layer.attention_output(attn))
-            delta = all_reduce(layer.feed_forward(delta, residual))
+            delta = all_reduce(stage.attention_output(attn))
+            delta = all_reduce(stage.feed_forward(delta, residual))
         assert delta is not None
         return self.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 

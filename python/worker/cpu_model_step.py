@@ -21,6 +21,9 @@ import torch
 from sluice.config import GraphConfig
 from worker.attention.backend import AttentionMetadata
 from worker.attention.cpu_backend import CpuAttentionBackend
+from worker.graphs.dispatcher import BatchDescriptor, GraphMode
+from worker.graphs.graph_runner import eager_forward
+from worker.graphs.input_buffers import StaticInputBuffers
 from worker.models.llama import DecoderLayer, LlamaForCausalLM
 from worker.native_ops import load_native_ops
 
@@ -96,6 +99,31 @@ def cpu_model_step_for(
     if graph.enforce_eager or graph.mode == "none" or model.embed_tokens.weight.device.type != "cpu":
         return None
     return CpuModelStep(model, max_num_tokens, tensor_parallel_size)
+
+
+class CpuStepRunner:
+    """The CPU's StepExecutor: FULL and PIECEWISE run the C++ step at the batch's own size (the CPU's
+    dispatcher is shape-free, so nothing is captured or padded), NONE the model's eager forward."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches: KVCaches, step: CpuModelStep | None) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.step = step
+
+    def capture(self, buffers: StaticInputBuffers) -> None:
+        # Nothing to record: the C++ step's workspaces were allocated when it was built.
+        assert self.step is None or buffers.input_ids.shape[0] <= self.step.max_num_tokens
+
+    def run(self, mode: GraphMode, padded: BatchDescriptor, buffers: StaticInputBuffers) -> torch.Tensor:
+        shape = buffers.shape
+        assert shape is not None, "set_shape before running a step"
+        # Shape-free: the dispatcher never pads a CPU step.
+        assert padded.num_tokens == shape.num_tokens, (padded, shape)
+        if mode is GraphMode.NONE or self.step is None:
+            return eager_forward(self.model, self.kv_caches, buffers)
+        n = shape.num_tokens
+        forward = self.step.forward_full if mode is GraphMode.FULL else self.step.forward_piecewise
+        return forward(buffers.input_ids[:n], buffers.positions[:n], self.kv_caches, buffers.step_metadata())
 
 
 def _layer_weights(native: ModuleType, layer: DecoderLayer) -> object:

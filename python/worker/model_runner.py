@@ -21,6 +21,7 @@ from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
 from worker.attention.selector import select_attention_backend
+from worker.cpu_model_step import CpuStepRunner, cpu_model_step_for
 from worker.distributed import tensor_parallel_group
 from worker.graphs.dispatcher import build_dispatcher
 from worker.graphs.graph_runner import StepExecutor
@@ -86,9 +87,20 @@ class ModelRunner:
             scheduler.max_num_batched_tokens, max_rows, -(-self.max_model_len // self.block_size), device
         )
         self.inputs = StepInputBuilder(self.buffers, self.block_size)
-        self.dispatcher = build_dispatcher(
-            config.graph, scheduler, device.type, attention.supports_full_graph
+        tp_size = config.parallel.tensor_parallel_size
+        # The CPU's fast path, built once the weights are in their final form; None on CUDA and with
+        # --enforce-eager.
+        self.cpu_step = (
+            cpu_model_step_for(self.model, config.graph, scheduler.max_num_batched_tokens, tp_size)
+            if device.type == "cpu"
+            else None
         )
+        supports_full = (
+            self.cpu_step is not None and self.cpu_step.supports_full
+            if device.type == "cpu"
+            else attention.supports_full_graph
+        )
+        self.dispatcher = build_dispatcher(config.graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.
         self.sampler = Sampler(tensor_parallel_group().shared_generator())
         self.requests: dict[str, RequestState] = {}
@@ -200,7 +212,7 @@ class ModelRunner:
 
 
 def make_step_executor(runner: ModelRunner) -> StepExecutor:
-    """What runs each dispatched step: captured CUDA graphs, or on CPU the eager forward."""
+    """What runs each dispatched step: captured CUDA graphs, or on CPU the C++ model step."""
     if runner.device.type == "cuda":
         from worker.graphs.cuda_graphs import CudaGraphRecorder
         from worker.graphs.graph_runner import GraphRunner
@@ -212,18 +224,4 @@ def make_step_executor(runner: ModelRunner) -> StepExecutor:
             CudaGraphRecorder(runner.device),
             runner.max_model_len,
         )
-    return EagerStepExecutor(runner)
-
-
-class EagerStepExecutor:
-    def __init__(self, runner: ModelRunner) -> None:
-        self.model = runner.model
-        self.kv_caches = runner.kv_caches
-
-    def capture(self, buffers: StaticInputBuffers) -> None:
-        return None
-
-    def run(self, mode: object, padded: object, buffers: StaticInputBuffers) -> torch.Tensor:
-        from worker.graphs.graph_runner import eager_forward
-
-        return eager_forward(self.model, self.kv_caches, buffers)
+    return CpuStepRunner(runner.model, runner.kv_caches, runner.cpu_step)

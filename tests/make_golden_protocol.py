@@ -42,6 +42,7 @@ _STATS = EngineStats(
     prefix_cache_queries=70000,
     prefix_cache_hits=4096,
     num_preemptions=0,
+    num_eager_fallbacks=300,
 )
 
 # file stem -> message; the order here is the order of index.json.
@@ -122,6 +123,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             prefix_cache_queries=0,
             prefix_cache_hits=0,
             num_preemptions=2,
+            num_eager_fallbacks=0,
         ),
         timestamp=1732190003.0,
     ),

@@ -95,6 +95,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             Logprobs(token_ids=[28705, 28723, 13], logprobs=[-0.25, -0.125, -3.5], sampled_rank=2),
             None,
         ],
+        num_eager_fallbacks=65536,
     ),
     "shutdown": Shutdown(),
     "worker_error": WorkerError(rank=1, message="RuntimeError: gloo all_reduce failed — «соединение» 🚫"),

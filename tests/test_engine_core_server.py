@@ -284,6 +284,7 @@ def test_utility_calls_answer_health_and_stats(client):
         "prefix_cache_queries",
         "prefix_cache_hits",
         "num_preemptions",
+        "num_eager_fallbacks",
     ]
     unknown = client.call(13, "reboot")
     assert unknown.result is None and "reboot" in unknown.error
@@ -415,7 +416,7 @@ class _FailingEngine:
         return []
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.requests), 0, 0.5, 0, 0, 0)
+        return SchedulerStats(len(self.requests), 0, 0.5, 0, 0, 0, 0)
 
 
 class _Namespace:

@@ -68,6 +68,7 @@ STATS_KEYS = [
     "prefix_cache_queries",
     "prefix_cache_hits",
     "num_preemptions",
+    "num_eager_fallbacks",
 ]
 
 
@@ -214,7 +215,7 @@ _params = st.builds(
 _logprobs = st.builds(
     Logprobs, token_ids=_tokens, logprobs=st.lists(_floats, max_size=4), sampled_rank=_small
 )
-_stats = st.builds(EngineStats, _small, _small, _floats, _ints, _ints, _ints)
+_stats = st.builds(EngineStats, _small, _small, _floats, _ints, _ints, _ints, _ints)
 _output = st.builds(
     EngineOutput,
     request_id=_text,

@@ -84,6 +84,14 @@ def test_completion_reports_usage(server: Server, client: openai.OpenAI) -> None
     )
 
 
+def test_metrics_count_no_eager_fallbacks_on_cpu(server: Server, client: openai.OpenAI) -> None:
+    assert greedy(client, PROMPTS[2], max_tokens=4).text
+    lines = str(server.request("GET", "/metrics").body).splitlines()
+    assert "# TYPE sluice:graph_eager_fallbacks_total counter" in lines
+    # The CPU's dispatcher takes every batch shape, so no step falls back to eager.
+    assert f'sluice:graph_eager_fallbacks_total{{model_name="{MODEL}"}} 0' in lines
+
+
 def test_streamed_completion_joins_to_the_same_text_with_usage_last(client: openai.OpenAI) -> None:
     expected = greedy(client, PROMPTS[1], max_tokens=20).text
     chunks = list(

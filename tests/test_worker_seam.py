@@ -30,7 +30,15 @@ PROTOCOL_KEYS = {
         "finished_req_ids",
         "preempted_req_ids",
     ],
-    "model_runner_output": ["v", "type", "step_id", "req_ids", "sampled_token_ids", "logprobs"],
+    "model_runner_output": [
+        "v",
+        "type",
+        "step_id",
+        "req_ids",
+        "sampled_token_ids",
+        "logprobs",
+        "num_eager_fallbacks",
+    ],
     "shutdown": ["v", "type"],
     "worker_error": ["v", "type", "rank", "message"],
 }

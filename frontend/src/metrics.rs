@@ -1,7 +1,7 @@
 //! Prometheus metrics, named as vLLM names them with the prefix `sluice:`.
 //!
 //! Counters and histograms are atomics updated by request handlers; the engine's own gauges
-//! (running, waiting, KV usage, prefix cache, preemptions) arrive with its output batches and are
+//! (running, waiting, KV usage, prefix cache, preemptions, eager fallbacks) arrive with its output batches and are
 //! rendered as they were last reported.
 
 use std::fmt::Write;
@@ -73,6 +73,7 @@ pub struct EngineGauges {
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
+    pub num_eager_fallbacks: u64,
 }
 
 pub struct Metrics {
@@ -158,6 +159,12 @@ impl Metrics {
             "counter",
             "Requests preempted by the scheduler.",
             engine.num_preemptions.to_string(),
+        );
+        metric(
+            "sluice:graph_eager_fallbacks_total",
+            "counter",
+            "Engine steps that graphs were on for but that ran eagerly because no captured graph shape fit them.",
+            engine.num_eager_fallbacks.to_string(),
         );
         metric(
             "sluice:prompt_tokens_total",
@@ -247,6 +254,20 @@ mod tests {
             "sluice:kv_cache_usage_perc{model_name=\"smol\"} 0.25"
         );
         assert!(text.contains("# TYPE sluice:num_requests_waiting gauge"));
+    }
+
+    #[test]
+    fn eager_fallbacks_render_as_a_counter() {
+        let gauges = EngineGauges {
+            num_eager_fallbacks: 12,
+            ..Default::default()
+        };
+        let text = Metrics::new("smol").render(&gauges);
+        assert!(text.contains("# TYPE sluice:graph_eager_fallbacks_total counter\n"));
+        assert_eq!(
+            line(&text, "sluice:graph_eager_fallbacks_total{"),
+            "sluice:graph_eager_fallbacks_total{model_name=\"smol\"} 12"
+        );
     }
 
     #[test]

@@ -232,7 +232,7 @@ pub struct TokenLogprobs {
     pub sampled_rank: u32,
 }
 
-/// The engine's counters after a step; the last three are running totals.
+/// The engine's counters after a step; the last four are running totals.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
     pub num_running: u64,
@@ -241,6 +241,8 @@ pub struct EngineStats {
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
+    /// Steps that graphs were on for but that ran eagerly: no captured shape fit them.
+    pub num_eager_fallbacks: u64,
 }
 
 /// What a utility call returned: `{"ok": true}` for health, the stats map for stats.
@@ -361,6 +363,7 @@ mod tests {
                 prefix_cache_queries: 32,
                 prefix_cache_hits: 16,
                 num_preemptions: 0,
+                num_eager_fallbacks: 3,
             },
             timestamp: 1.5,
         }

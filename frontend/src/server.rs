@@ -292,6 +292,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             prefix_cache_queries: stats.prefix_cache_queries,
             prefix_cache_hits: stats.prefix_cache_hits,
             num_preemptions: stats.num_preemptions,
+            num_eager_fallbacks: stats.num_eager_fallbacks,
         })
         .unwrap_or_default();
     let mut response = state.metrics.render(&gauges).into_response();

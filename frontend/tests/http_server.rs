@@ -305,6 +305,7 @@ fn step(outputs: Vec<RequestOutput>) -> Message {
         stats: EngineStats {
             num_running: 1,
             kv_cache_usage: 0.25,
+            num_eager_fallbacks: 5,
             ..EngineStats::default()
         },
         timestamp: 0.0,
@@ -837,6 +838,7 @@ async fn metrics_count_requests_and_report_engine_gauges() {
     for name in [
         "sluice:num_requests_running{model_name=\"smol\"} 1",
         "sluice:kv_cache_usage_perc{model_name=\"smol\"} 0.25",
+        "sluice:graph_eager_fallbacks_total{model_name=\"smol\"} 5",
         "sluice:request_success_total{model_name=\"smol\",finished_reason=\"length\"} 1",
         "sluice:time_to_first_token_seconds_count{model_name=\"smol\"} 1",
         "sluice:e2e_request_latency_seconds_count{model_name=\"smol\"} 1",

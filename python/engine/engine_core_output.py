@@ -34,3 +34,5 @@ class SchedulerStats:
     prefix_cache_hits: int
     # Cumulative since start.
     num_preemptions: int
+    # Rank 0's count of steps that ran eagerly for want of a captured graph shape, cumulative since start.
+    num_eager_fallbacks: int

@@ -280,6 +280,7 @@ class EngineCoreServer:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
+            num_eager_fallbacks=s.num_eager_fallbacks,
         )
 
     def _fail_unfinished(self, reason: str) -> None:
@@ -291,7 +292,7 @@ class EngineCoreServer:
         try:
             stats = self._stats()
         except Exception:  # noqa: BLE001 -- a broken engine may not even count; report it empty.
-            stats = EngineStats(0, 0, 0.0, 0, 0, 0)
+            stats = EngineStats(0, 0, 0.0, 0, 0, 0, 0)
         message = Outputs(outputs=outputs, stats=stats, timestamp=time.time())
         try:
             self.output.send(encode(message), zmq.NOBLOCK)

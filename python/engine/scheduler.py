@@ -115,6 +115,8 @@ class Scheduler:
         self._admission_seq = itertools.count()
         self._running_key: dict[str, tuple[int, float, int]] = {}
         self.num_preemptions = 0
+        # As the workers last reported it: they count their own eager fallbacks.
+        self.num_eager_fallbacks = 0
 
     def add_request(self, request: Request) -> None:
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
@@ -284,6 +286,7 @@ class Scheduler:
         """Append the sampled tokens, end the requests that hit a stop, report what changed."""
         outputs: list[EngineCoreOutput] = []
         finished: set[str] = set()
+        self.num_eager_fallbacks = model_runner_output.num_eager_fallbacks
         for request_id, token_ids, logprobs in zip(
             model_runner_output.req_ids,
             model_runner_output.sampled_token_ids,
@@ -381,4 +384,5 @@ class Scheduler:
             prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            num_eager_fallbacks=self.num_eager_fallbacks,
         )

@@ -78,6 +78,8 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Steps that graphs were on for but that ran eagerly (no captured shape fit), running total.
+    num_eager_fallbacks: int
 
 
 @dataclass(slots=True)
@@ -119,6 +121,7 @@ _STATS = Record(
         ("prefix_cache_queries", INT),
         ("prefix_cache_hits", INT),
         ("num_preemptions", INT),
+        ("num_eager_fallbacks", INT),
     ),
 )
 

@@ -127,6 +127,8 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     # Parallel to req_ids; None for requests that did not ask for logprobs.
     logprobs: list[Logprobs | None]
+    # The rank's steps since start that graphs were on for but that ran eagerly: no captured shape fit.
+    num_eager_fallbacks: int = 0
 
 
 @dataclass(slots=True)
@@ -205,6 +207,7 @@ _MESSAGES = MessageSet(
                     ("req_ids", list_of(STR)),
                     ("sampled_token_ids", list_of(INT_LIST)),
                     ("logprobs", list_of(optional(LOGPROBS_RECORD.codec))),
+                    ("num_eager_fallbacks", INT),
                 ),
             ),
         ),

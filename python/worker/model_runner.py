@@ -46,12 +46,14 @@ class StepResult:
     sampled_rows: list[bool]
     sampler_output: SamplerOutput | None
     states: list[RequestState]
+    # The runner's eager fallbacks once this step was dispatched (ModelRunnerOutput.num_eager_fallbacks).
+    num_eager_fallbacks: int
 
     def output(self) -> ModelRunnerOutput:
         sampled_lists: list[list[int]] = []
         logprobs = []
         if self.sampler_output is None:
-            return ModelRunnerOutput(self.step_id, [], [], [])
+            return ModelRunnerOutput(self.step_id, [], [], [], self.num_eager_fallbacks)
         token_ids = self.sampler_output.token_ids.tolist()
         for row, state in enumerate(self.states):
             if self.sampled_rows[row]:
@@ -61,7 +63,9 @@ class StepResult:
             else:
                 sampled_lists.append([])
                 logprobs.append(None)
-        return ModelRunnerOutput(self.step_id, self.req_ids, sampled_lists, logprobs)
+        return ModelRunnerOutput(
+            self.step_id, self.req_ids, sampled_lists, logprobs, self.num_eager_fallbacks
+        )
 
 
 class ModelRunner:
@@ -181,7 +185,7 @@ class ModelRunner:
         batch = self.batch
         num_rows = batch.num_rows
         if out.total_num_scheduled_tokens == 0:
-            return StepResult(out.step_id, [], [], None, [])
+            return StepResult(out.step_id, [], [], None, [], self.num_eager_fallbacks)
         assert self.step_executor is not None, "initialize_kv_cache before the first step"
         req_ids: list[str] = batch.row_req_ids[:num_rows]  # type: ignore[assignment]
         num_scheduled = np.fromiter(
@@ -208,7 +212,9 @@ class ModelRunner:
             batch.append_sampled(rows, token_ids if len(rows) == num_rows else token_ids[rows])
         timer.lap("bookkeeping", since)
         timer.count_step()
-        return StepResult(out.step_id, list(req_ids), sampled.tolist(), sampler_output, states)
+        return StepResult(
+            out.step_id, list(req_ids), sampled.tolist(), sampler_output, states, self.num_eager_fallbacks
+        )
 
 
 def make_step_executor(runner: ModelRunner) -> StepExecutor:

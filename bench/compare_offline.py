@@ -5,7 +5,7 @@ vLLM's venv) while the runs alternate between them, run after run, so the machin
 all alike. Before each run the read bandwidth is measured (bench/limits.py), for the floor of the
 single-stream workloads. Prints medians of --runs, the ratio to vLLM and the issue's target, the
 distance to the read-bandwidth floor (W2, W5), and, with --switches, each optimisation on against
-off (async scheduling, the graph dispatcher, the multiprocess executor). Without --vllm-venv (or
+off (async scheduling, the graph dispatcher, the multiprocess executor, the packed linear). Without --vllm-venv (or
 $SLUICE_BENCH_VLLM_VENV) Sluice runs alone, and says so.
 
   python bench/compare_offline.py [--vllm-venv DIR] [--runs 3] [--workloads W1,W2,W4,W5]
@@ -46,6 +46,8 @@ SWITCHES_OFF = {
     "no graph dispatcher": ["--enforce-eager"],
     "in-process executor": ["--executor", "inproc"],
 }
+# Off switches that are environment variables of the worker (the packed GEMM is chosen in C++ at load).
+ENV_SWITCHES_OFF = {"no packed linear": {"SLUICE_PACKED_LINEAR": "0"}}
 SLUICE = "sluice"
 VLLM = "vllm"
 # Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.
@@ -67,6 +69,9 @@ def systems_for(model: Path, venv: Path | None, switches: bool, sluice_args: lis
         systems.append(System(VLLM, argv, vllm_env(venv)))
     if switches:
         systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in SWITCHES_OFF.items()]
+        systems += [
+            System(f"{SLUICE}, {name}", sluice, {**os.environ, **env}) for name, env in ENV_SWITCHES_OFF.items()
+        ]
     return systems
 
 

@@ -431,42 +431,39 @@ def test_full_waiting_queue_answers_429(small_server: Server) -> None:
     assert isinstance(limited[0].body, dict) and set(limited[0].body) >= {"message", "type"}
 
 
-def test_engine_death_fails_streams_turns_health_503_and_exits_nonzero(small_server: Server) -> None:
-    children = descendants(small_server.process.pid)
-    with openai.OpenAI(base_url=small_server.url + "/v1", api_key="none", max_retries=0) as c:
+def assert_a_kill_fails_the_stream_and_serve_exits(server: Server, victim: int, cause: str) -> None:
+    """SIGKILL `victim` mid-stream: the stream ends with an error event matching `cause`, /health
+    turns 503, and sluice serve exits non-zero leaving no process behind."""
+    children = descendants(server.process.pid)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as c:
         stream = c.completions.create(
             model=MODEL, prompt="Count:", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
         )
         next(iter(stream))
-        os.kill(small_server.engine_pid(), signal.SIGKILL)
-        with pytest.raises(openai.APIError) as failure:
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match=cause) as failure:
             for _ in stream:
                 pass
         # An error event, not a dropped connection.
         assert not isinstance(failure.value, openai.APIConnectionError), failure.value
-    assert small_server.health() == 503
-    assert small_server.process.wait(30) != 0
+    # The engine core fails the requests first, then exits; /health follows its exit.
+    deadline = time.monotonic() + 10
+    while server.health() != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.health() == 503
+    assert server.process.wait(30) != 0
     assert not [pid for pid in children if alive(pid)]
+
+
+def test_engine_death_fails_streams_turns_health_503_and_exits_nonzero(small_server: Server) -> None:
+    assert_a_kill_fails_the_stream_and_serve_exits(small_server, small_server.engine_pid(), r".")
 
 
 def test_worker_death_fails_streams_with_the_cause_and_exits_nonzero(tmp_path: Path) -> None:
     args = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--exit-grace-seconds", "3"]
     with running_server(args, tmp_path / "serve.log") as server:
-        children = descendants(server.process.pid)
         [worker] = server.worker_pids()
-        with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as c:
-            stream = c.completions.create(
-                model=MODEL, prompt="Count:", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
-            )
-            next(iter(stream))
-            os.kill(worker, signal.SIGKILL)
-            with pytest.raises(openai.APIError, match=r"worker rank 0 .*killed by signal 9") as failure:
-                for _ in stream:
-                    pass
-            assert not isinstance(failure.value, openai.APIConnectionError), failure.value
-        assert server.health() == 503
-        assert server.process.wait(30) != 0
-        assert not [pid for pid in children if alive(pid)]
+        assert_a_kill_fails_the_stream_and_serve_exits(server, worker, r"worker rank 0 .*killed by signal 9")
 
 
 def test_serve_refuses_a_missing_frontend(tmp_path: Path) -> None:

@@ -125,3 +125,34 @@ def test_shutdown_stops_every_worker(default_model_path):
     assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
     llm.engine.shutdown()
     assert all(_gone(pid) for pid in pids)
+
+
+def _thread_affinities(pid: int) -> list[set[int]]:
+    """The cores each thread of process pid may run on."""
+    affinities = []
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        line = next(x for x in status.read_text().splitlines() if x.startswith("Cpus_allowed_list:"))
+        cores: set[int] = set()
+        for part in line.split(":")[1].strip().split(","):
+            first, _, last = part.partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+        affinities.append(cores)
+    return affinities
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning threads apart needs two usable cores")
+def test_a_cpu_worker_runs_one_thread_pinned_to_each_core_unless_binding_is_off(default_model_path):
+    cores = set(os.sched_getaffinity(0))
+    pinned_by_bind = {}
+    for bind in ("auto", "none"):
+        llm = LLM(model=str(default_model_path), dtype="float32", cpu_bind=bind)
+        [pid] = _worker_pids(llm)
+        # The pool's threads exist once a parallel region has run.
+        assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+        affinities = _thread_affinities(pid)
+        pinned_by_bind[bind] = sorted(next(iter(a)) for a in affinities if len(a) == 1)
+        if bind == "none":
+            assert all(a == cores for a in affinities), affinities
+        llm.engine.shutdown()
+    # Auto: one thread per usable core, each on its own core (the rest, ZeroMQ's, unpinned).
+    assert pinned_by_bind == {"auto": sorted(cores), "none": []}

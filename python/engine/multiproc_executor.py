@@ -25,7 +25,6 @@ from typing import TypeVar
 import zmq
 
 from sluice.config import SluiceConfig, config_to_dict
-from sluice.cpu_binding import worker_environment
 from sluice.errors import WorkerDiedError
 from sluice.worker_seam import (
     InitKVCache,
@@ -109,8 +108,7 @@ class MultiprocExecutor:
                 "--config",
                 config_json,
             ]
-            env = {**os.environ, **worker_environment(config.device, world_size, rank)}
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
             self.workers.append(_WorkerProcess(rank, process))
         self.poller = zmq.Poller()
         self.poller.register(self.results, zmq.POLLIN)

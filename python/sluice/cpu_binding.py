@@ -1,9 +1,11 @@
-"""Which CPU cores each worker rank's threads run on, and the environment that pins them there.
+"""Which CPU cores each worker rank's threads run on, and how many threads it runs.
 
 Two OpenMP threads on two cores collapse under any competing load when neither is pinned: a
 descheduled thread stalls every barrier of the other. Pinning one thread per core keeps a rank's
-threads apart from each other. The pinning is handed to the worker process through OpenMP's own
-environment (read when the runtime starts, before torch creates its thread pool).
+threads apart from each other. The worker pins its own pool's threads once torch has sized it
+(worker.cpu_threads); nothing is handed over through OpenMP's environment, because libgomp's
+GOMP_CPU_AFFINITY pins the whole process to the first core before torch is imported, so that the
+worker would see one usable core and run one thread.
 """
 
 from __future__ import annotations
@@ -80,16 +82,3 @@ def threads_per_rank(device: DeviceConfig, world_size: int, usable: list[int]) -
     if pinned is not None:
         return len(pinned[0])
     return max(1, len(usable) // world_size)
-
-
-def worker_environment(device: DeviceConfig, world_size: int, rank: int) -> dict[str, str]:
-    """Environment variables for rank's worker process: its thread count and, if pinned, its cores."""
-    usable = usable_cores()
-    threads = threads_per_rank(device, world_size, usable)
-    env = {"OMP_NUM_THREADS": str(threads)}
-    pinned = cores_per_rank(device, world_size, usable)
-    if pinned is not None:
-        cores = pinned[rank]
-        # libgomp pins its i-th thread to the i-th listed core (Intel's runtime reads this one too).
-        env["GOMP_CPU_AFFINITY"] = " ".join(str(core) for core in cores[:threads])
-    return env

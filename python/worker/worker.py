@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from sluice.config import SluiceConfig
-from sluice.cpu_binding import threads_per_rank, usable_cores
 from sluice.errors import DeviceUnavailableError
 from sluice.model_spec import ModelSpec
 from sluice.worker_seam import SchedulerOutput
+from worker.cpu_threads import configure_cpu_threads
 from worker.distributed import init_tensor_parallel
 from worker.model_runner import ModelRunner, StepResult
 
@@ -26,7 +26,7 @@ class Worker:
         self.rank = rank
         if config.device.device == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
-        torch.set_num_threads(threads_per_rank(config.device, world_size, usable_cores()))
+        configure_cpu_threads(config.device, rank, world_size)
         self.device = torch.device(config.device.device)
         # Before the model is built: its layers read their shard from the tensor-parallel group.
         if world_size > 1:

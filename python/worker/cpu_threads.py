@@ -1,0 +1,33 @@
+"""Sizes this process's torch thread pool and pins its threads to cores, as --num-threads and --cpu-bind say."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sluice.config import DeviceConfig
+from sluice.cpu_binding import cores_per_rank, threads_per_rank, usable_cores
+
+logger = logging.getLogger("sluice.worker")
+
+
+def configure_cpu_threads(device: DeviceConfig, rank: int, world_size: int) -> list[int] | None:
+    """Sets torch's thread count for rank; on CPU with binding on, pins its i-th thread to its i-th
+    core and returns, per thread, the core it was pinned to (or -errno); None when nothing is pinned."""
+    usable = usable_cores()
+    threads = threads_per_rank(device, world_size, usable)
+    torch.set_num_threads(threads)
+    pinned = cores_per_rank(device, world_size, usable)
+    if pinned is None:
+        return None
+    from worker.native_ops import load_native_ops
+
+    cores = pinned[rank]
+    # More threads than cores (an explicit --num-threads) take the cores in turn.
+    bound = load_native_ops().bind_threads([cores[i % len(cores)] for i in range(threads)])
+    if any(core < 0 for core in bound):
+        logger.warning("rank %d: the kernel refused some thread pinnings (per thread: %s)", rank, bound)
+    else:
+        logger.info("rank %d: %d threads pinned to cores %s", rank, threads, bound)
+    return bound

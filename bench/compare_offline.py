@@ -70,7 +70,8 @@ def systems_for(model: Path, venv: Path | None, switches: bool, sluice_args: lis
     if switches:
         systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in SWITCHES_OFF.items()]
         systems += [
-            System(f"{SLUICE}, {name}", sluice, {**os.environ, **env}) for name, env in ENV_SWITCHES_OFF.items()
+            System(f"{SLUICE}, {name}", sluice, {**os.environ, **env})
+            for name, env in ENV_SWITCHES_OFF.items()
         ]
     return systems
 

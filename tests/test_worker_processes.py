@@ -156,3 +156,8 @@ def test_a_cpu_worker_runs_one_thread_pinned_to_each_core_unless_binding_is_off(
         llm.engine.shutdown()
     # Auto: one thread per usable core, each on its own core (the rest, ZeroMQ's, unpinned).
     assert pinned_by_bind == {"auto": sorted(cores), "none": []}
+    # An in-process worker runs in the caller's process, whose threads it leaves where they were.
+    llm = LLM(model=str(default_model_path), dtype="float32", executor="inproc")
+    assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    assert os.sched_getaffinity(0) == cores
+    llm.engine.shutdown()

@@ -12,13 +12,14 @@ from sluice.cpu_binding import cores_per_rank, threads_per_rank, usable_cores
 logger = logging.getLogger("sluice.worker")
 
 
-def configure_cpu_threads(device: DeviceConfig, rank: int, world_size: int) -> list[int] | None:
-    """Sets torch's thread count for rank; on CPU with binding on, pins its i-th thread to its i-th
-    core and returns, per thread, the core it was pinned to (or -errno); None when nothing is pinned."""
+def configure_cpu_threads(device: DeviceConfig, rank: int, world_size: int, pin: bool) -> list[int] | None:
+    """Sets torch's thread count for rank; with `pin` (a worker process of its own), on CPU with
+    binding on, pins its i-th thread to its i-th core and returns, per thread, the core it was pinned
+    to (or -errno); None when nothing is pinned."""
     usable = usable_cores()
     threads = threads_per_rank(device, world_size, usable)
     torch.set_num_threads(threads)
-    pinned = cores_per_rank(device, world_size, usable)
+    pinned = cores_per_rank(device, world_size, usable) if pin else None
     if pinned is None:
         return None
     from worker.native_ops import load_native_ops

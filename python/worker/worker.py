@@ -21,12 +21,15 @@ class Worker:
         rank: int = 0,
         world_size: int = 1,
         distributed_init_method: str | None = None,
+        pin_threads: bool = False,
     ) -> None:
+        """pin_threads: this process is the worker's own, so its threads may be pinned to cores (an
+        in-process worker shares the caller's process, whose threads are not ours to pin)."""
         self.config = config
         self.rank = rank
         if config.device.device == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
-        configure_cpu_threads(config.device, rank, world_size)
+        configure_cpu_threads(config.device, rank, world_size, pin_threads)
         self.device = torch.device(config.device.device)
         # Before the model is built: its layers read their shard from the tensor-parallel group.
         if world_size > 1:

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             rank=args.rank,
             world_size=args.world_size,
             distributed_init_method=args.dist_init,
+            pin_threads=True,
         )
         serve_steps(args.rank, worker, inputs, outputs)
         destroy_tensor_parallel()

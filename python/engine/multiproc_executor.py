@@ -43,7 +43,9 @@ logger = logging.getLogger("sluice.engine_core")
 
 # Loading a model (and, on first use, compiling the CPU kernels) can take minutes.
 _STARTUP_TIMEOUT_S = 1800.0
-_SHUTDOWN_TIMEOUT_S = 10.0
+# A worker asked to exit gets this long before SIGKILL, so that a stopping engine core stays well within
+# the grace that Docker and Kubernetes give a signalled container (and the tests' 10 s).
+_SHUTDOWN_TIMEOUT_S = 4.0
 _LINGER_MS = 0
 
 _Reply = TypeVar("_Reply", WorkerReady, KVCacheReady, ModelRunnerOutput)

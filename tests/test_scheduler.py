@@ -122,14 +122,7 @@ def test_preempted_request_resumes_first_as_a_diff():
         cached = out.scheduled_cached_reqs
         resumed += [
             (req_id, blocks, computed, outputs)
-            for req_id, flag, blocks, computed, outputs in zip(
-                cached.req_ids,
-                cached.resumed,
-                cached.new_block_ids,
-                cached.num_computed_tokens,
-                cached.num_output_tokens,
-                strict=True,
-            )
+            for req_id, flag, blocks, computed, outputs in cached.rows()
             if flag
         ]
     # b comes back before c, as a diff: all its blocks, nothing computed, the one token it kept.

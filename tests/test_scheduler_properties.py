@@ -164,14 +164,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
             starts[new.req_id] = new.num_computed_tokens
         cached = out.scheduled_cached_reqs
-        for request_id, resumed, new_block_ids, num_computed, num_outputs in zip(
-            cached.req_ids,
-            cached.resumed,
-            cached.new_block_ids,
-            cached.num_computed_tokens,
-            cached.num_output_tokens,
-            strict=True,
-        ):
+        for request_id, resumed, new_block_ids, num_computed, num_outputs in cached.rows():
             state = self.worker[request_id]
             if resumed:
                 del state.tokens[state.num_prompt_tokens + num_outputs :]

@@ -10,6 +10,7 @@ map, so the messages cross the seam as msgpack with no pickle.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,17 @@ class CachedRequestData:
     @property
     def num_reqs(self) -> int:
         return len(self.req_ids)
+
+    def rows(self) -> Iterator[tuple[str, bool, list[int], int, int]]:
+        """Per request: (req_id, resumed, new_block_ids, num_computed_tokens, num_output_tokens)."""
+        return zip(
+            self.req_ids,
+            self.resumed,
+            self.new_block_ids,
+            self.num_computed_tokens,
+            self.num_output_tokens,
+            strict=True,
+        )
 
 
 @dataclass(slots=True)

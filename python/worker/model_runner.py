@@ -152,14 +152,7 @@ class ModelRunner:
             self.requests[new.req_id] = state
             batch.add(state)
         cached = out.scheduled_cached_reqs
-        for req_id, resumed, new_blocks, num_computed, num_outputs in zip(
-            cached.req_ids,
-            cached.resumed,
-            cached.new_block_ids,
-            cached.num_computed_tokens,
-            cached.num_output_tokens,
-            strict=True,
-        ):
+        for req_id, resumed, new_blocks, num_computed, num_outputs in cached.rows():
             state = self.requests[req_id]
             state.num_computed_tokens = num_computed
             if resumed:

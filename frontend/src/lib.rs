@@ -2,6 +2,7 @@
 pub mod api_error;
 pub mod chat;
 pub mod chat_template;
+pub mod cli;
 pub mod completions;
 pub mod detokenizer;
 pub mod engine_client;

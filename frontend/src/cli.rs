@@ -1,12 +1,13 @@
-//! The `sluice-frontend` binary: one replica's OpenAI-compatible HTTP server.
+//! The `sluice-frontend` command: flags, startup, and the serving loop (the binary itself is
+//! binaries/src/sluice_frontend.rs).
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine_client::EngineClientConfig;
+use crate::server::{self, AppState, ServerConfig};
 use clap::Parser;
-use sluice_frontend::engine_client::EngineClientConfig;
-use sluice_frontend::server::{self, AppState, ServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -66,8 +67,9 @@ const EXIT_ENGINE_DEAD: u8 = 3;
 /// Exit status for bad arguments or model files.
 const EXIT_STARTUP: u8 = 2;
 
+/// The `sluice-frontend` binary's main.
 #[tokio::main]
-async fn main() -> ExitCode {
+pub async fn main() -> ExitCode {
     let args = Args::parse();
     let state = match AppState::load(args.server_config()) {
         Ok(state) => Arc::new(state),

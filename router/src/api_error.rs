@@ -1,0 +1,87 @@
+//! Every error the router answers with itself, and the one place that maps each to its status and
+//! OpenAI's error body.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RouterError {
+    #[error("missing or incorrect API key")]
+    InvalidApiKey,
+    #[error("the request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("request body is too large")]
+    PayloadTooLarge,
+    /// No replica is healthy, or every attempt failed before the first byte.
+    #[error("no replica is available: {reason}")]
+    NoReplica {
+        reason: String,
+        retry_after: Duration,
+    },
+}
+
+impl RouterError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RouterError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            RouterError::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RouterError::NoReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn kind_and_code(&self) -> (&'static str, &'static str) {
+        match self {
+            RouterError::InvalidApiKey => ("invalid_request_error", "invalid_api_key"),
+            RouterError::InvalidJson(_) => ("invalid_request_error", "invalid_json"),
+            RouterError::PayloadTooLarge => ("invalid_request_error", "payload_too_large"),
+            RouterError::NoReplica { .. } => ("server_error", "no_replica_available"),
+        }
+    }
+
+    /// OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind_and_code();
+        json!({"error": {"message": self.to_string(), "type": kind, "param": null, "code": code}})
+    }
+}
+
+impl IntoResponse for RouterError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if let RouterError::NoReplica { retry_after, .. } = &self {
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_str(&seconds.to_string()).expect("digits are a header value"),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_replica_is_a_503_with_retry_after_in_openai_shape() {
+        let error = RouterError::NoReplica {
+            reason: "all replicas are ejected".into(),
+            retry_after: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            error.body(),
+            json!({"error": {"message": "no replica is available: all replicas are ejected",
+                "type": "server_error", "param": null, "code": "no_replica_available"}})
+        );
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+}

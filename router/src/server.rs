@@ -1,0 +1,142 @@
+//! The router's HTTP surface: which path goes to which handler. Handlers parse, call one function
+//! and return its answer.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::api_error::RouterError;
+use crate::policy::RouteRequest;
+use crate::proxy::{forward, Expect, Forward};
+use crate::state::AppState;
+
+pub fn router(state: Arc<AppState>) -> axum::Router {
+    let api = axum::Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(completion))
+        .route("/v1/completions", post(completion))
+        .route("/v1/{*rest}", any(pass_through))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    axum::Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .merge(api)
+        .with_state(state)
+}
+
+/// Before anything else on /v1/*: `Authorization: Bearer KEY` when the router has a key.
+async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.settings.api_key {
+        let sent = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if sent != Some(key.as_str()) {
+            return RouterError::InvalidApiKey.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
+    if state.replicas.any_routable() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&state.replicas.all());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    crate::models::aggregated_models(&state).await
+}
+
+async fn body_bytes(state: &AppState, body: Body) -> Result<Bytes, RouterError> {
+    axum::body::to_bytes(body, state.settings.max_body_bytes)
+        .await
+        .map_err(|_| RouterError::PayloadTooLarge)
+}
+
+/// The session key consistent-hash routes on: the session header, else the body's `user`.
+fn session_key<'a>(state: &AppState, headers: &'a HeaderMap, body: &'a Value) -> Option<&'a str> {
+    headers
+        .get(state.settings.session_header.as_str())
+        .and_then(|value| value.to_str().ok())
+        .or_else(|| body.get("user").and_then(Value::as_str))
+}
+
+async fn completion(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match body_bytes(&state, body).await {
+        Ok(bytes) => bytes,
+        Err(error) => return error.into_response(),
+    };
+    let json: Value = match serde_json::from_slice(&bytes) {
+        Ok(json @ Value::Object(_)) => json,
+        Ok(_) => return RouterError::InvalidJson("expected a JSON object".into()).into_response(),
+        Err(error) => return RouterError::InvalidJson(error.to_string()).into_response(),
+    };
+    let expect = if json.get("stream").and_then(Value::as_bool) == Some(true) {
+        Expect::EventStream
+    } else {
+        Expect::Json
+    };
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let request = Forward {
+        method: parts.method.clone(),
+        path_and_query,
+        headers: &parts.headers,
+        body: bytes,
+        route: RouteRequest {
+            path: parts.uri.path(),
+            body: &json,
+            session_key: session_key(&state, &parts.headers, &json),
+        },
+        expect,
+    };
+    forward(&state, &request).await
+}
+
+async fn pass_through(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match body_bytes(&state, body).await {
+        Ok(bytes) => bytes,
+        Err(error) => return error.into_response(),
+    };
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let request = Forward {
+        method: parts.method.clone(),
+        path_and_query,
+        headers: &parts.headers,
+        body: bytes,
+        route: RouteRequest {
+            path: parts.uri.path(),
+            body: &Value::Null,
+            session_key: parts
+                .headers
+                .get(state.settings.session_header.as_str())
+                .and_then(|value| value.to_str().ok()),
+        },
+        expect: Expect::Anything,
+    };
+    forward(&state, &request).await
+}

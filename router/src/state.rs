@@ -1,0 +1,42 @@
+//! What every handler and background task shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backoff::RetryConfig;
+use crate::health::HealthConfig;
+use crate::metrics::Metrics;
+use crate::policy::{Policy, ReplicaId};
+use crate::replicas::ReplicaSet;
+use crate::upstream::Upstream;
+
+pub struct Settings {
+    pub api_key: Option<String>,
+    /// consistent-hash's key: this header's value, else the body's `user`.
+    pub session_header: String,
+    pub health: HealthConfig,
+    pub retry: RetryConfig,
+    pub max_body_bytes: usize,
+    /// How long `/v1/models` waits for each replica.
+    pub models_timeout: Duration,
+}
+
+pub struct AppState {
+    pub settings: Settings,
+    pub replicas: ReplicaSet,
+    pub policy: Arc<dyn Policy>,
+    pub metrics: Arc<Metrics>,
+    pub upstream: Upstream,
+}
+
+impl AppState {
+    /// Sets the replica list and tells the policy when it changed.
+    pub fn set_replicas(&self, ids: Vec<ReplicaId>) {
+        if self.replicas.replace(ids) {
+            let ids: Vec<ReplicaId> = self.replicas.all().iter().map(|r| r.id.clone()).collect();
+            self.policy.replicas_changed(&ids);
+            let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
+            eprintln!("sluice-router: replicas: [{}]", names.join(", "));
+        }
+    }
+}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from sluice.engine_args import add_engine_arguments, config_from_args
@@ -35,6 +36,13 @@ def _serve(args: argparse.Namespace) -> None:
     from sluice.serve import serve
 
     sys.exit(serve(args))
+
+
+def _router(args: argparse.Namespace) -> None:
+    from sluice.binaries import ROUTER, rust_binary
+
+    binary = rust_binary(ROUTER)
+    os.execv(binary, [str(binary), *args.router_args])
 
 
 def _bench_serve(args: argparse.Namespace) -> None:
@@ -71,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
 
+    # Every flag goes to the sluice-router binary as it is (its --help lists them).
+    router = commands.add_parser(
+        "router", help="route requests over Sluice replicas (runs sluice-router)", add_help=False
+    )
+    router.set_defaults(run=_router, router_args=[])
+
     bench = commands.add_parser("bench", help="load-test any OpenAI-compatible server")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     from sluice.loadtest.options import add_serve_arguments as add_bench_serve_arguments
@@ -94,7 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "router":
+        args.router_args = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         args.run(args)
     except SluiceError as exc:

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from sluice.binaries import FRONTEND, rust_binary
 from sluice.config_checks import check_engine_config
 from sluice.engine_args import add_engine_arguments, config_from_args, model_path_from_args
 from sluice.errors import SluiceError
 from sluice.model_spec import read_model_spec
 
-FRONTEND_BINARY = "sluice-frontend"
 # The exit status when the engine core died: the same as the frontend's in that case.
 ENGINE_DIED_STATUS = 3
 # How long the frontend gets, beyond its own grace period, to exit after the engine core died.
@@ -108,21 +108,9 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     return argv
 
 
-def frontend_binary() -> Path:
-    """The frontend that `pip install` built next to this interpreter ($SLUICE_FRONTEND overrides it)."""
-    override = os.environ.get("SLUICE_FRONTEND")
-    path = Path(override) if override else Path(sys.executable).parent / FRONTEND_BINARY
-    if not os.access(path, os.X_OK):
-        raise ServeError(
-            f"the frontend binary {path} is missing: run ./scripts/setup (or `pip install -e .` in the "
-            "repository), which builds it with cargo"
-        )
-    return path
-
-
 def frontend_argv(args: argparse.Namespace, model_dir: Path, name: str, socket_dir: Path) -> list[str]:
     argv = [
-        str(frontend_binary()),
+        str(rust_binary(FRONTEND)),
         "--model-dir",
         str(model_dir),
         "--served-model-name",

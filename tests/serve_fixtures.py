@@ -182,9 +182,12 @@ def _wait_ready(process: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_server(args: Sequence[str], log: Path, api_key: str | None = None) -> Iterator[Server]:
-    """`sluice serve ARGS` on a free port until the block ends; whatever is left is then killed."""
-    port = free_port()
+def running_server(
+    args: Sequence[str], log: Path, api_key: str | None = None, port: int | None = None
+) -> Iterator[Server]:
+    """`sluice serve ARGS` on `port` (a free one by default) until the block ends; whatever is left is
+    then killed."""
+    port = free_port() if port is None else port
     argv = [str(SLUICE), "serve", "--port", str(port), *args]
     if api_key is not None:
         argv += ["--api-key", api_key]

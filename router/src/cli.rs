@@ -165,21 +165,23 @@ impl Args {
 /// The `sluice-router` binary's main.
 pub fn main() -> ExitCode {
     let args = Args::parse();
-    let setup = args
-        .replica_source()
-        .and_then(|source| Ok((source, args.state()?)));
-    let (source, state) = match setup {
-        Ok(setup) => setup,
-        Err(error) => {
-            eprintln!("sluice-router: error: {error}");
-            return ExitCode::from(EXIT_STARTUP);
-        }
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    runtime.block_on(serve(args, source, Arc::new(state)))
+    // Inside the runtime, so that a policy may start tasks as it is built.
+    runtime.block_on(async {
+        let setup = args
+            .replica_source()
+            .and_then(|source| Ok((source, args.state()?)));
+        match setup {
+            Ok((source, state)) => serve(args, source, Arc::new(state)).await,
+            Err(error) => {
+                eprintln!("sluice-router: error: {error}");
+                ExitCode::from(EXIT_STARTUP)
+            }
+        }
+    })
 }
 
 async fn serve(args: Args, source: ReplicaSource, state: Arc<AppState>) -> ExitCode {

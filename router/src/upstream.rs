@@ -8,7 +8,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::policy::ReplicaId;
 
@@ -45,6 +45,7 @@ impl Upstream {
         Ok(Upstream {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
+                .pool_timer(TokioTimer::new())
                 .build(connector),
             authorization,
         })

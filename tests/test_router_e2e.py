@@ -1,0 +1,426 @@
+"""`sluice router` in front of two real `sluice serve` replicas of the default model, driven by the
+real `openai` client: how each policy spreads requests, retries before the first byte, errors after
+it, ejection and readmission, the API key, and what the router answers when no replica can."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from serve_fixtures import SLUICE, Server, free_port, running_server
+
+API_KEY = "sk-router-test"
+MODEL = "SmolLM2-135M-Instruct"
+REPLICA_ARGS = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--exit-grace-seconds", "1"]
+ROUTER_START_TIMEOUT_S = 20.0
+SUCCESS = "sluice:request_success_total"
+
+
+@dataclass
+class Fleet:
+    """Two replicas that a test may kill and start again on the same port."""
+
+    log_dir: Path
+    ports: list[int]
+    servers: list[Server | None] = field(default_factory=lambda: [None, None])
+    stacks: list[contextlib.ExitStack] = field(
+        default_factory=lambda: [contextlib.ExitStack(), contextlib.ExitStack()]
+    )
+
+    def start(self, index: int) -> Server:
+        assert self.servers[index] is None
+        log = self.log_dir / f"replica{index}-{time.monotonic_ns()}.log"
+        server = self.stacks[index].enter_context(
+            running_server(REPLICA_ARGS, log, api_key=API_KEY, port=self.ports[index])
+        )
+        self.servers[index] = server
+        return server
+
+    def kill(self, index: int) -> None:
+        self.replica(index).kill_all()
+        self.stacks[index].close()
+        self.servers[index] = None
+
+    def replica(self, index: int) -> Server:
+        server = self.servers[index]
+        assert server is not None, f"replica {index} is not running"
+        return server
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def replica_flags(self) -> list[str]:
+        return [f"--replica={url}" for url in self.urls]
+
+    def served(self, index: int) -> float:
+        """Requests replica `index` has finished, from its own /metrics."""
+        return self.replica(index).metrics().get(SUCCESS, 0.0)
+
+    def served_since(self, before: list[float], total: int) -> list[float]:
+        """Each replica's finished requests since `before`, once they add up to `total` (a replica
+        may count a request a moment after its answer went out)."""
+
+        def counts() -> list[float]:
+            return [self.served(i) - before[i] for i in range(2)]
+
+        wait_for(lambda: sum(counts()) >= total, 10, f"{total} requests counted by the replicas")
+        return counts()
+
+    def close(self) -> None:
+        for stack in self.stacks:
+            stack.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet(tmp_path_factory.mktemp("replicas"), [free_port(), free_port()])
+    try:
+        fleet.start(0)
+        fleet.start(1)
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@dataclass
+class Router:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def call(
+        self, method: str, path: str, body: bytes | None = None, key: str | None = API_KEY
+    ) -> tuple[int, dict[str, str], bytes]:
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def counter(self, name: str, **labels: str) -> float:
+        """The sum of `sluice_router:NAME` over the series whose labels include `labels`."""
+        status, _, body = self.call("GET", "/metrics", key=None)
+        assert status == 200
+        total = 0.0
+        for line in body.decode().splitlines():
+            if not line.startswith(f"sluice_router:{name}{{"):
+                continue
+            series, value = line.rsplit(" ", 1)
+            pairs = series.split("{", 1)[1].rstrip("}").split(",")
+            found = {k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)}
+            if labels.items() <= found.items():
+                total += float(value)
+        return total
+
+    def in_flight(self) -> dict[str, float]:
+        status, _, body = self.call("GET", "/metrics", key=None)
+        assert status == 200
+        prefix = 'sluice_router:requests_in_flight{replica="'
+        return {
+            line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in body.decode().splitlines()
+            if line.startswith(prefix)
+        }
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+@contextlib.contextmanager
+def running_router(args: list[str], log: Path, wait_healthy: bool = True) -> Iterator[Router]:
+    """`sluice router ARGS` on a free port, with the test's API key, until the block ends."""
+    port = free_port()
+    argv = [str(SLUICE), "router", "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY, *args]
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    router = Router(process, port, log)
+    try:
+        deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, f"sluice router exited {process.returncode}:\n{router.log_tail()}"
+            with contextlib.suppress(OSError):
+                if router.call("GET", "/health")[0] == 200 or not wait_healthy:
+                    break
+            assert time.monotonic() < deadline, f"sluice router did not become healthy:\n{router.log_tail()}"
+            time.sleep(0.05)
+        yield router
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def client_of(router: Router, key: str = API_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def complete(client: openai.OpenAI, max_tokens: int = 2, **extra: Any) -> str:
+    done = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=max_tokens, **extra)
+    return done.choices[0].text
+
+
+def long_stream(client: openai.OpenAI, max_tokens: int) -> Any:
+    """A stream that has produced its first chunk."""
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="Once upon a time",
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))
+    return stream
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_models_are_aggregated_and_the_api_key_is_checked_first(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        assert [m.id for m in client_of(router).models.list().data] == [MODEL]
+        for key in ("wrong-key", None):
+            status, _, body = router.call("POST", "/v1/completions", b"not json", key=key)
+            assert status == 401, body
+            assert json.loads(body)["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            complete(client_of(router, key="wrong-key"))
+        # The replicas require the key too: the router passes it on.
+        assert complete(client_of(router))
+        assert router.counter("requests_total") == 1
+
+
+def test_bad_json_is_a_400_that_no_replica_sees(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        for body in (b"{not json", b"[1, 2]"):
+            status, _, answer = router.call("POST", "/v1/chat/completions", body)
+            assert status == 400, answer
+            error = json.loads(answer)["error"]
+            assert error["type"] == "invalid_request_error", error
+            assert set(error) == {"message", "type", "param", "code"}
+        assert router.counter("requests_total") == 0
+
+
+def test_round_robin_alternates_between_the_replicas(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        client = client_of(router)
+        before = [fleet.served(0), fleet.served(1)]
+        for _ in range(6):
+            complete(client)
+        assert fleet.served_since(before, 6) == [3, 3]
+        assert router.counter("routing_decisions_total", reason="round_robin") == 6
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "power-of-two"])
+def test_load_aware_policies_avoid_the_busy_replica(fleet: Fleet, tmp_path: Path, policy: str) -> None:
+    with running_router(["--policy", policy, *fleet.replica_flags], tmp_path / "r.log") as router:
+        client = client_of(router)
+        # A long stream, read no further than its first chunk, keeps one replica busy.
+        busy = long_stream(client, max_tokens=400)
+        in_flight = router.in_flight()
+        (busy_replica,) = [replica for replica, n in in_flight.items() if n == 1]
+        (idle_replica,) = [replica for replica, n in in_flight.items() if n == 0]
+        for _ in range(4):
+            complete(client)
+        assert router.counter("requests_total", replica=idle_replica) == 4
+        assert router.counter("requests_total", replica=busy_replica) == 1
+        assert router.counter("routing_decisions_total", reason=policy.replace("-", "_")) == 5
+        busy.close()
+
+
+def test_consistent_hash_keeps_each_session_on_one_replica(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "consistent-hash", *fleet.replica_flags], tmp_path / "r.log") as router:
+        client = client_of(router)
+
+        def replica_of(send: Callable[[], object]) -> int:
+            before = [fleet.served(0), fleet.served(1)]
+            send()
+            (index,) = [i for i, n in enumerate(fleet.served_since(before, 1)) if n == 1]
+            return index
+
+        homes = {}
+        for session in range(12):
+            key = f"session-{session}"
+            by_header = [
+                replica_of(lambda k=key: complete(client, extra_headers={"x-session-id": k}))
+                for _ in range(2)
+            ]
+            # With no session header, the body's `user` is the key: the same text, the same replica.
+            by_user = replica_of(lambda k=key: complete(client, user=k))
+            assert by_header == [by_user, by_user], key
+            homes[key] = by_user
+        assert set(homes.values()) == {0, 1}, "12 sessions all hashed to one replica"
+        assert router.counter("routing_decisions_total", reason="consistent_hash") == 36
+        complete(client)
+        assert router.counter("routing_decisions_total", reason="no_session_key") == 1
+
+
+def test_no_replica_up_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    closed = [f"--replica=http://127.0.0.1:{free_port()}" for _ in range(2)]
+    health = ["--health-interval-s", "1", "--health-failures", "2"]
+    with running_router([*closed, *health], tmp_path / "r.log", wait_healthy=False) as router:
+        # Both refuse connections: tried, retried, then a 503 in OpenAI's shape.
+        status, headers, body = router.call("POST", "/v1/completions", b'{"model": "m", "prompt": "hi"}')
+        assert status == 503, body
+        assert int(headers["retry-after"]) >= 1
+        error = json.loads(body)["error"]
+        assert error["type"] == "server_error" and "connect" in error["message"].lower(), error
+        wait_for(lambda: router.call("GET", "/health")[0] == 503, 10, "the router's /health to turn 503")
+        # Once both are ejected, the router answers at once without trying them.
+        attempts = router.counter("requests_total")
+        with pytest.raises(openai.InternalServerError) as raised:
+            complete(client_of(router))
+        assert raised.value.status_code == 503
+        assert int(raised.value.response.headers["retry-after"]) >= 1
+        assert router.counter("requests_total") == attempts
+        assert router.counter("ejections_total") >= 2
+
+
+class _GarbageHandler(BaseHTTPRequestHandler):
+    """Answers every request with 200 and a body that is neither JSON nor SSE; counts the POSTs."""
+
+    posts = 0
+
+    def _junk(self) -> None:
+        if self.command == "POST":
+            type(self).posts += 1
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html>I am not a Sluice replica</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = _junk
+    do_POST = _junk
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def garbage_server() -> Iterator[str]:
+    _GarbageHandler.posts = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _GarbageHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_replica_answering_garbage_is_ejected_and_its_requests_retried(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    with garbage_server() as junk:
+        args = ["--policy", "round-robin", f"--replica={fleet.urls[0]}", f"--replica={junk}"]
+        args += ["--breaker-failures", "2", "--breaker-cooldown-s", "600"]
+        with running_router(args, tmp_path / "r.log") as router:
+            client = client_of(router)
+            for stream in (False, True) * 3:
+                if stream:
+                    chunks = list(
+                        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True)
+                    )
+                    assert chunks[-1].choices[0].finish_reason == "length"
+                else:
+                    assert complete(client)
+            # Its answers to JSON and to a stream were garbage: two failures opened its breaker, and
+            # the real replica answered everything.
+            assert _GarbageHandler.posts == 2
+            assert router.counter("ejections_total", replica=junk) == 1
+            assert router.counter("errors_total", replica=junk) == 2
+            assert router.counter("retries_total", replica=junk) == 2
+
+
+def test_a_killed_replica_loses_no_unstarted_request_and_is_readmitted(fleet: Fleet, tmp_path: Path) -> None:
+    # Ejection takes 1 to 1.5 s here, so that requests sent just after the kill meet the dead replica.
+    health = ["--health-interval-s", "0.5", "--health-failures", "3", "--health-successes", "2"]
+    args = ["--policy", "round-robin", *fleet.replica_flags, *health, "--breaker-cooldown-s", "1"]
+    with running_router(args, tmp_path / "r.log") as router:
+        client = client_of(router)
+        streams = [long_stream(client, max_tokens=300) for _ in range(4)]
+        victim = fleet.urls[1]
+        survivor_before = fleet.served(0)
+        fleet.kill(1)
+
+        def finish(stream: Any) -> str:
+            try:
+                for _ in stream:
+                    pass
+            except openai.APIError as error:
+                return f"error: {error}"
+            return "finished"
+
+        with ThreadPoolExecutor(12) as pool:
+            # Sent while the replica is dead but not yet ejected: retried on the survivor.
+            fresh = [pool.submit(complete, client) for _ in range(8)]
+            # Every stream ends, none hangs: those on the killed replica with an error event.
+            endings = list(pool.map(finish, streams, timeout=120))
+            texts = [future.result(timeout=120) for future in fresh]
+        assert endings.count("finished") == 2, endings
+        assert all("failed mid-stream" in e for e in endings if e != "finished"), endings
+        assert len(texts) == 8
+        wait_for(lambda: fleet.served(0) - survivor_before >= 10, 10, "the survivor to count 2 + 8 requests")
+        assert fleet.served(0) - survivor_before == 10
+        assert router.counter("retries_total", replica=victim) >= 1
+        wait_for(lambda: router.call("GET", "/health")[0] == 200, 1, "the survivor to keep /health 200")
+        wait_for(lambda: router.counter("ejections_total", replica=victim) >= 1, 10, "the ejection")
+
+        fleet.start(1)
+        before = fleet.served(1)
+        # Readmitted after 2 good health checks; round-robin then sends it every other request.
+        deadline = time.monotonic() + 30
+        while fleet.served(1) == before:
+            assert time.monotonic() < deadline, "the restarted replica was not readmitted"
+            complete(client)
+            time.sleep(0.1)
+
+
+def test_sluice_router_refuses_bad_replica_urls_and_no_replicas() -> None:
+    cases = [
+        (["--replica", "localhost:8000"], "--replica"),
+        ([], "--replica"),
+        (["--discover-dns", "x"], "--discover-dns"),
+    ]
+    for args, flag in cases:
+        done = subprocess.run(
+            [str(SLUICE), "router", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert flag in done.stderr, done.stderr

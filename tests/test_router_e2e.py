@@ -91,8 +91,8 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     fleet = Fleet(tmp_path_factory.mktemp("replicas"), [free_port(), free_port()])
     try:
-        fleet.start(0)
-        fleet.start(1)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(fleet.start, [0, 1]))
         yield fleet
     finally:
         fleet.close()

@@ -286,6 +286,25 @@ def test_load_aware_policies_avoid_the_busy_replica(fleet: Fleet, tmp_path: Path
         busy.close()
 
 
+def test_a_client_leaving_mid_stream_aborts_the_replicas_request(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        stream = long_stream(client_of(router), max_tokens=450)
+        (replica,) = [fleet.urls.index(url) for url, n in router.in_flight().items() if n == 1]
+        metrics = fleet.replica(replica).metrics()
+        assert metrics["sluice:num_requests_running"] == 1
+        generated_before = metrics["sluice:generation_tokens_total"]
+        stream.close()
+        # 450 tokens take the model several seconds; an abort ends the request at once.
+        wait_for(
+            lambda: fleet.replica(replica).metrics()["sluice:num_requests_running"] == 0,
+            2,
+            "the replica to abort the request",
+        )
+        wait_for(lambda: sum(router.in_flight().values()) == 0, 2, "the router to drop the request")
+        generated = fleet.replica(replica).metrics()["sluice:generation_tokens_total"] - generated_before
+        assert generated < 450, "the request ran to its end"
+
+
 def test_consistent_hash_keeps_each_session_on_one_replica(fleet: Fleet, tmp_path: Path) -> None:
     with running_router(["--policy", "consistent-hash", *fleet.replica_flags], tmp_path / "r.log") as router:
         client = client_of(router)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -21,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from serve_fixtures import SLUICE, Server, free_port, running_server
+from serve_fixtures import SLUICE, Server, cmdline, descendants, free_port, running_server
 
 API_KEY = "sk-router-test"
 MODEL = "SmolLM2-135M-Instruct"
@@ -432,6 +433,11 @@ def _kill_and_restart_replica_1(fleet: Fleet, tmp_path: Path) -> None:
         streams = [long_stream(client, max_tokens=300) for _ in range(4)]
         victim = fleet.urls[1]
         survivor_before = fleet.served(0)
+        # Its frontend first: were its engine core first, the frontend would end the streams itself.
+        (frontend,) = [
+            p for p in descendants(fleet.replica(1).process.pid) if "sluice-frontend" in cmdline(p)
+        ]
+        os.kill(frontend, signal.SIGKILL)
         fleet.kill(1)
 
         def finish(stream: Any) -> str:

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde_json::Value;
 
 use super::approx_tree::ApproxPrefixTree;
-use super::block_hash::{block_hashes, to_hex};
+use super::block_hash::{block_hashes, to_hex, BlockHash};
 use super::kv_index::KvIndex;
 use super::prompt_tokens::PromptTokenizer;
 use super::subscriber::{subscribe, Subscription};
@@ -49,7 +49,10 @@ impl PromptKey {
 }
 
 struct ReplicaState {
-    /// Set while KV events are followed (a tokenizer is loaded and a runtime was there to start it).
+    /// The exact index, while KV events are followed (a tokenizer is loaded and a runtime was
+    /// there to start the subscriber); used only while it is synced.
+    index: Option<Arc<RwLock<KvIndex>>>,
+    /// Keeps the subscriber task that writes `index` running.
     subscription: Option<Subscription>,
     tree: ApproxPrefixTree,
 }
@@ -93,8 +96,8 @@ impl CacheAwarePolicy {
         replicas
             .iter()
             .map(|(id, state)| {
-                let mut hashes: Vec<String> = match &state.subscription {
-                    Some(subscription) => read(&subscription.index).hashes().map(to_hex).collect(),
+                let mut hashes: Vec<String> = match &state.index {
+                    Some(index) => read(index).hashes().map(to_hex).collect(),
                     None => Vec::new(),
                 };
                 hashes.sort_unstable();
@@ -120,6 +123,7 @@ impl CacheAwarePolicy {
             CHAR_CHUNK
         };
         ReplicaState {
+            index: None,
             subscription: None,
             tree: ApproxPrefixTree::new(chunk, TREE_CAPACITY),
         }
@@ -172,18 +176,14 @@ impl Policy for CacheAwarePolicy {
             (best, RouteReason::PrefixMatch)
         };
         let replica = candidates[chosen].id.clone();
-        let prefix_match_tokens = match &key {
-            Some(key @ PromptKey::Tokens(_)) => {
-                let state = replicas.get_mut(&replica).expect("inserted above");
-                state.tree.insert(key.symbols());
-                Some(matches[chosen])
-            }
-            Some(key @ PromptKey::Chars(_)) => {
-                replicas.get_mut(&replica).expect("inserted above").tree.insert(key.symbols());
-                // A match in characters is no token count.
-                None
-            }
-            None => None,
+        if let Some(key) = &key {
+            let state = replicas.get_mut(&replica).expect("inserted above");
+            state.tree.insert(key.symbols());
+        }
+        let prefix_match_tokens = match key {
+            Some(PromptKey::Tokens(_)) => Some(matches[chosen]),
+            // A match in characters is no token count.
+            Some(PromptKey::Chars(_)) | None => None,
         };
         Decision {
             replica,
@@ -203,7 +203,9 @@ impl Policy for CacheAwarePolicy {
         for id in replicas {
             let state = known.entry(id.clone()).or_insert_with(|| self.new_state());
             if let (None, Some(runtime)) = (&state.subscription, &runtime) {
-                state.subscription = Some(subscribe(runtime, &id.0));
+                let subscription = subscribe(runtime, &id.0);
+                state.index = Some(subscription.index.clone());
+                state.subscription = Some(subscription);
             }
         }
     }
@@ -213,10 +215,10 @@ impl Policy for CacheAwarePolicy {
 fn matched_length(
     state: &ReplicaState,
     key: &PromptKey,
-    hashes_by_size: &mut HashMap<usize, Vec<super::block_hash::BlockHash>>,
+    hashes_by_size: &mut HashMap<usize, Vec<BlockHash>>,
 ) -> usize {
-    if let (PromptKey::Tokens(tokens), Some(subscription)) = (key, &state.subscription) {
-        let index = read(&subscription.index);
+    if let (PromptKey::Tokens(tokens), Some(index)) = (key, &state.index) {
+        let index = read(index);
         if let Some(block_size) = index.block_size() {
             let hashes = hashes_by_size
                 .entry(block_size)
@@ -263,5 +265,207 @@ fn prompt_text(path: &str, body: &Value) -> Option<String> {
         Value::String(text) => Some(text.clone()),
         Value::Array(ids) => Some(ids.iter().map(|id| format!("{id} ")).collect()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache_aware::kv_index::Snapshot;
+    use serde_json::json;
+
+    fn model_dir() -> PathBuf {
+        const NAME: &str = "SmolLM2-135M-Instruct";
+        if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
+            return PathBuf::from(dir);
+        }
+        if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
+            return PathBuf::from(cache).join("models").join(NAME);
+        }
+        let home = std::env::var_os("HOME").expect("HOME is set");
+        PathBuf::from(home).join(".cache/sluice/models").join(NAME)
+    }
+
+    fn policy(model: bool) -> CacheAwarePolicy {
+        CacheAwarePolicy::new(CacheAwareConfig {
+            balance_abs: 8,
+            balance_rel: 1.5,
+            model_dir: model.then(model_dir),
+        })
+        .unwrap()
+    }
+
+    fn id(name: &str) -> ReplicaId {
+        ReplicaId(Arc::from(name))
+    }
+
+    fn candidates(loads: &[usize]) -> Vec<Candidate> {
+        loads
+            .iter()
+            .enumerate()
+            .map(|(i, &outstanding)| Candidate {
+                id: id(&format!("http://r{i}:8000")),
+                outstanding,
+            })
+            .collect()
+    }
+
+    fn tokens(seed: u32, len: u32) -> Vec<u32> {
+        (0..len).map(|i| 100 + seed * 1000 + i).collect()
+    }
+
+    fn completion(ids: &[u32]) -> Value {
+        json!({"model": "m", "prompt": ids})
+    }
+
+    fn pick(policy: &CacheAwarePolicy, body: &Value, loads: &[usize]) -> Decision {
+        let request = RouteRequest {
+            path: "/v1/completions",
+            body,
+            session_key: None,
+        };
+        policy.pick(&request, &candidates(loads))
+    }
+
+    /// Gives replica `i` a synced index holding `hashes`, as its subscriber would.
+    fn hold(policy: &CacheAwarePolicy, i: usize, hashes: &[BlockHash]) {
+        let mut index = KvIndex::default();
+        index
+            .reset(&Snapshot {
+                seq: 1,
+                block_size: 16,
+                kv_events_port: Some(1),
+                block_hashes: hashes.iter().map(to_hex).collect(),
+            })
+            .unwrap();
+        let mut state = policy.new_state();
+        state.index = Some(Arc::new(RwLock::new(index)));
+        let name = format!("http://r{i}:8000");
+        policy.replicas.lock().unwrap().insert(id(&name), state);
+    }
+
+    #[test]
+    fn the_longest_exact_match_wins_within_the_load_bound() {
+        let policy = policy(true);
+        let prompt = tokens(1, 64);
+        let hashes = block_hashes(&prompt, 16);
+        hold(&policy, 0, &hashes[..1]);
+        hold(&policy, 1, &hashes);
+        hold(&policy, 2, &[]);
+        let decision = pick(&policy, &completion(&prompt), &[0, 3, 0]);
+        assert_eq!(decision.replica, id("http://r1:8000"));
+        assert_eq!(decision.reason, RouteReason::PrefixMatch);
+        // 64 tokens: the engine recomputes the last one, so 3 blocks of 16 can be hits.
+        assert_eq!(decision.prefix_match_tokens, Some(48));
+        // At the bound (8 more than the least loaded) it still wins.
+        assert_eq!(pick(&policy, &completion(&prompt), &[0, 8, 0]).replica, id("http://r1:8000"));
+        // Past both bounds the least loaded replica takes it.
+        let bounded = pick(&policy, &completion(&prompt), &[1, 10, 4]);
+        assert_eq!(bounded.reason, RouteReason::LoadBound);
+        assert_eq!(bounded.replica, id("http://r0:8000"));
+        // Past the absolute bound but within 1.5x of the least loaded: still the match.
+        let relative = pick(&policy, &completion(&prompt), &[20, 29, 25]);
+        assert_eq!(relative.replica, id("http://r1:8000"));
+        assert_eq!(relative.reason, RouteReason::PrefixMatch);
+    }
+
+    #[test]
+    fn without_a_match_the_least_loaded_replicas_take_turns() {
+        let policy = policy(true);
+        for i in 0..3 {
+            hold(&policy, i, &[]);
+        }
+        let mut chosen = std::collections::HashSet::new();
+        for seed in 0..4 {
+            let decision = pick(&policy, &completion(&tokens(seed, 40)), &[2, 0, 0]);
+            assert_eq!(decision.reason, RouteReason::NoPrefixMatch);
+            assert_eq!(decision.prefix_match_tokens, Some(0));
+            assert_ne!(decision.replica, id("http://r0:8000"));
+            chosen.insert(decision.replica);
+        }
+        assert_eq!(chosen.len(), 2, "idle replicas share new prefixes");
+    }
+
+    #[test]
+    fn a_replica_without_events_is_matched_by_the_approximate_tree() {
+        let policy = policy(true);
+        let prompt = tokens(7, 100);
+        // Neither replica has a synced index: the first request lands somewhere...
+        let first = pick(&policy, &completion(&prompt), &[0, 0]);
+        assert_eq!(first.reason, RouteReason::NoPrefixMatch);
+        // ...and a request sharing its first 64 tokens follows it, matched in 16-token chunks.
+        let mut sibling = prompt[..64].to_vec();
+        sibling.extend(tokens(8, 30));
+        let second = pick(&policy, &completion(&sibling), &[0, 0]);
+        assert_eq!(second.replica, first.replica);
+        assert_eq!(second.reason, RouteReason::PrefixMatch);
+        assert_eq!(second.prefix_match_tokens, Some(64));
+    }
+
+    #[test]
+    fn without_a_tokenizer_text_prefixes_are_matched_in_characters() {
+        let policy = policy(false);
+        let shared = "You are a helpful assistant. ".repeat(10);
+        let chat = |question: &str| {
+            json!({"model": "m", "messages": [
+                {"role": "system", "content": shared},
+                {"role": "user", "content": question},
+            ]})
+        };
+        let request = |body: &Value| -> Decision {
+            let request = RouteRequest {
+                path: "/v1/chat/completions",
+                body,
+                session_key: None,
+            };
+            policy.pick(&request, &candidates(&[0, 0, 0]))
+        };
+        let first = request(&chat("What is 2 + 2?"));
+        assert_eq!(first.reason, RouteReason::NoPrefixMatch);
+        for question in ["Name a colour.", "Why is the sky blue?"] {
+            let next = request(&chat(question));
+            assert_eq!(next.replica, first.replica);
+            assert_eq!(next.reason, RouteReason::PrefixMatch);
+            assert_eq!(next.prefix_match_tokens, None);
+        }
+        assert!(policy.index_snapshot().values().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn a_bad_body_is_routed_to_the_least_loaded_replica() {
+        let policy = policy(true);
+        let decision = pick(&policy, &json!({"prompt": {"not": "a prompt"}}), &[3, 1]);
+        assert_eq!(decision.replica, id("http://r1:8000"));
+        assert_eq!(decision.reason, RouteReason::NoPrefixMatch);
+        assert_eq!(decision.prefix_match_tokens, None);
+    }
+
+    #[test]
+    fn the_index_snapshot_lists_each_replica_in_hex() {
+        let policy = policy(true);
+        let hashes = block_hashes(&tokens(1, 32), 16);
+        hold(&policy, 0, &hashes);
+        hold(&policy, 1, &[]);
+        let mut expected: Vec<String> = hashes.iter().map(to_hex).collect();
+        expected.sort();
+        let snapshot = policy.index_snapshot();
+        assert_eq!(snapshot["http://r0:8000"], expected);
+        assert!(snapshot["http://r1:8000"].is_empty());
+    }
+
+    #[test]
+    fn a_bad_balance_is_refused() {
+        let config = CacheAwareConfig {
+            balance_abs: 8,
+            balance_rel: 0.5,
+            model_dir: None,
+        };
+        assert!(CacheAwarePolicy::new(config).is_err());
+        let missing = CacheAwareConfig {
+            balance_abs: 8,
+            balance_rel: 1.5,
+            model_dir: Some(PathBuf::from("/nonexistent/model")),
+        };
+        assert!(CacheAwarePolicy::new(missing).is_err());
     }
 }

@@ -26,9 +26,24 @@ BLOCK_SIZE = 16
 # Ids that cross every byte boundary of a little-endian int64 that a u32 id can reach (2**31 and
 # 2**32 - 1 catch a sign-extending hasher), then a pseudo-random tail; 40 tokens are two full
 # blocks and a partial one, which is never hashed.
-HASHED_TOKEN_IDS = [0, 1, 127, 128, 255, 256, 65535, 65536, 49151, 2**31 - 1, 2**31, 2**32 - 1, 7, 2, 3, 4] + [
-    (i * 7919 + 13) % 49152 for i in range(24)
-]
+HASHED_TOKEN_IDS = [
+    0,
+    1,
+    127,
+    128,
+    255,
+    256,
+    65535,
+    65536,
+    49151,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    7,
+    2,
+    3,
+    4,
+] + [(i * 7919 + 13) % 49152 for i in range(24)]
 
 
 def chained_block_hashes(token_ids: list[int], block_size: int) -> list[bytes]:
@@ -54,7 +69,10 @@ GOLDEN_MESSAGES: dict[str, KVEvents] = {
     ),
     "kv_events_removed": KVEvents(
         seq=70000,
-        events=[BlockRemoved(block_hash=_HASHES[1]), BlockStored(block_hash=_HASHES[1], parent_hash=_HASHES[0])],
+        events=[
+            BlockRemoved(block_hash=_HASHES[1]),
+            BlockStored(block_hash=_HASHES[1], parent_hash=_HASHES[0]),
+        ],
     ),
     "kv_events_cleared": KVEvents(
         seq=2**32, events=[AllCleared(), BlockStored(block_hash=_HASHES[0], parent_hash=None)]
@@ -68,7 +86,10 @@ def golden_files() -> dict[str, bytes]:
 
 def render_index(files: dict[str, bytes]) -> str:
     return golden_vectors.render_index(
-        files, PROTOCOL_VERSION, "docs/protocol.md#the-engine-core--router-seam-kv-events", "; bins are hex strings"
+        files,
+        PROTOCOL_VERSION,
+        "docs/protocol.md#the-engine-core--router-seam-kv-events",
+        "; bins are hex strings",
     )
 
 

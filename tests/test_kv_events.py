@@ -71,11 +71,26 @@ def test_the_engine_hash_matches_the_independent_golden_vector() -> None:
     "body",
     [
         {"v": 1, "type": "kv_events", "seq": 0, "events": []},
-        {"v": 1, "type": "kv_events", "seq": 1, "events": [{"type": "block_removed", "block_hash": b"x" * 31}]},
-        {"v": 1, "type": "kv_events", "seq": 1, "events": [{"type": "block_removed", "block_hash": "ab" * 32}]},
+        {
+            "v": 1,
+            "type": "kv_events",
+            "seq": 1,
+            "events": [{"type": "block_removed", "block_hash": b"x" * 31}],
+        },
+        {
+            "v": 1,
+            "type": "kv_events",
+            "seq": 1,
+            "events": [{"type": "block_removed", "block_hash": "ab" * 32}],
+        },
         {"v": 1, "type": "kv_events", "seq": 1, "events": [{"type": "block_moved", "block_hash": b"x" * 32}]},
         {"v": 1, "type": "kv_events", "seq": 1, "events": [{"type": "all_cleared", "extra": 1}]},
-        {"v": 1, "type": "kv_events", "seq": 1, "events": [{"type": "block_stored", "block_hash": b"x" * 32}]},
+        {
+            "v": 1,
+            "type": "kv_events",
+            "seq": 1,
+            "events": [{"type": "block_stored", "block_hash": b"x" * 32}],
+        },
     ],
 )
 def test_malformed_events_are_protocol_errors(body: dict) -> None:

@@ -23,10 +23,10 @@ use crate::completions;
 use crate::engine_client::{EngineClient, EngineClientConfig, EngineError};
 use crate::generation::engine_unavailable;
 use crate::metrics::{EngineGauges, Metrics};
-use crate::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
+use crate::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
 use crate::validation;
 

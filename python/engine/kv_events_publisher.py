@@ -30,7 +30,9 @@ class KVEventPublisher:
             self._socket.bind(f"tcp://0.0.0.0:{port}")
         except zmq.ZMQError as exc:
             self.close()
-            raise InvalidConfigError(f"--kv-events-port {port}: cannot bind tcp://0.0.0.0:{port}: {exc}") from None
+            raise InvalidConfigError(
+                f"--kv-events-port {port}: cannot bind tcp://0.0.0.0:{port}: {exc}"
+            ) from None
 
     def publish(self) -> None:
         """Send the pending events as one message, if there are any."""

@@ -91,7 +91,12 @@ def _decode_event(value: Any) -> KVEvent:
 
 _MESSAGES = MessageSet(
     PROTOCOL_VERSION,
-    {KVEvents: ("kv_events", Record(KVEvents, (("seq", INT), ("events", list_of(Codec(_encode_event, _decode_event))))))},
+    {
+        KVEvents: (
+            "kv_events",
+            Record(KVEvents, (("seq", INT), ("events", list_of(Codec(_encode_event, _decode_event))))),
+        )
+    },
 )
 
 

@@ -66,14 +66,21 @@ mod tests {
             .map(|id| u32::try_from(id.as_u64().unwrap()).unwrap())
             .collect();
         assert_eq!(block_size, 16);
-        assert_ne!(tokens.len() % block_size, 0, "the vector ends with a partial block");
+        assert_ne!(
+            tokens.len() % block_size,
+            0,
+            "the vector ends with a partial block"
+        );
         let expected: Vec<&str> = vector["block_hashes"]
             .as_array()
             .unwrap()
             .iter()
             .map(|h| h.as_str().unwrap())
             .collect();
-        let got: Vec<String> = block_hashes(&tokens, block_size).iter().map(to_hex).collect();
+        let got: Vec<String> = block_hashes(&tokens, block_size)
+            .iter()
+            .map(to_hex)
+            .collect();
         assert_eq!(got, expected);
     }
 

@@ -23,7 +23,10 @@ pub enum Applied {
     /// for a snapshot.
     Skipped,
     /// Messages were lost: the index no longer follows the replica until it is reset.
-    Gap { expected: u64, got: u64 },
+    Gap {
+        expected: u64,
+        got: u64,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -147,7 +150,10 @@ mod tests {
         assert_eq!(index.matched_blocks(&h), 1);
         let next = KvEvents {
             seq: 6,
-            events: vec![KvEvent::stored(h[1], Some(h[0])), KvEvent::stored(h[2], Some(h[1]))],
+            events: vec![
+                KvEvent::stored(h[1], Some(h[0])),
+                KvEvent::stored(h[2], Some(h[1])),
+            ],
         };
         assert_eq!(index.apply(&next), Applied::Applied);
         assert_eq!(index.matched_blocks(&h), 3);

@@ -131,7 +131,11 @@ impl CacheAwarePolicy {
 
     /// The least loaded candidate; ties go round in turn so that idle replicas share new prefixes.
     fn least_loaded(&self, candidates: &[Candidate]) -> usize {
-        let min = candidates.iter().map(|c| c.outstanding).min().expect("never empty");
+        let min = candidates
+            .iter()
+            .map(|c| c.outstanding)
+            .min()
+            .expect("never empty");
         let tied: Vec<usize> = (0..candidates.len())
             .filter(|&i| candidates[i].outstanding == min)
             .collect();
@@ -141,7 +145,10 @@ impl CacheAwarePolicy {
 
 impl Policy for CacheAwarePolicy {
     fn pick(&self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Decision {
-        assert!(!candidates.is_empty(), "pick is never called without candidates");
+        assert!(
+            !candidates.is_empty(),
+            "pick is never called without candidates"
+        );
         let key = self.prompt_key(request);
         let mut replicas = self.replicas.lock().expect("never poisoned");
         for candidate in candidates {
@@ -164,7 +171,11 @@ impl Policy for CacheAwarePolicy {
         let best = (0..candidates.len())
             .max_by_key(|&i| (matches[i], std::cmp::Reverse(candidates[i].outstanding)))
             .expect("never empty");
-        let min_outstanding = candidates.iter().map(|c| c.outstanding).min().expect("never empty");
+        let min_outstanding = candidates
+            .iter()
+            .map(|c| c.outstanding)
+            .min()
+            .expect("never empty");
         let outstanding = candidates[best].outstanding;
         let too_loaded = outstanding > min_outstanding + self.config.balance_abs
             && outstanding as f64 > self.config.balance_rel * min_outstanding as f64;
@@ -358,7 +369,10 @@ mod tests {
         // 64 tokens: the engine recomputes the last one, so 3 blocks of 16 can be hits.
         assert_eq!(decision.prefix_match_tokens, Some(48));
         // At the bound (8 more than the least loaded) it still wins.
-        assert_eq!(pick(&policy, &completion(&prompt), &[0, 8, 0]).replica, id("http://r1:8000"));
+        assert_eq!(
+            pick(&policy, &completion(&prompt), &[0, 8, 0]).replica,
+            id("http://r1:8000")
+        );
         // Past both bounds the least loaded replica takes it.
         let bounded = pick(&policy, &completion(&prompt), &[1, 10, 4]);
         assert_eq!(bounded.reason, RouteReason::LoadBound);

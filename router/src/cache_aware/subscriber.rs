@@ -45,13 +45,20 @@ impl Drop for Subscription {
 /// Starts following the replica at `base_url` (`http://host:port`) on the current tokio runtime.
 pub fn subscribe(runtime: &tokio::runtime::Handle, base_url: &str) -> Subscription {
     let index = Arc::new(RwLock::new(KvIndex::default()));
-    let task = runtime.spawn(follow(base_url.trim_end_matches('/').to_owned(), index.clone()));
+    let task = runtime.spawn(follow(
+        base_url.trim_end_matches('/').to_owned(),
+        index.clone(),
+    ));
     Subscription { index, task }
 }
 
 async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let host = match base_url.parse::<Uri>().ok().and_then(|uri| uri.host().map(str::to_owned)) {
+    let host = match base_url
+        .parse::<Uri>()
+        .ok()
+        .and_then(|uri| uri.host().map(str::to_owned))
+    {
         Some(host) => host,
         None => {
             eprintln!("sluice-router: cache-aware: {base_url} has no host; no KV events from it");
@@ -72,7 +79,9 @@ async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
         if let Err(reason) = outcome {
             // Said once per new reason, not once a second.
             if reason != reported {
-                eprintln!("sluice-router: cache-aware: {base_url}: {reason}; using the approximate tree");
+                eprintln!(
+                    "sluice-router: cache-aware: {base_url}: {reason}; using the approximate tree"
+                );
                 reported = reason;
             }
         }
@@ -153,7 +162,10 @@ async fn resync(
 }
 
 fn unsync(index: &RwLock<KvIndex>) {
-    index.write().expect("the index lock is never poisoned").unsync();
+    index
+        .write()
+        .expect("the index lock is never poisoned")
+        .unsync();
 }
 
 /// `GET {base_url}/sluice/kv_cache`.

@@ -175,22 +175,25 @@ def test_the_router_index_equals_what_the_engines_hold_after_evictions(
     sent = {h for prompt in prompts for h in _block_hashes(prompt)}
     # More distinct blocks than both pools together hold: the run must evict.
     assert len(sent) > 2 * SMALL_POOL_BLOCKS
-    with two_replicas(tmp_path, ["--num-kv-blocks", str(SMALL_POOL_BLOCKS)]) as replicas:
-        with running_router(replicas, "cache-aware", default_model_path, tmp_path / "ca.log") as port:
-            _run(port, default_model_path.name, prompts)
-            held: dict[str, list[str]] = {}
-            for replica in replicas:
-                status, snapshot = _get_json(replica.port, "/sluice/kv_cache")
-                assert status == 200, snapshot
-                assert isinstance(snapshot, dict)
-                held[replica.url] = snapshot["block_hashes"]
-                assert 0 < len(held[replica.url]) <= SMALL_POOL_BLOCKS
-            # The last step's events may still be on their way: the index catches up within moments.
-            deadline = time.monotonic() + 10
-            while True:
-                status, index = _get_json(port, "/sluice/kv_index")
-                assert status == 200, index
-                if index == held or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+    with contextlib.ExitStack() as stack:
+        replicas = stack.enter_context(two_replicas(tmp_path, ["--num-kv-blocks", str(SMALL_POOL_BLOCKS)]))
+        port = stack.enter_context(
+            running_router(replicas, "cache-aware", default_model_path, tmp_path / "ca.log")
+        )
+        _run(port, default_model_path.name, prompts)
+        held: dict[str, list[str]] = {}
+        for replica in replicas:
+            status, snapshot = _get_json(replica.port, "/sluice/kv_cache")
+            assert status == 200, snapshot
+            assert isinstance(snapshot, dict)
+            held[replica.url] = snapshot["block_hashes"]
+            assert 0 < len(held[replica.url]) <= SMALL_POOL_BLOCKS
+        # The last step's events may still be on their way: the index catches up within moments.
+        deadline = time.monotonic() + 10
+        while True:
+            status, index = _get_json(port, "/sluice/kv_index")
+            assert status == 200, index
+            if index == held or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     assert index == held

@@ -2,7 +2,8 @@
 
 index.json lists each file with its type and its decoded value as JSON, so that a reader in any
 language can compare decoded values. JSON has no integer map keys: a map keyed by token id is
-written there with its keys as decimal strings.
+written there with its keys as decimal strings; JSON has no bytes either: a msgpack bin (a block
+hash) is written there as a lower-case hex string.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import msgpack
 
 
 def json_value(value: Any) -> Any:
-    """A decoded msgpack value as JSON can hold it: integer map keys become decimal strings."""
+    """A decoded msgpack value as JSON can hold it: integer map keys become decimal strings, bins hex."""
+    if isinstance(value, bytes):
+        return value.hex()
     if isinstance(value, dict):
         return {str(key): json_value(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -29,11 +32,12 @@ def index_entry(stem: str, data: bytes) -> dict[str, Any]:
     return {"file": f"{stem}.msgpack", "type": value["type"], "value": json_value(value)}
 
 
-def render_index(files: dict[str, bytes], protocol_version: int, spec: str) -> str:
+def render_index(files: dict[str, bytes], protocol_version: int, spec: str, note: str = "") -> str:
     index = {
         "protocol_version": protocol_version,
         "spec": spec,
-        "note": "value is the msgpack body as JSON; maps keyed by token id have decimal-string keys here",
+        "note": "value is the msgpack body as JSON; maps keyed by token id have decimal-string keys here"
+        + note,
         "vectors": [index_entry(stem, data) for stem, data in files.items()],
     }
     return json.dumps(index, indent=2, ensure_ascii=False) + "\n"

@@ -28,6 +28,7 @@ from sluice.frontend_seam import (
     UtilityCall,
     UtilityResult,
     encode,
+    kv_cache_to_wire,
     stats_to_wire,
 )
 from sluice.sampling_params import SamplingParams
@@ -129,6 +130,27 @@ GOLDEN_MESSAGES: dict[str, Message] = {
     ),
     "utility_result": UtilityResult(call_id=0, result={"ok": True}, error=None),
     "utility_result_stats": UtilityResult(call_id=300, result=stats_to_wire(_STATS), error=None),
+    "utility_kv_cache": UtilityCall(call_id=301, method="kv_cache"),
+    "utility_result_kv_cache": UtilityResult(
+        call_id=301,
+        result=kv_cache_to_wire(
+            {
+                "seq": 70000,
+                "block_size": 16,
+                "kv_events_port": 5557,
+                "block_hashes": [
+                    "3f1c4a0e2b9d8c7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a2918070",
+                    "0000000000000000000000000000000000000000000000000000000000000001",
+                ],
+            }
+        ),
+        error=None,
+    ),
+    "utility_result_kv_cache_off": UtilityResult(
+        call_id=302,
+        result=kv_cache_to_wire({"seq": 0, "block_size": 16, "kv_events_port": None, "block_hashes": []}),
+        error=None,
+    ),
     "utility_result_error": UtilityResult(call_id=7, result=None, error="unknown utility method 'nöpe' ✗"),
 }
 

@@ -154,10 +154,12 @@ pub struct Abort {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum UtilityMethod {
     Health,
     Stats,
+    /// The prefix cache's block hashes, for routers: a [`KvCacheSnapshot`].
+    KvCache,
 }
 
 /// frontend → engine core: a call answered by a [`UtilityResult`] with the same `call_id`.
@@ -245,12 +247,27 @@ pub struct EngineStats {
     pub num_eager_fallbacks: u64,
 }
 
-/// What a utility call returned: `{"ok": true}` for health, the stats map for stats.
+/// What a utility call returned: `{"ok": true}` for health, the stats map for stats, the
+/// snapshot for kv_cache. Untagged: each shape has keys the others lack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum UtilityValue {
     Health(HealthResult),
     Stats(EngineStats),
+    KvCache(KvCacheSnapshot),
+}
+
+/// What the engine core's prefix cache holds, as `GET /sluice/kv_cache` serves it to routers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvCacheSnapshot {
+    /// The last KV-events message the engine core published; every change it carries is in
+    /// `block_hashes` (0 when it publishes none).
+    pub seq: u64,
+    pub block_size: u32,
+    /// Where the engine core publishes KV events, or None when it does not.
+    pub kv_events_port: Option<u16>,
+    /// Lower-case hex of every block hash in the prefix cache.
+    pub block_hashes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -397,6 +414,17 @@ mod tests {
             UtilityResult {
                 call_id: 8,
                 result: Some(UtilityValue::Health(HealthResult { ok: true })),
+                error: None,
+            }
+            .into(),
+            UtilityResult {
+                call_id: 10,
+                result: Some(UtilityValue::KvCache(KvCacheSnapshot {
+                    seq: 3,
+                    block_size: 16,
+                    kv_events_port: Some(5557),
+                    block_hashes: vec!["00ff".into()],
+                })),
                 error: None,
             }
             .into(),

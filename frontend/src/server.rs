@@ -21,10 +21,12 @@ use crate::chat;
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::completions;
 use crate::engine_client::{EngineClient, EngineClientConfig, EngineError};
+use crate::generation::engine_unavailable;
 use crate::metrics::{EngineGauges, Metrics};
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
+use crate::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
 use crate::validation;
 
@@ -150,6 +152,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
+        .route("/sluice/kv_cache", get(kv_cache))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -273,6 +276,17 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// The engine core's prefix cache, for a cache-aware router's index (and the tests that check it).
+async fn kv_cache(State(state): State<Arc<AppState>>) -> Result<Json<KvCacheSnapshot>, ApiError> {
+    match state.engine()?.utility(UtilityMethod::KvCache).await {
+        Ok(Some(UtilityValue::KvCache(snapshot))) => Ok(Json(snapshot)),
+        Ok(other) => Err(ApiError::Internal(format!(
+            "the engine core answered kv_cache with {other:?}"
+        ))),
+        Err(error) => Err(engine_unavailable(error)),
     }
 }
 

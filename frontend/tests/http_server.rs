@@ -14,8 +14,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_frontend::engine_client::EngineClientConfig;
 use sluice_frontend::protocol::{
-    decode, encode, EngineStats, FinishReason, HealthResult, Message, Outputs, Ready,
-    RequestOutput, TokenLogprobs, UtilityResult, UtilityValue,
+    decode, encode, EngineStats, FinishReason, HealthResult, KvCacheSnapshot, Message, Outputs,
+    Ready, RequestOutput, TokenLogprobs, UtilityMethod, UtilityResult, UtilityValue,
 };
 use sluice_frontend::server::{self, AppState, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
@@ -362,7 +362,15 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
         )],
         Message::Utility(call) => vec![Message::UtilityResult(UtilityResult {
             call_id: call.call_id,
-            result: Some(UtilityValue::Health(HealthResult { ok: true })),
+            result: Some(match call.method {
+                UtilityMethod::KvCache => UtilityValue::KvCache(KvCacheSnapshot {
+                    seq: 4,
+                    block_size: 16,
+                    kv_events_port: Some(5557),
+                    block_hashes: vec!["ab".repeat(32)],
+                }),
+                _ => UtilityValue::Health(HealthResult { ok: true }),
+            }),
             error: None,
         })],
         _ => Vec::new(),
@@ -734,6 +742,18 @@ async fn api_key_guards_v1_but_not_health_or_metrics() {
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
     assert_eq!(server.get("/metrics").await.0, StatusCode::OK);
     assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn kv_cache_serves_the_engine_snapshot_as_json() {
+    let server = started(config()).await;
+    let (status, text) = server.get("/sluice/kv_cache").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        body,
+        json!({"seq": 4, "block_size": 16, "kv_events_port": 5557, "block_hashes": ["ab".repeat(32)]})
+    );
 }
 
 #[tokio::test]

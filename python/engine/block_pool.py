@@ -10,6 +10,8 @@ import hashlib
 from array import array
 from collections.abc import Iterable, Sequence
 
+from sluice.kv_events_seam import AllCleared, BlockRemoved, BlockStored, KVEvent
+
 BlockHash = bytes
 
 
@@ -105,6 +107,9 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         # Cached blocks whose hash was dropped to reuse them.
         self.num_evictions = 0
+        # Where the prefix cache's changes go for the routers (the KV events publisher's pending
+        # list); None when nobody subscribes, so that no event is ever built.
+        self.kv_events: list[KVEvent] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -131,6 +136,8 @@ class BlockPool:
             return
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
+            if self.kv_events is not None:
+                self.kv_events.append(BlockRemoved(block.block_hash))
         block.block_hash = None
         self.num_evictions += 1
 
@@ -155,6 +162,8 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
+            if self.kv_events is not None:
+                self.kv_events.append(BlockStored(block_hash, block_hashes[i - 1] if i else None))
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Add a holder to each block, pulling a free cached block back out of the free queue."""
@@ -176,3 +185,5 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.append(AllCleared())

@@ -8,9 +8,11 @@ the forward pass, and the workers never wait for the engine core between steps.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from engine.engine_core_output import EngineCoreOutput
 from engine.executor import make_executor
+from engine.kv_events_publisher import KVEventPublisher
 from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler, SchedulerStats
@@ -38,6 +40,14 @@ class EngineCore:
             self.executor.shutdown()
             raise
         self.scheduler = Scheduler(config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len)
+        self.kv_events: KVEventPublisher | None = None
+        if config.cache.kv_events_port is not None:
+            try:
+                self.kv_events = KVEventPublisher(config.cache.kv_events_port)
+            except BaseException:
+                self.executor.shutdown()
+                raise
+            self.scheduler.kv_cache_manager.block_pool.kv_events = self.kv_events.pending
         # Steps submitted to the workers whose outputs have not been collected, oldest first.
         self.batch_queue: deque[SchedulerOutput] = deque()
         self.max_in_flight = 2 if config.scheduler.async_scheduling else 1
@@ -94,6 +104,9 @@ class EngineCore:
             self.executor.submit(scheduler_output)
             timer.lap("submit", since)
             self.batch_queue.append(scheduler_output)
+        if self.kv_events is not None:
+            # Scheduling is what stores and evicts blocks: this step's changes are all known now.
+            self.kv_events.publish()
         if not self.batch_queue:
             return []
         scheduler_output = self.batch_queue.popleft()
@@ -120,7 +133,22 @@ class EngineCore:
         self.executor.check_workers()
 
     def shutdown(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.executor.shutdown()
+
+    def kv_cache(self) -> dict[str, Any]:
+        """What the prefix cache holds now, and the seq of the last KV-events message that covers it."""
+        if self.kv_events is not None:
+            # Pending changes are sent first, so that seq accounts for every hash listed.
+            self.kv_events.publish()
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return {
+            "seq": 0 if self.kv_events is None else self.kv_events.seq,
+            "block_size": self.config.cache.block_size,
+            "kv_events_port": self.config.cache.kv_events_port,
+            "block_hashes": sorted(block_hash.hex() for block_hash in pool.cached_block_hash_to_block),
+        }
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()

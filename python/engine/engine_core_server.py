@@ -44,6 +44,7 @@ from sluice.frontend_seam import (
     UtilityResult,
     decode,
     encode,
+    kv_cache_to_wire,
     stats_to_wire,
 )
 from sluice.wire import ProtocolError
@@ -251,6 +252,8 @@ class EngineCoreServer:
             return UtilityResult(call.call_id, {"ok": True}, None)
         if call.method == "stats":
             return UtilityResult(call.call_id, stats_to_wire(self._stats()), None)
+        if call.method == "kv_cache":
+            return UtilityResult(call.call_id, kv_cache_to_wire(self.engine.kv_cache()), None)
         return UtilityResult(call.call_id, None, f"unknown utility method {call.method!r}")
 
     def _step(self) -> bool:

@@ -63,6 +63,7 @@ class LLM:
         graph_mode: str = "full_and_piecewise",
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
+        kv_events_port: int | None = None,
     ) -> None:
         if model is None:
             from sluice.default_model import prepare_default_model
@@ -81,6 +82,7 @@ class LLM:
                 kv_cache_memory_gib=kv_cache_memory,
                 enable_prefix_caching=enable_prefix_caching,
                 num_gpu_blocks_override=num_kv_blocks,
+                kv_events_port=kv_events_port,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=tensor_parallel_size,

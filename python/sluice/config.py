@@ -41,6 +41,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # Overrides the memory budget with an exact block count (tests that force preemption).
     num_gpu_blocks_override: int | None = None
+    # Publish the prefix cache's changes (KV events) for routers on a ZeroMQ PUB socket bound on
+    # tcp://0.0.0.0:PORT; None: publish nothing and build no events.
+    kv_events_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,10 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
     if device.device == "cuda":
         _check_cuda_available()
     validate_graph_config(config.graph, config.scheduler)
+    if config.cache.kv_events_port is not None and not config.cache.enable_prefix_caching:
+        raise InvalidConfigError(
+            "--kv-events-port publishes the prefix cache's changes: it needs --enable-prefix-caching"
+        )
     cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
 

@@ -49,6 +49,16 @@ def _positive_float(text: str) -> float:
 _positive_float.__name__ = "float"
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got {value}")
+    return value
+
+
+_port.__name__ = "port"
+
+
 def _capture_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
@@ -121,6 +131,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         action=argparse.BooleanOptionalAction,
         default=cache.enable_prefix_caching,
         help="share KV blocks between requests with a common prefix",
+    )
+    group.add_argument(
+        "--kv-events-port",
+        type=_port,
+        default=cache.kv_events_port,
+        metavar="PORT",
+        help="publish KV-cache events for cache-aware routers on tcp://0.0.0.0:PORT (needs prefix caching)",
     )
     group.add_argument("--scheduling-policy", default=scheduler.policy, choices=get_args(SchedulingPolicy))
     group.add_argument(
@@ -207,6 +224,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             kv_cache_memory_gib=args.kv_cache_memory,
             enable_prefix_caching=args.enable_prefix_caching,
             num_gpu_blocks_override=args.num_kv_blocks,
+            kv_events_port=args.kv_events_port,
         ),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size, executor=args.executor),
         graph=GraphConfig(

@@ -19,6 +19,7 @@ from sluice.wire import (
     INT_LIST,
     SCALAR_MAP,
     STR,
+    Codec,
     Invalid,
     MessageSet,
     ProtocolError,
@@ -31,7 +32,7 @@ from sluice.worker_seam import LOGPROBS_RECORD, Logprobs
 
 PROTOCOL_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort", "error")
-UTILITY_METHODS = ("health", "stats")
+UTILITY_METHODS = ("health", "stats", "kv_cache")
 
 
 # frontend -> engine core
@@ -55,7 +56,7 @@ class Abort:
 @dataclass(slots=True)
 class UtilityCall:
     call_id: int
-    # "health" or "stats"; an unknown method is decodable so that it can be answered with an error.
+    # "health", "stats" or "kv_cache"; an unknown method is decodable so that it can be answered with an error.
     method: str
 
 
@@ -104,7 +105,8 @@ class Outputs:
 @dataclass(slots=True)
 class UtilityResult:
     call_id: int
-    # {"ok": True} for health; the stats map (stats_to_wire) for stats.
+    # {"ok": True} for health; the stats map (stats_to_wire) for stats; the kv_cache map
+    # (kv_cache_to_wire) for kv_cache.
     result: dict[str, Any] | None = None
     error: str | None = None
 
@@ -123,6 +125,28 @@ _STATS = Record(
         ("num_preemptions", INT),
         ("num_eager_fallbacks", INT),
     ),
+)
+
+# The prefix cache as a router's snapshot: what GET /sluice/kv_cache serves.
+_KV_CACHE = Record(
+    dict,
+    (
+        ("seq", INT),
+        ("block_size", INT),
+        ("kv_events_port", optional(INT)),
+        ("block_hashes", list_of(STR)),
+    ),
+)
+
+
+def _is_kv_cache(value: Any) -> bool:
+    # The kv_cache map is the only utility result with a list in it.
+    return type(value) is dict and "block_hashes" in value
+
+
+_UTILITY_RESULT = Codec(
+    lambda v: _KV_CACHE.encode(v) if _is_kv_cache(v) else SCALAR_MAP.encode(v),
+    lambda v: _KV_CACHE.decode(v) if _is_kv_cache(v) else SCALAR_MAP.decode(v),
 )
 
 _OUTPUT = Record(
@@ -169,7 +193,8 @@ _MESSAGES = MessageSet(
         UtilityResult: (
             "utility_result",
             Record(
-                UtilityResult, (("call_id", INT), ("result", optional(SCALAR_MAP)), ("error", optional(STR)))
+                UtilityResult,
+                (("call_id", INT), ("result", optional(_UTILITY_RESULT)), ("error", optional(STR))),
             ),
         ),
     },
@@ -201,3 +226,11 @@ def stats_from_wire(data: dict[str, Any]) -> EngineStats:
         return _STATS.decode(data)
     except Invalid as exc:
         raise ProtocolError(f"malformed stats: {exc}") from None
+
+
+def kv_cache_to_wire(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The kv_cache map, in wire order: the `result` of a kv_cache utility call."""
+    try:
+        return _KV_CACHE.encode(snapshot)
+    except Invalid as exc:
+        raise ProtocolError(f"cannot encode: {exc}") from None

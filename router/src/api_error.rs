@@ -17,6 +17,8 @@ pub enum RouterError {
     InvalidJson(String),
     #[error("request body is too large")]
     PayloadTooLarge,
+    #[error("this router keeps no KV index: only --policy cache-aware follows KV events")]
+    NoKvIndex,
     /// No replica is healthy, or every attempt failed before the first byte.
     #[error("no replica is available: {reason}")]
     NoReplica {
@@ -31,6 +33,7 @@ impl RouterError {
             RouterError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             RouterError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RouterError::NoKvIndex => StatusCode::NOT_FOUND,
             RouterError::NoReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -40,6 +43,7 @@ impl RouterError {
             RouterError::InvalidApiKey => ("invalid_request_error", "invalid_api_key"),
             RouterError::InvalidJson(_) => ("invalid_request_error", "invalid_json"),
             RouterError::PayloadTooLarge => ("invalid_request_error", "payload_too_large"),
+            RouterError::NoKvIndex => ("invalid_request_error", "no_kv_index"),
             RouterError::NoReplica { .. } => ("server_error", "no_replica_available"),
         }
     }

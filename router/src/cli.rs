@@ -10,8 +10,9 @@ use tokio::net::TcpListener;
 
 use crate::backoff::RetryConfig;
 use crate::breaker::BreakerConfig;
+use crate::cache_aware::CacheAwareConfig;
 use crate::health::{run_health_checks, HealthConfig};
-use crate::policies::{build_policy, CacheAwareSettings, PolicyName};
+use crate::policies::{build_policy, PolicyName};
 use crate::policy::ReplicaId;
 use crate::replica_url::{parse_dns_target, parse_replica_url};
 use crate::replicas::ReplicaSet;
@@ -129,13 +130,7 @@ impl Args {
             failures_to_open: at_least_one("breaker-failures", self.breaker_failures)?,
             cooldown: seconds("breaker-cooldown-s", self.breaker_cooldown_s)?,
         };
-        if !(self.cache_aware_balance_rel.is_finite() && self.cache_aware_balance_rel >= 1.0) {
-            return Err(format!(
-                "--cache-aware-balance-rel must be at least 1.0, got {}",
-                self.cache_aware_balance_rel
-            ));
-        }
-        let cache_aware = CacheAwareSettings {
+        let cache_aware = CacheAwareConfig {
             model_dir: self.model_dir.clone(),
             balance_abs: self.cache_aware_balance_abs,
             balance_rel: self.cache_aware_balance_rel,

@@ -1,6 +1,7 @@
 //! The seam between the proxy and the routing policies: what a policy sees of a request and of the
 //! replicas, and what it decides.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -80,4 +81,10 @@ pub trait Policy: Send + Sync {
 
     /// The replica list changed (startup, DNS refresh): per-replica state for the others can go.
     fn replicas_changed(&self, _replicas: &[ReplicaId]) {}
+
+    /// The block hashes each replica is believed to hold (lower-case hex, sorted), for a policy
+    /// that follows KV events: what `GET /sluice/kv_index` serves; None for the others.
+    fn kv_index(&self) -> Option<BTreeMap<String, Vec<String>>> {
+        None
+    }
 }

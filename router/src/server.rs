@@ -30,6 +30,7 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
     axum::Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/sluice/kv_index", get(kv_index))
         .merge(api)
         .with_state(state)
 }
@@ -64,6 +65,15 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let text = state.metrics.render(&state.replicas.all());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// What the cache-aware policy believes each replica holds, to compare with the engines' own
+/// `/sluice/kv_cache`.
+async fn kv_index(State(state): State<Arc<AppState>>) -> Response {
+    match state.policy.kv_index() {
+        Some(index) => axum::Json(index).into_response(),
+        None => RouterError::NoKvIndex.into_response(),
+    }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {

@@ -5,7 +5,6 @@ mod least_outstanding;
 mod power_of_two;
 mod round_robin;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use consistent_hash::ConsistentHash;
@@ -13,6 +12,7 @@ pub use least_outstanding::LeastOutstanding;
 pub use power_of_two::PowerOfTwo;
 pub use round_robin::RoundRobin;
 
+use crate::cache_aware::{CacheAwareConfig, CacheAwarePolicy};
 use crate::policy::Policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -24,32 +24,17 @@ pub enum PolicyName {
     CacheAware,
 }
 
-/// What `--policy cache-aware` is built from.
-#[derive(Clone, Debug)]
-pub struct CacheAwareSettings {
-    /// `--model`: tokenizer and chat template for exact KV matching.
-    pub model_dir: Option<PathBuf>,
-    pub balance_abs: usize,
-    pub balance_rel: f64,
-}
-
 pub fn build_policy(
     name: PolicyName,
-    cache_aware: &CacheAwareSettings,
+    cache_aware: &CacheAwareConfig,
 ) -> Result<Arc<dyn Policy>, String> {
     Ok(match name {
         PolicyName::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyName::LeastOutstanding => Arc::new(LeastOutstanding::default()),
         PolicyName::PowerOfTwo => Arc::new(PowerOfTwo),
         PolicyName::ConsistentHash => Arc::new(ConsistentHash::default()),
-        PolicyName::CacheAware => cache_aware_policy(cache_aware)?,
+        PolicyName::CacheAware => Arc::new(CacheAwarePolicy::new(cache_aware.clone())?),
     })
-}
-
-/// The one place the cache-aware policy (crate::cache_aware) is built. That module has no policy
-/// type on this branch, so least-outstanding stands in for it here.
-fn cache_aware_policy(_settings: &CacheAwareSettings) -> Result<Arc<dyn Policy>, String> {
-    Ok(Arc::new(LeastOutstanding::default()))
 }
 
 #[cfg(test)]

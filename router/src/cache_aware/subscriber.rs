@@ -1,0 +1,193 @@
+//! One task per replica that keeps its [`KvIndex`] in step with the replica's engine core: it
+//! reads `GET /sluice/kv_cache` to learn the KV-events port, subscribes to it, reads the snapshot
+//! again (so that nothing published after the subscription is missed), then applies each message.
+//! A gap in `seq`, an undecodable message or a reconnection (the engine may have restarted)
+//! sends it back to the snapshot. While it has no snapshot the index is unsynced and the policy
+//! falls back to its approximate tree.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Empty};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::task::JoinHandle;
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
+
+use super::kv_events;
+use super::kv_index::{Applied, KvIndex, Snapshot};
+
+/// Between attempts to reach a replica that is down or publishes no events.
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A subscription reaches the publisher a moment after connect; the snapshot waits that long so
+/// that a message published in between is rarely lost (a loss shows as a gap, then a resync).
+const SUBSCRIBE_SETTLE: Duration = Duration::from_millis(50);
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// A running subscriber; dropping it stops the task.
+pub struct Subscription {
+    pub index: Arc<RwLock<KvIndex>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts following the replica at `base_url` (`http://host:port`) on the current tokio runtime.
+pub fn subscribe(runtime: &tokio::runtime::Handle, base_url: &str) -> Subscription {
+    let index = Arc::new(RwLock::new(KvIndex::default()));
+    let task = runtime.spawn(follow(
+        base_url.trim_end_matches('/').to_owned(),
+        index.clone(),
+    ));
+    Subscription { index, task }
+}
+
+async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let host = match base_url
+        .parse::<Uri>()
+        .ok()
+        .and_then(|uri| uri.host().map(str::to_owned))
+    {
+        Some(host) => host,
+        None => {
+            eprintln!("sluice-router: cache-aware: {base_url} has no host; no KV events from it");
+            return;
+        }
+    };
+    let mut reported = String::new();
+    loop {
+        let outcome = match snapshot(&client, &base_url).await {
+            Ok(Snapshot {
+                kv_events_port: Some(port),
+                ..
+            }) => follow_events(&client, &base_url, &host, port, &index).await,
+            Ok(_) => Err("it publishes no KV events (no --kv-events-port)".to_owned()),
+            Err(err) => Err(err),
+        };
+        unsync(&index);
+        if let Err(reason) = outcome {
+            // Said once per new reason, not once a second.
+            if reason != reported {
+                eprintln!(
+                    "sluice-router: cache-aware: {base_url}: {reason}; using the approximate tree"
+                );
+                reported = reason;
+            }
+        }
+        tokio::time::sleep(RETRY_INTERVAL).await;
+    }
+}
+
+/// Subscribes, then follows the events until something breaks; returns why.
+async fn follow_events(
+    client: &HttpClient,
+    base_url: &str,
+    host: &str,
+    port: u16,
+    index: &RwLock<KvIndex>,
+) -> Result<(), String> {
+    let mut socket = SubSocket::new();
+    let mut monitor = socket.monitor();
+    let endpoint = format!("tcp://{host}:{port}");
+    socket
+        .connect(&endpoint)
+        .await
+        .map_err(|err| format!("cannot connect to {endpoint}: {err}"))?;
+    socket
+        .subscribe("")
+        .await
+        .map_err(|err| format!("cannot subscribe to {endpoint}: {err}"))?;
+    tokio::time::sleep(SUBSCRIBE_SETTLE).await;
+    resync(client, base_url, port, index).await?;
+    loop {
+        tokio::select! {
+            frame = socket.recv() => {
+                let frame = frame.map_err(|err| format!("{endpoint}: {err}"))?;
+                let message = match frame.get(0).map(|body| kv_events::decode(body)) {
+                    Some(Ok(message)) if frame.len() == 1 => message,
+                    _ => {
+                        eprintln!("sluice-router: cache-aware: {endpoint} sent an undecodable message; resyncing");
+                        resync(client, base_url, port, index).await?;
+                        continue;
+                    }
+                };
+                let applied = index.write().expect("the index lock is never poisoned").apply(&message);
+                if let Applied::Gap { expected, got } = applied {
+                    eprintln!("sluice-router: cache-aware: {endpoint}: seq {got} after a gap (expected {expected}); resyncing");
+                    resync(client, base_url, port, index).await?;
+                }
+            }
+            event = monitor.next() => match event {
+                Some(SocketEvent::Disconnected(_)) => unsync(index),
+                // The socket reconnects by itself; the engine behind it may be a new one.
+                Some(SocketEvent::Connected(..)) => resync(client, base_url, port, index).await?,
+                Some(_) => {}
+                None => return Err(format!("{endpoint}: the socket monitor closed")),
+            },
+        }
+    }
+}
+
+/// Resets the index from a fresh snapshot; an error when the replica no longer publishes there.
+async fn resync(
+    client: &HttpClient,
+    base_url: &str,
+    port: u16,
+    index: &RwLock<KvIndex>,
+) -> Result<(), String> {
+    unsync(index);
+    let snapshot = snapshot(client, base_url).await?;
+    if snapshot.kv_events_port != Some(port) {
+        return Err(format!(
+            "its KV-events port changed from {port} to {:?}",
+            snapshot.kv_events_port
+        ));
+    }
+    index
+        .write()
+        .expect("the index lock is never poisoned")
+        .reset(&snapshot)
+        .map_err(|err| format!("a bad snapshot: {err}"))
+}
+
+fn unsync(index: &RwLock<KvIndex>) {
+    index
+        .write()
+        .expect("the index lock is never poisoned")
+        .unsync();
+}
+
+/// `GET {base_url}/sluice/kv_cache`.
+async fn snapshot(client: &HttpClient, base_url: &str) -> Result<Snapshot, String> {
+    let url = format!("{base_url}/sluice/kv_cache");
+    let uri: Uri = url.parse().map_err(|err| format!("{url}: {err}"))?;
+    let fetch = async {
+        let response = client.get(uri).await.map_err(|err| err.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|err| err.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}"));
+        }
+        serde_json::from_slice::<Snapshot>(&body).map_err(|err| format!("not a snapshot: {err}"))
+    };
+    match tokio::time::timeout(SNAPSHOT_TIMEOUT, fetch).await {
+        Ok(result) => result.map_err(|err| format!("GET {url}: {err}")),
+        Err(_) => Err(format!("GET {url}: no answer within {SNAPSHOT_TIMEOUT:?}")),
+    }
+}

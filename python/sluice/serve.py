@@ -414,8 +414,11 @@ def replica_urls(replicas: Sequence[Replica]) -> list[str]:
     return [f"http://{replica.host}:{replica.port}" for replica in replicas]
 
 
-def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int]:
-    """Each replica's KV-events port: --kv-events-port P gives P, P+1, ...; else free ones."""
+def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int | None]:
+    """Each replica's KV-events port: --kv-events-port P gives P, P+1, ...; else free ones; none
+    without prefix caching, whose blocks are what the events describe."""
+    if not args.enable_prefix_caching:
+        return [None] * count
     first = getattr(args, "kv_events_port", None)
     return [first + i for i in range(count)] if first is not None else [_free_port() for _ in range(count)]
 

@@ -232,9 +232,10 @@ def overhead(args: argparse.Namespace) -> None:
     with ExitStack() as stack:
         upstream = scripted_upstream(args)
         stack.callback(upstream.stop)
+        wait_all([upstream], args.lock)
         legs = [Leg(DIRECT, upstream.url, None)]
         legs += router_legs(stack, args, [upstream.url], [args.policy], None)
-        wait_all([leg.counted for leg in legs if leg.counted] + [upstream], args.lock)
+        wait_all([leg.counted for leg in legs if leg.counted], args.lock)
         for leg in legs:
             log(f"warming up {leg.name}")
             bench_serve(leg.url, warmup, 0)
@@ -294,9 +295,12 @@ def w3(args: argparse.Namespace) -> None:
     with ExitStack() as stack:
         replica = start_sluice("replica", model, ["--max-num-seqs", str(args.concurrency)], args.log_dir)
         stack.callback(replica.stop)
+        # Routers start once their replicas answer: vllm-router's start-up wait can hang on a
+        # replica that is still loading.
+        wait_all([replica], args.lock)
         legs = [Leg(DIRECT, replica.url, None)]
         legs += router_legs(stack, args, [replica.url], [args.policy], model)
-        wait_all([replica] + [leg.counted for leg in legs if leg.counted], args.lock)
+        wait_all([leg.counted for leg in legs if leg.counted], args.lock)
         with bench_lock(args.lock, exclusive=False):
             for leg in legs:
                 log(f"warming up {leg.name}")
@@ -385,10 +389,11 @@ def cache_aware(args: argparse.Namespace) -> None:
             replica = start_sluice(f"replica {index}", model, extra, args.log_dir, cores)
             stack.callback(replica.stop)
             replicas.append(replica)
+        wait_all(replicas, args.lock)
         legs = router_legs(stack, args, [r.url for r in replicas], ["cache-aware", "round-robin"], model)
         if not legs:
             raise SystemExit("no router to compare: build sluice-router or give --vllm-router-venv")
-        wait_all(replicas + [leg.counted for leg in legs if leg.counted], args.lock)
+        wait_all([leg.counted for leg in legs if leg.counted], args.lock)
 
         def measure(leg: Leg, run: int) -> Figures:
             # Fresh prefixes for every leg of every round: no leg finds another's in the caches.

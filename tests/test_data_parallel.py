@@ -78,8 +78,9 @@ def replica_processes(server: Server) -> list[list[int]]:
 
 
 def router_pid(server: Server) -> int:
-    # The binary itself, or the interpreter running it when $SLUICE_ROUTER names a script.
-    (pid,) = [p for p in descendants(server.process.pid) if str(ROUTER) in cmdline(p).split()[:2]]
+    """The one process under serve that belongs to no replica."""
+    in_replicas = {pid for pids in replica_processes(server) for pid in pids}
+    (pid,) = set(descendants(server.process.pid)) - in_replicas
     return pid
 
 
@@ -140,15 +141,19 @@ def test_each_replica_runs_on_its_share_of_the_cores(dp_server: Server) -> None:
 
 
 @needs_router
-def test_killing_one_replica_ends_serve_nonzero_leaving_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim", ["a replica's engine core", "the router"])
+def test_a_dying_child_ends_serve_nonzero_leaving_nothing(victim: str, tmp_path: Path) -> None:
     with running_server(REPLICA_ARGS, tmp_path / "serve.log") as server:
         children = descendants(server.process.pid)
-        victim = replica_processes(server)[1]
-        engine = next(pid for pid in victim if "engine.engine_core_server" in cmdline(pid))
-        os.kill(engine, signal.SIGKILL)
-        status = server.process.wait(60)
-        assert status == 3, server.log_tail()
-        assert re.search(r"replica \d engine core was killed by signal 9", server.log.read_text())
+        if victim == "the router":
+            pid, status, cause = router_pid(server), 1, r"the router was killed by signal 9"
+        else:
+            replica = replica_processes(server)[1]
+            pid = next(p for p in replica if "engine.engine_core_server" in cmdline(p))
+            status, cause = 3, r"the replica \d engine core was killed by signal 9"
+        os.kill(pid, signal.SIGKILL)
+        assert server.process.wait(60) == status, server.log_tail()
+        assert re.search(cause, server.log.read_text()), server.log_tail()
         deadline = time.monotonic() + 5
         while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)

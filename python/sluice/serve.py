@@ -345,7 +345,6 @@ class Replica:
     frontend: Child
     host: str
     port: int
-    socket_dir: Path
 
     @classmethod
     def start(
@@ -355,15 +354,15 @@ class Replica:
         model_dir: Path,
         name: str,
         where: tuple[str, int],
+        socket_dir: Path,
         label: str = "",
         cores: Sequence[int] | None = None,
     ) -> Replica:
-        """Start the engine core, then the frontend on `where` (host, port), both on `cores`.
+        """Start the engine core, then the frontend on `where` (host, port), both on `cores`, talking
+        over IPC sockets in `socket_dir`.
 
         `label` ("replica 1 ") prefixes the children's names; args are the engine's options."""
         host, port = where
-        # mkdtemp makes the folder 0700, as the protocol asks of the IPC sockets' folder.
-        socket_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
         frontend_command = frontend_argv(args, model_dir, name, socket_dir, host, port)
         engine_command = [sys.executable, "-m", "engine.engine_core_server"]
         engine_command += ["--input", f"ipc://{socket_dir}/input", "--output", f"ipc://{socket_dir}/output"]
@@ -375,11 +374,7 @@ class Replica:
         supervisor.children.append(frontend)
         engine.forward_output()
         frontend.forward_output()
-        return cls(engine, frontend, host, port, socket_dir)
-
-    @property
-    def children(self) -> tuple[Child, Child]:
-        return (self.engine, self.frontend)
+        return cls(engine, frontend, host, port)
 
     def ready(self) -> bool:
         return _health_ok(_connect_host(self.host), self.port)
@@ -399,9 +394,6 @@ class Replica:
             self.engine.stop(_ENGINE_STOP_S)
             return _own_exit_status(self.frontend)
         return None
-
-    def remove_sockets(self) -> None:
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _own_exit_status(child: Child) -> int:
@@ -424,10 +416,12 @@ def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int | None]:
 
 
 def _start_replicas(
-    supervisor: Supervisor, args: argparse.Namespace, model_dir: Path, name: str, size: int
+    supervisor: Supervisor, args: argparse.Namespace, model_dir: Path, name: str, size: int, socket_dir: Path
 ) -> list[Replica]:
+    """One replica on serve's own address, or `size` on loopback ports, each on its share of the cores
+    and with its sockets in a folder of its own under `socket_dir`."""
     if size == 1:
-        return [Replica.start(supervisor, args, model_dir, name, (args.host, args.port))]
+        return [Replica.start(supervisor, args, model_dir, name, (args.host, args.port), socket_dir)]
     shares = cores_per_replica(usable_cores(), size)
     replicas = []
     for index, (cores, events_port) in enumerate(zip(shares, _kv_events_ports(args, size), strict=True)):
@@ -435,8 +429,12 @@ def _start_replicas(
         # CacheConfig.kv_events_port: the engine core's options carry it once the engine takes it.
         replica_args.kv_events_port = events_port
         where = (_REPLICA_HOST, _free_port())
+        own_dir = socket_dir / str(index)
+        own_dir.mkdir(mode=0o700)
         label = f"replica {index} "
-        replicas.append(Replica.start(supervisor, replica_args, model_dir, name, where, label, cores))
+        replicas.append(
+            Replica.start(supervisor, replica_args, model_dir, name, where, own_dir, label, cores)
+        )
     return replicas
 
 
@@ -463,9 +461,10 @@ def serve(args: argparse.Namespace) -> int:
 
     supervisor = Supervisor()
     supervisor.install_signal_handlers()
-    replicas: list[Replica] = []
+    # mkdtemp makes the folder 0700, as the protocol asks of the IPC sockets' folder.
+    socket_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
     try:
-        replicas = _start_replicas(supervisor, args, model_dir, name, size)
+        replicas = _start_replicas(supervisor, args, model_dir, name, size, socket_dir)
         router = None
         if size > 1:
             router = Child.start("router", router_argv(args, model_dir, replica_urls(replicas)))
@@ -477,8 +476,7 @@ def serve(args: argparse.Namespace) -> int:
             child.kill()
             child.process.wait()
         supervisor.close()
-        for replica in replicas:
-            replica.remove_sockets()
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def _supervise(

@@ -159,7 +159,7 @@ def plot_panels(name: str, title: str, panels: list[tuple[str, dict[str, float],
     for ax, (label, bars, target) in zip(axes[0], panels, strict=True):
         ax.bar(range(len(bars)), list(bars.values()), color="tab:blue")
         for x, value in enumerate(bars.values()):
-            ax.text(x, value, f"{value:.3g}", ha="center", va="bottom")
+            ax.text(x, value, f"{value:.3f}" if abs(value) < 10 else f"{value:.0f}", ha="center", va="bottom")
         if target is not None:
             ax.axhline(target, color="black", linestyle="--", linewidth=1, label="target")
             ax.legend()

@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from sluice.binaries import FRONTEND, ROUTER, rust_binary
 from sluice.config_checks import check_engine_config
 from sluice.cpu_binding import cores_per_replica, usable_cores
 from sluice.engine_args import add_engine_arguments, at_least, config_from_args, model_path_from_args
 from sluice.errors import SluiceError
 from sluice.model_spec import read_model_spec
 
-FRONTEND_BINARY = "sluice-frontend"
-ROUTER_BINARY = "sluice-router"
 # Where the replicas behind the router listen: this machine only.
 _REPLICA_HOST = "127.0.0.1"
 # The exit status when the engine core died: the same as the frontend's in that case.
@@ -125,23 +124,11 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     return argv
 
 
-def packaged_binary(name: str, override_env: str) -> Path:
-    """The binary `pip install` built next to this interpreter ($`override_env` names another)."""
-    override = os.environ.get(override_env)
-    path = Path(override) if override else Path(sys.executable).parent / name
-    if not os.access(path, os.X_OK):
-        raise ServeError(
-            f"the {name} binary {path} is missing: run ./scripts/setup (or `pip install -e .` in the "
-            "repository), which builds it with cargo"
-        )
-    return path
-
-
 def frontend_argv(
     args: argparse.Namespace, model_dir: Path, name: str, socket_dir: Path, host: str, port: int
 ) -> list[str]:
     argv = [
-        str(packaged_binary(FRONTEND_BINARY, "SLUICE_FRONTEND")),
+        str(rust_binary(FRONTEND)),
         "--model-dir",
         str(model_dir),
         "--served-model-name",
@@ -171,7 +158,7 @@ def frontend_argv(
 def router_argv(args: argparse.Namespace, model_dir: Path, replica_urls: Sequence[str]) -> list[str]:
     """The router on serve's own address, cache-aware over the replicas (the model for exact matching)."""
     argv = [
-        str(packaged_binary(ROUTER_BINARY, "SLUICE_ROUTER")),
+        str(rust_binary(ROUTER)),
         "--host",
         args.host,
         "--port",
@@ -457,7 +444,7 @@ def serve(args: argparse.Namespace) -> int:
     size = config.parallel.data_parallel_size
     if size > 1:
         # A missing router is refused before any replica starts.
-        packaged_binary(ROUTER_BINARY, "SLUICE_ROUTER")
+        rust_binary(ROUTER)
 
     supervisor = Supervisor()
     supervisor.install_signal_handlers()
@@ -497,7 +484,7 @@ def _supervise(
             print(f"sluice serve: the server never became ready: {dead.describe_exit()}", file=sys.stderr)
             return 1
         supervisor.wait(_HEALTH_POLL_S, watched)
-    behind = "" if router is None else f" ({len(replicas)} replicas behind {ROUTER_BINARY})"
+    behind = "" if router is None else f" ({len(replicas)} replicas behind {ROUTER})"
     print(f"Sluice is serving {name} at {_url(args.host, args.port)}{behind}", flush=True)
 
     while True:

@@ -600,9 +600,9 @@ def main() -> None:
     data_parallel.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=512,
-        help="a step's token budget: 2048 prompt tokens of the 1.1B model take one core longer than the "
-        "frontend waits for an engine step (16 s)",
+        default=128,
+        help="a step's token budget: a 512-token step of the 1.1B model on one core (a replica of "
+        "--data-parallel-size 2) outlasts the frontend's 16 s wait for an engine step",
     )
     data_parallel.set_defaults(run=dp)
 

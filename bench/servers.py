@@ -1,4 +1,4 @@
-"""OpenAI-compatible servers under test: `sluice serve` and vLLM's api_server, started, awaited, stopped."""
+"""OpenAI-compatible servers under test (`sluice serve`, vLLM's api_server, routers), started, awaited, stopped."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,23 +71,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(name: str, port: int, argv: list[str], env: dict[str, str] | None, log_dir: Path) -> Server:
-    """A server in a session of its own (so stop() reaches all its children), logging to a file."""
+def start_server(
+    name: str,
+    port: int,
+    argv: list[str],
+    env: dict[str, str] | None,
+    log_dir: Path,
+    cores: Sequence[int] | None = None,
+) -> Server:
+    """A server in a session of its own (so stop() reaches all its children), logging to a file,
+    on `cores` (None: wherever this process may run)."""
     log_path = log_dir / f"{name.replace(' ', '_').replace('/', '_').replace('=', '')}.log"
     with log_path.open("wb") as out:
         process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores),  # noqa: PLW1509
         )
     return Server(name, process, port, log_path)
 
 
-def start_sluice(name: str, model: Path | None, extra_args: list[str], log_dir: Path) -> Server:
-    """`sluice serve` on a free port, prefix caching off, bf16, max_model_len 2048."""
+def start_sluice(
+    name: str, model: Path | None, extra_args: list[str], log_dir: Path, cores: Sequence[int] | None = None
+) -> Server:
+    """`sluice serve` on a free port, prefix caching off (unless extra_args turn it on), bf16,
+    max_model_len 2048."""
     port = free_port()
     sluice = str(Path(sys.executable).parent / "sluice")
     argv = [sluice, "serve", *([str(model)] if model else []), "--port", str(port), "--dtype", "bfloat16"]
     argv += ["--max-model-len", "2048", "--no-enable-prefix-caching", *extra_args]
-    return _start(name, port, argv, None, log_dir)
+    return start_server(name, port, argv, None, log_dir, cores)
 
 
 def start_vllm(venv: Path, model: Path, log_dir: Path) -> Server:
@@ -95,4 +112,4 @@ def start_vllm(venv: Path, model: Path, log_dir: Path) -> Server:
     argv = [vllm_python(venv), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--dtype", "bfloat16", "--max-model-len", "2048", "--no-enable-prefix-caching"]
     argv += ["--port", str(port), "--host", "127.0.0.1"]
-    return _start("vllm", port, argv, vllm_env(venv), log_dir)
+    return start_server("vllm", port, argv, vllm_env(venv), log_dir)

@@ -6,7 +6,7 @@ fail and how. That lets a test compare what a client measures against what the s
     with ScriptedServer(Script(ttft=0.05, itl=0.01)) as server:
         ...  # point the client at server.url, then inspect server.arrivals / server.max_in_flight
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed or not), GET /v1/models,
+Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed or not), GET /v1/models, GET /health,
 POST /tokenize, POST /detokenize. The tokenizer is character level: token id = ord(char). Generated token i
 is chr(ord("a") + i % 26).
 
@@ -167,6 +167,9 @@ class _Handler(BaseHTTPRequestHandler):
             model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "sluice-tests"}
             model["max_model_len"] = MAX_MODEL_LEN
             self._send_json(200, {"object": "list", "data": [model]})
+        elif self.path == "/health":
+            # What routers poll before they send a replica anything.
+            self._send_bytes(200, b"")
         else:
             self._send_json(404, _error_body(f"no route for GET {self.path}", "NotFoundError", 404))
 

@@ -16,7 +16,13 @@ from scripted_openai_server import Script, ScriptedServer
 from serve_fixtures import SLUICE, free_port, running_server
 from sluice.loadtest.arrivals import arrival_offsets
 from sluice.loadtest.client import RequestOutcome, RequestSpec
-from sluice.loadtest.datasets import prefix_requests, random_requests, sharegpt_requests
+from sluice.loadtest.datasets import (
+    SampleRequest,
+    prefix_requests,
+    random_requests,
+    sharegpt_requests,
+    shuffled,
+)
 from sluice.loadtest.errors import DatasetError
 from sluice.loadtest.metrics import LATENCY_METRICS, STATISTICS, meets_slos
 from sluice.loadtest.serve_run import ServeSettings, measured_run
@@ -140,6 +146,14 @@ def test_random_and_prefix_prompts_have_exact_token_lengths() -> None:
     assert all(len(s.prompt) == s.prompt_len and 10 <= s.prompt_len <= 30 for s in randoms)
     assert [len(s.prompt) for s in prefixed] == [26] * 4
     assert prefixed[0].prompt[:16] == prefixed[2].prompt[:16] != prefixed[1].prompt[:16]
+
+
+def test_shuffle_reorders_the_same_requests_the_same_way_for_a_seed() -> None:
+    samples = [SampleRequest(f"prompt {i}", i, 1) for i in range(32)]
+    order = shuffled(samples, seed=3)
+    assert sorted(order, key=lambda s: s.prompt_len) == samples and order != samples
+    assert shuffled(samples, seed=3) == order != shuffled(samples, seed=4)
+    assert samples[0].prompt_len == 0
 
 
 def test_tokenizer_file_gives_exact_lengths_without_the_server(default_model_path: Path) -> None:

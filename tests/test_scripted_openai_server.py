@@ -165,8 +165,12 @@ def test_tokenize_detokenize_round_trip_and_models() -> None:
         conn = _connect(server)
         conn.request("GET", "/v1/models")
         models = json.loads(conn.getresponse().read())
+        conn.request("GET", "/health")
+        health = conn.getresponse()
+        health.read()
         conn.close()
         assert server.arrivals == [], "only generation requests are counted"
+    assert health.status == 200
 
     assert tokenized == {"tokens": [ord(c) for c in text], "count": len(text), "max_model_len": 4096}
     assert detokenized == {"prompt": text}

@@ -50,6 +50,9 @@ class CacheConfig:
 class ParallelConfig:
     tensor_parallel_size: int = 1
     executor: ExecutorBackend = "mp"
+    # Replicas that `sluice serve` starts behind the router, each pinned to its share of the cores;
+    # an engine core is always one replica.
+    data_parallel_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)

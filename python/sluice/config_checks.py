@@ -45,7 +45,31 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
             "--kv-events-port publishes the prefix cache's changes: it needs --enable-prefix-caching"
         )
     cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
+    _check_data_parallel(config, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
+
+
+def _check_data_parallel(config: SluiceConfig, usable: list[int]) -> None:
+    size = config.parallel.data_parallel_size
+    if size < 1:
+        raise InvalidConfigError(f"data_parallel_size must be at least 1, got {size}")
+    if size == 1:
+        return
+    if size > len(usable):
+        raise InvalidConfigError(
+            f"data_parallel_size {size} needs at least one core per replica, but this process may use "
+            f"{len(usable)} cores ({','.join(map(str, usable))})"
+        )
+    if config.device.device != "cpu":
+        raise InvalidConfigError(
+            f"data_parallel_size {size} runs on CPU only: on {config.device.device} the replicas would "
+            "share one device"
+        )
+    if config.device.cpu_bind.strip() not in ("auto", "none"):
+        raise InvalidConfigError(
+            f"--cpu-bind {config.device.cpu_bind!r} names cores, but with data_parallel_size {size} each "
+            "replica is pinned to its share of the cores: use auto or none"
+        )
 
 
 def _check_cuda_available() -> None:

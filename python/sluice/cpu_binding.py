@@ -74,6 +74,19 @@ def cores_per_rank(device: DeviceConfig, world_size: int, usable: list[int]) -> 
     return groups
 
 
+def cores_per_replica(usable: list[int], data_parallel_size: int) -> list[list[int]]:
+    """Per data-parallel replica, the cores its processes may run on: the usable cores in consecutive
+    equal shares, the first replicas taking one more each when they do not split evenly."""
+    assert 1 <= data_parallel_size <= len(usable), (data_parallel_size, usable)
+    share, extra = divmod(len(usable), data_parallel_size)
+    shares, start = [], 0
+    for replica in range(data_parallel_size):
+        end = start + share + (replica < extra)
+        shares.append(usable[start:end])
+        start = end
+    return shares
+
+
 def threads_per_rank(device: DeviceConfig, world_size: int, usable: list[int]) -> int:
     """--num-threads, else one per pinned core, else the usable cores shared among the ranks."""
     if device.num_threads is not None:

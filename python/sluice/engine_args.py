@@ -28,7 +28,7 @@ from sluice.config import (
 from sluice.errors import SluiceError
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
@@ -94,19 +94,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     group.add_argument("--dtype", default=model.dtype, choices=get_args(DType))
     group.add_argument(
         "--max-model-len",
-        type=_at_least(1),
+        type=at_least(1),
         default=model.max_model_len,
         help="context length served (default: the model's max_position_embeddings)",
     )
     group.add_argument(
         "--max-num-seqs",
-        type=_at_least(1),
+        type=at_least(1),
         default=scheduler.max_num_seqs,
         help="most requests in one step",
     )
     group.add_argument(
         "--max-num-batched-tokens",
-        type=_at_least(1),
+        type=at_least(1),
         default=scheduler.max_num_batched_tokens,
         help="token budget of one step",
     )
@@ -119,13 +119,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     )
     group.add_argument(
         "--num-kv-blocks",
-        type=_at_least(1),
+        type=at_least(1),
         default=cache.num_gpu_blocks_override,
         help="exact number of KV blocks, overriding --kv-cache-memory",
     )
-    group.add_argument(
-        "--block-size", type=_at_least(1), default=cache.block_size, help="tokens per KV block"
-    )
+    group.add_argument("--block-size", type=at_least(1), default=cache.block_size, help="tokens per KV block")
     group.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -149,7 +147,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     group.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=_at_least(1),
+        type=at_least(1),
         default=parallel.tensor_parallel_size,
         help="worker processes that split each layer's heads (gloo on CPU, NCCL on CUDA)",
     )
@@ -181,7 +179,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     group.add_argument("--device", default=device.device, choices=get_args(Device))
     group.add_argument(
         "--num-threads",
-        type=_at_least(1),
+        type=at_least(1),
         default=device.num_threads,
         help="CPU threads per worker (default: the usable cores divided among the ranks)",
     )
@@ -226,7 +224,12 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             num_gpu_blocks_override=args.num_kv_blocks,
             kv_events_port=args.kv_events_port,
         ),
-        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size, executor=args.executor),
+        parallel=ParallelConfig(
+            tensor_parallel_size=args.tensor_parallel_size,
+            executor=args.executor,
+            # Only `sluice serve` takes --data-parallel-size: everything else runs one replica.
+            data_parallel_size=getattr(args, "data_parallel_size", 1),
+        ),
         graph=GraphConfig(
             enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes
         ),

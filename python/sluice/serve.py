@@ -1,13 +1,16 @@
-"""`sluice serve`: one replica, i.e. the engine core process and the Rust frontend binary, supervised.
+"""`sluice serve`: one replica (the engine core process and the Rust frontend binary), or with
+--data-parallel-size N, N replicas on internal loopback ports behind the `sluice-router` binary; supervised.
 
-Both children get their own process group, so that a terminal's Ctrl-C reaches only this process,
-which then stops them in order: the frontend first (it stops taking requests and drains the ones in
-flight), then the engine core. Each child also gets SIGTERM from the kernel if this process dies
-without cleaning up. The two talk over IPC sockets in a private (0700) temporary folder.
+Every child gets its own process group, so that a terminal's Ctrl-C reaches only this process,
+which then stops them in order: the router first, then the frontends (they stop taking requests
+and drain the ones in flight), then the engine cores. Each child also gets SIGTERM from the kernel
+if this process dies without cleaning up. A replica's frontend and engine core talk over IPC
+sockets in a private (0700) temporary folder. Each of N > 1 replicas runs on its share of the
+cores (its processes' affinity), so its workers size and pin their threads within that share.
 
-Exit status: 0 after SIGINT or SIGTERM; 3 when the engine core died (after giving the frontend a
-few seconds to fail what was in flight); the frontend's own status (or 1) when it exited by itself;
-1 when the server never became ready.
+Exit status: 0 after SIGINT or SIGTERM; 3 when an engine core died (after giving its frontend a
+few seconds to fail what was in flight); a frontend's or the router's own status (or 1) when it
+exited by itself; 1 when the server never became ready. Whatever else is running is then stopped.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import copy
 import ctypes
+import functools
 import http.client
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from sluice.binaries import FRONTEND, rust_binary
+from sluice.binaries import FRONTEND, ROUTER, rust_binary
 from sluice.config_checks import check_engine_config
-from sluice.engine_args import add_engine_arguments, config_from_args, model_path_from_args
+from sluice.cpu_binding import cores_per_replica, usable_cores
+from sluice.engine_args import add_engine_arguments, at_least, config_from_args, model_path_from_args
 from sluice.errors import SluiceError
 from sluice.model_spec import read_model_spec
 
+# Where the replicas behind the router listen: this machine only.
+_REPLICA_HOST = "127.0.0.1"
 # The exit status when the engine core died: the same as the frontend's in that case.
 ENGINE_DIED_STATUS = 3
 # How long the frontend gets, beyond its own grace period, to exit after the engine core died.
@@ -83,6 +92,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how long the frontend keeps answering after the engine core died (default: the frontend's)",
     )
+    group.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=at_least(1),
+        default=1,
+        help="replicas, each pinned to its share of the cores, behind sluice-router on --port (default: 1)",
+    )
     add_engine_arguments(parser, model_positional=True)
 
 
@@ -108,7 +124,9 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     return argv
 
 
-def frontend_argv(args: argparse.Namespace, model_dir: Path, name: str, socket_dir: Path) -> list[str]:
+def frontend_argv(
+    args: argparse.Namespace, model_dir: Path, name: str, socket_dir: Path, host: str, port: int
+) -> list[str]:
     argv = [
         str(rust_binary(FRONTEND)),
         "--model-dir",
@@ -116,9 +134,9 @@ def frontend_argv(args: argparse.Namespace, model_dir: Path, name: str, socket_d
         "--served-model-name",
         name,
         "--host",
-        args.host,
+        host,
         "--port",
-        str(args.port),
+        str(port),
         "--engine-input",
         f"ipc://{socket_dir}/input",
         "--engine-output",
@@ -137,11 +155,31 @@ def frontend_argv(args: argparse.Namespace, model_dir: Path, name: str, socket_d
     return argv
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: its own process group, and SIGTERM when `sluice serve` dies."""
+def router_argv(args: argparse.Namespace, model_dir: Path, replica_urls: Sequence[str]) -> list[str]:
+    """The router on serve's own address, cache-aware over the replicas (the model for exact matching)."""
+    argv = [
+        str(rust_binary(ROUTER)),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
+    argv += ["--policy", "cache-aware", "--model", str(model_dir)]
+    for url in replica_urls:
+        argv += ["--replica", url]
+    if args.api_key is not None:
+        argv += ["--api-key", args.api_key]
+    return argv
+
+
+def _die_with_parent(cores: Sequence[int] | None) -> None:
+    """In the child, before exec: its own process group, SIGTERM when `sluice serve` dies, and its
+    cores (None: this process's)."""
     os.setpgid(0, 0)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
 
 
 @dataclass
@@ -155,14 +193,15 @@ class Child:
     forwarder: threading.Thread | None = None
 
     @classmethod
-    def start(cls, name: str, argv: Sequence[str]) -> Child:
+    def start(cls, name: str, argv: Sequence[str], cores: Sequence[int] | None = None) -> Child:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            # Only setpgid and prctl run in the child before exec: no lock another thread could hold.
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            # Only setpgid, prctl and sched_setaffinity run in the child before exec: no lock another
+            # thread could hold.
+            preexec_fn=functools.partial(_die_with_parent, cores),  # noqa: PLW1509
         )
         child = cls(name, process)
         with contextlib.suppress(OSError, AttributeError):
@@ -219,7 +258,7 @@ class Child:
 
 
 class Supervisor:
-    """Runs the two children, sleeping until a signal arrives or a child exits."""
+    """Runs the children, sleeping until a signal arrives or a child exits."""
 
     def __init__(self) -> None:
         self.children: list[Child] = []
@@ -279,6 +318,112 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((_REPLICA_HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Replica:
+    """One frontend and the engine core behind it, started, awaited and stopped as a pair."""
+
+    engine: Child
+    frontend: Child
+    host: str
+    port: int
+
+    @classmethod
+    def start(
+        cls,
+        supervisor: Supervisor,
+        args: argparse.Namespace,
+        model_dir: Path,
+        name: str,
+        where: tuple[str, int],
+        socket_dir: Path,
+        label: str = "",
+        cores: Sequence[int] | None = None,
+    ) -> Replica:
+        """Start the engine core, then the frontend on `where` (host, port), both on `cores`, talking
+        over IPC sockets in `socket_dir`.
+
+        `label` ("replica 1 ") prefixes the children's names; args are the engine's options."""
+        host, port = where
+        frontend_command = frontend_argv(args, model_dir, name, socket_dir, host, port)
+        engine_command = [sys.executable, "-m", "engine.engine_core_server"]
+        engine_command += ["--input", f"ipc://{socket_dir}/input", "--output", f"ipc://{socket_dir}/output"]
+        engine = Child.start(f"{label}engine core", [*engine_command, *engine_argv(args, model_dir)], cores)
+        supervisor.children.append(engine)
+        # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.
+        frontend_command += ["--engine-pid", str(engine.process.pid)]
+        frontend = Child.start(f"{label}frontend", frontend_command, cores)
+        supervisor.children.append(frontend)
+        engine.forward_output()
+        frontend.forward_output()
+        return cls(engine, frontend, host, port)
+
+    def ready(self) -> bool:
+        return _health_ok(_connect_host(self.host), self.port)
+
+    def exit_status(self, args: argparse.Namespace) -> int | None:
+        """None while both run; else, once the other has stopped too, serve's exit status for it."""
+        if not self.engine.alive():
+            print(f"sluice serve: {self.engine.describe_exit()}", file=sys.stderr)
+            # The frontend fails what is in flight, reports unhealthy, then exits by itself.
+            try:
+                self.frontend.process.wait(_FRONTEND_AFTER_ENGINE_S + (args.exit_grace_seconds or 0.0))
+            except subprocess.TimeoutExpired:
+                self.frontend.stop(_ENGINE_STOP_S)
+            return ENGINE_DIED_STATUS
+        if not self.frontend.alive():
+            print(f"sluice serve: {self.frontend.describe_exit()}", file=sys.stderr)
+            self.engine.stop(_ENGINE_STOP_S)
+            return _own_exit_status(self.frontend)
+        return None
+
+
+def _own_exit_status(child: Child) -> int:
+    """serve's status when `child` exited by itself: its own, or 1 if that was 0 or a signal."""
+    status = child.process.returncode
+    return status if status > 0 else 1
+
+
+def replica_urls(replicas: Sequence[Replica]) -> list[str]:
+    return [f"http://{replica.host}:{replica.port}" for replica in replicas]
+
+
+def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int | None]:
+    """Each replica's KV-events port: --kv-events-port P gives P, P+1, ...; else free ones; none
+    without prefix caching, whose blocks are what the events describe."""
+    if not args.enable_prefix_caching:
+        return [None] * count
+    first = args.kv_events_port
+    return [first + i for i in range(count)] if first is not None else [_free_port() for _ in range(count)]
+
+
+def _start_replicas(
+    supervisor: Supervisor, args: argparse.Namespace, model_dir: Path, name: str, size: int, socket_dir: Path
+) -> list[Replica]:
+    """One replica on serve's own address, or `size` on loopback ports, each on its share of the cores
+    and with its sockets in a folder of its own under `socket_dir`."""
+    if size == 1:
+        return [Replica.start(supervisor, args, model_dir, name, (args.host, args.port), socket_dir)]
+    shares = cores_per_replica(usable_cores(), size)
+    replicas = []
+    for index, (cores, events_port) in enumerate(zip(shares, _kv_events_ports(args, size), strict=True)):
+        replica_args = copy.copy(args)
+        replica_args.kv_events_port = events_port
+        where = (_REPLICA_HOST, _free_port())
+        own_dir = socket_dir / str(index)
+        own_dir.mkdir(mode=0o700)
+        label = f"replica {index} "
+        replicas.append(
+            Replica.start(supervisor, replica_args, model_dir, name, where, own_dir, label, cores)
+        )
+    return replicas
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until a signal or a child's exit; returns the process exit status."""
     path = model_path_from_args(args)
@@ -293,34 +438,25 @@ def serve(args: argparse.Namespace) -> int:
     model_dir = model_dir.resolve()
     name = args.served_model_name or model_dir.name
     # A bad engine option is refused here, before any process starts.
-    check_engine_config(config_from_args(args, str(model_dir)), read_model_spec(model_dir))
+    config = config_from_args(args, str(model_dir))
+    check_engine_config(config, read_model_spec(model_dir))
+    size = config.parallel.data_parallel_size
+    if size > 1:
+        # A missing router is refused before any replica starts.
+        rust_binary(ROUTER)
 
     supervisor = Supervisor()
     supervisor.install_signal_handlers()
     # mkdtemp makes the folder 0700, as the protocol asks of the IPC sockets' folder.
     socket_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
     try:
-        frontend_command = frontend_argv(args, model_dir, name, socket_dir)
-        engine = Child.start(
-            "engine core",
-            [
-                sys.executable,
-                "-m",
-                "engine.engine_core_server",
-                "--input",
-                f"ipc://{socket_dir}/input",
-                "--output",
-                f"ipc://{socket_dir}/output",
-                *engine_argv(args, model_dir),
-            ],
-        )
-        supervisor.children.append(engine)
-        # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.
-        frontend = Child.start("frontend", [*frontend_command, "--engine-pid", str(engine.process.pid)])
-        supervisor.children.append(frontend)
-        engine.forward_output()
-        frontend.forward_output()
-        return _supervise(supervisor, engine, frontend, args, name)
+        replicas = _start_replicas(supervisor, args, model_dir, name, size, socket_dir)
+        router = None
+        if size > 1:
+            router = Child.start("router", router_argv(args, model_dir, replica_urls(replicas)))
+            supervisor.children.append(router)
+            router.forward_output()
+        return _supervise(supervisor, replicas, router, args, name)
     finally:
         for child in supervisor.children:
             child.kill()
@@ -330,52 +466,77 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _supervise(
-    supervisor: Supervisor, engine: Child, frontend: Child, args: argparse.Namespace, name: str
+    supervisor: Supervisor,
+    replicas: Sequence[Replica],
+    router: Child | None,
+    args: argparse.Namespace,
+    name: str,
 ) -> int:
     host = _connect_host(args.host)
-    while not _health_ok(host, args.port):
+    watched = supervisor.children
+    while not (all(r.ready() for r in replicas) and (router is None or _health_ok(host, args.port))):
         if supervisor.signals:
-            return _shut_down(supervisor, engine, frontend)
-        for child in (engine, frontend):
-            if not child.alive():
-                other = frontend if child is engine else engine
-                other.stop(_ENGINE_STOP_S)
-                print(
-                    f"sluice serve: the server never became ready: {child.describe_exit()}", file=sys.stderr
-                )
-                return 1
-        supervisor.wait(_HEALTH_POLL_S, [engine, frontend])
-    print(f"Sluice is serving {name} at {_url(args.host, args.port)}", flush=True)
+            return _shut_down(supervisor, replicas, router)
+        dead = next((child for child in watched if not child.alive()), None)
+        if dead is not None:
+            _stop_all(supervisor, replicas, router)
+            print(f"sluice serve: the server never became ready: {dead.describe_exit()}", file=sys.stderr)
+            return 1
+        supervisor.wait(_HEALTH_POLL_S, watched)
+    behind = "" if router is None else f" ({len(replicas)} replicas behind {ROUTER})"
+    print(f"Sluice is serving {name} at {_url(args.host, args.port)}{behind}", flush=True)
 
     while True:
-        supervisor.wait(None, [engine, frontend])
+        supervisor.wait(None, watched)
         if supervisor.signals:
-            return _shut_down(supervisor, engine, frontend)
-        if not engine.alive():
-            print(f"sluice serve: {engine.describe_exit()}", file=sys.stderr)
-            # The frontend fails what is in flight, reports unhealthy, then exits by itself.
-            try:
-                frontend.process.wait(_FRONTEND_AFTER_ENGINE_S + (args.exit_grace_seconds or 0.0))
-            except subprocess.TimeoutExpired:
-                frontend.stop(_ENGINE_STOP_S)
-            return ENGINE_DIED_STATUS
-        if not frontend.alive():
-            status = frontend.process.returncode
-            print(f"sluice serve: {frontend.describe_exit()}", file=sys.stderr)
-            engine.stop(_ENGINE_STOP_S)
-            return status if status > 0 else 1
+            return _shut_down(supervisor, replicas, router)
+        for replica in replicas:
+            status = replica.exit_status(args)
+            if status is not None:
+                _stop_all(supervisor, replicas, router)
+                return status
+        if router is not None and not router.alive():
+            print(f"sluice serve: {router.describe_exit()}", file=sys.stderr)
+            _stop_all(supervisor, replicas, router)
+            return _own_exit_status(router)
 
 
-def _shut_down(supervisor: Supervisor, engine: Child, frontend: Child) -> int:
-    print("sluice serve: stopping: draining requests in flight (a second Ctrl-C kills)", file=sys.stderr)
-    if frontend.alive():
-        frontend.process.send_signal(signal.SIGTERM)
-    seen = len(supervisor.signals)
-    while frontend.alive():
-        supervisor.wait(None, [frontend])
+def _stop_all(supervisor: Supervisor, replicas: Sequence[Replica], router: Child | None) -> None:
+    """Stop whatever still runs after a child's exit: the router, the frontends, then the engine cores."""
+    if router is not None:
+        router.stop(_ENGINE_STOP_S)
+    _drain(supervisor, [replica.frontend for replica in replicas], None)
+    for replica in replicas:
+        replica.engine.stop(_ENGINE_STOP_S)
+
+
+def _drain(supervisor: Supervisor, children: Sequence[Child], seen: int | None) -> None:
+    """SIGTERM each of `children` and wait until all have exited; with `seen` (the signals counted
+    so far), a further signal kills those still draining; without it they get _ENGINE_STOP_S."""
+    for child in children:
+        if child.alive():
+            child.process.send_signal(signal.SIGTERM)
+    if seen is None:
+        for child in children:
+            child.stop(_ENGINE_STOP_S)
+        return
+    while any(child.alive() for child in children):
+        supervisor.wait(None, [child for child in children if child.alive()])
         if len(supervisor.signals) > seen:
-            frontend.kill()
-    frontend.process.wait()
-    engine.stop(_ENGINE_STOP_S)
+            for child in children:
+                child.kill()
+    for child in children:
+        child.process.wait()
+
+
+def _shut_down(supervisor: Supervisor, replicas: Sequence[Replica], router: Child | None) -> int:
+    print("sluice serve: stopping: draining requests in flight (a second Ctrl-C kills)", file=sys.stderr)
+    seen = len(supervisor.signals)
+    # The router first, so that nothing new reaches a frontend that is draining.
+    if router is not None:
+        _drain(supervisor, [router], seen)
+    _drain(supervisor, [replica.frontend for replica in replicas], seen)
+    for replica in replicas:
+        replica.engine.stop(_ENGINE_STOP_S)
     print("sluice serve: stopped", file=sys.stderr)
     return 0

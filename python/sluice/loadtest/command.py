@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from sluice.loadtest.client import RequestSpec
-from sluice.loadtest.datasets import SampleRequest, prefix_requests, random_requests, sharegpt_requests
+from sluice.loadtest.datasets import (
+    SampleRequest,
+    prefix_requests,
+    random_requests,
+    sharegpt_requests,
+    shuffled,
+)
 from sluice.loadtest.errors import BenchError
 from sluice.loadtest.metrics import parse_goodput
 from sluice.loadtest.report import render_report
@@ -39,6 +45,11 @@ def served_model(base_url: str, headers: dict[str, str]) -> str:
 
 
 def _samples(args: argparse.Namespace, model: str) -> list[SampleRequest]:
+    samples = _dataset(args, model)
+    return shuffled(samples, args.seed) if args.shuffle else samples
+
+
+def _dataset(args: argparse.Namespace, model: str) -> list[SampleRequest]:
     if args.num_prompts <= 0:
         raise BenchError("--num-prompts must be positive")
     codec = token_codec(args.base_url, model, _headers(args), args.tokenizer)

@@ -120,6 +120,15 @@ def prefix_requests(
     return samples
 
 
+def shuffled(samples: list[SampleRequest], seed: int) -> list[SampleRequest]:
+    """The same requests in a seeded random order: the prefix dataset's requests otherwise cycle
+    through the prefixes, which a round-robin router over an even number of replicas turns into a
+    perfect prefix affinity."""
+    order = list(samples)
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
     try:
         data = json.loads(path.read_text())

@@ -41,6 +41,9 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--prefix-len", type=int, default=256, help="tokens of shared prefix (prefix dataset)")
     data.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes (prefix dataset)")
     data.add_argument("--sharegpt-output-len", type=int, default=None, help="override the replies' lengths")
+    data.add_argument(
+        "--shuffle", action="store_true", help="send the requests in a random order, seeded by --seed"
+    )
 
     load = parser.add_argument_group("load")
     load.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson; < 1 burstier; > 1 more even")

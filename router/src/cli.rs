@@ -47,6 +47,10 @@ pub struct Args {
     cache_aware_balance_abs: usize,
     #[arg(long, default_value_t = 1.5)]
     cache_aware_balance_rel: f64,
+    /// cache-aware: seconds that a routed prompt's blocks count as held by its replica before the
+    /// replica's KV events confirm them (0: confirmed blocks only).
+    #[arg(long, default_value_t = 10.0)]
+    cache_aware_pending_s: f64,
     #[arg(long, default_value_t = 2.0)]
     health_interval_s: f64,
     /// Consecutive failed health checks that eject a replica.
@@ -93,6 +97,15 @@ fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
     }
 }
 
+fn non_negative_seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if value == 0.0 {
+        Ok(Duration::ZERO)
+    } else {
+        seconds(flag, value)
+            .map_err(|_| format!("--{flag} must be 0 or a positive number of seconds, got {value}"))
+    }
+}
+
 fn at_least_one(flag: &str, value: u32) -> Result<u32, String> {
     if value == 0 {
         return Err(format!("--{flag} must be at least 1"));
@@ -134,6 +147,10 @@ impl Args {
             model_dir: self.model_dir.clone(),
             balance_abs: self.cache_aware_balance_abs,
             balance_rel: self.cache_aware_balance_rel,
+            pending_window: non_negative_seconds(
+                "cache-aware-pending-s",
+                self.cache_aware_pending_s,
+            )?,
         };
         let policy = build_policy(self.policy, &cache_aware)
             .map_err(|error| format!("--policy: {error}"))?;

@@ -131,6 +131,7 @@ async fn the_index_follows_the_engine_through_events_gaps_and_clears() {
         balance_abs: 8,
         balance_rel: 1.5,
         model_dir: Some(model_dir()),
+        pending_window: std::time::Duration::ZERO,
     })
     .unwrap();
     let a = chain(1, 4);

@@ -104,11 +104,8 @@ impl KvIndex {
     }
 
     /// How many of `prompt_hashes`' leading blocks the replica holds.
-    pub fn matched_blocks(&self, prompt_hashes: &[BlockHash]) -> usize {
-        prompt_hashes
-            .iter()
-            .take_while(|hash| self.hashes.contains(*hash))
-            .count()
+    pub fn holds(&self, hash: &BlockHash) -> bool {
+        self.hashes.contains(hash)
     }
 
     pub fn hashes(&self) -> impl Iterator<Item = &BlockHash> {
@@ -120,6 +117,14 @@ impl KvIndex {
 mod tests {
     use super::*;
     use crate::cache_aware::block_hash::{block_hashes, to_hex};
+
+    /// How many leading blocks of a prompt the index holds, as the policy counts them.
+    fn matched_blocks(index: &KvIndex, prompt_hashes: &[BlockHash]) -> usize {
+        prompt_hashes
+            .iter()
+            .take_while(|hash| index.holds(hash))
+            .count()
+    }
 
     fn snapshot(seq: u64, hashes: &[BlockHash]) -> Snapshot {
         Snapshot {
@@ -147,7 +152,7 @@ mod tests {
             events: vec![KvEvent::removed(h[0])],
         };
         assert_eq!(index.apply(&stale), Applied::Skipped);
-        assert_eq!(index.matched_blocks(&h), 1);
+        assert_eq!(matched_blocks(&index, &h), 1);
         let next = KvEvents {
             seq: 6,
             events: vec![
@@ -156,14 +161,14 @@ mod tests {
             ],
         };
         assert_eq!(index.apply(&next), Applied::Applied);
-        assert_eq!(index.matched_blocks(&h), 3);
+        assert_eq!(matched_blocks(&index, &h), 3);
         let evict = KvEvents {
             seq: 7,
             events: vec![KvEvent::removed(h[1])],
         };
         assert_eq!(index.apply(&evict), Applied::Applied);
         // A hole in the chain ends the match, even though block 2 is still held.
-        assert_eq!(index.matched_blocks(&h), 1);
+        assert_eq!(matched_blocks(&index, &h), 1);
         let cleared = KvEvents {
             seq: 8,
             events: vec![KvEvent::AllCleared, KvEvent::stored(h[0], None)],
@@ -200,7 +205,7 @@ mod tests {
         // Resync: the snapshot taken after seq 3 holds h[0]; seq 4 then applies on top.
         index.reset(&snapshot(3, &h[..1])).unwrap();
         assert_eq!(index.apply(&next), Applied::Applied);
-        assert_eq!(index.matched_blocks(&h), 2);
+        assert_eq!(matched_blocks(&index, &h), 2);
     }
 
     #[test]

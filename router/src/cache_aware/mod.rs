@@ -10,6 +10,7 @@ pub mod approx_tree;
 pub mod block_hash;
 pub mod kv_events;
 pub mod kv_index;
+pub mod pending_blocks;
 pub mod policy;
 pub mod prompt_tokens;
 pub mod subscriber;

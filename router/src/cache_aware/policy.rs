@@ -6,12 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::approx_tree::ApproxPrefixTree;
 use super::block_hash::{block_hashes, to_hex, BlockHash};
 use super::kv_index::KvIndex;
+use super::pending_blocks::PendingBlocks;
 use super::prompt_tokens::PromptTokenizer;
 use super::subscriber::{subscribe, Subscription};
 use crate::policy::{Candidate, Decision, Policy, ReplicaId, RouteReason, RouteRequest};
@@ -31,6 +33,9 @@ pub struct CacheAwareConfig {
     pub balance_rel: f64,
     /// The served model's folder (tokenizer.json, chat template): needed for exact KV matching.
     pub model_dir: Option<PathBuf>,
+    /// How long the blocks of a prompt routed to a replica count as held there before its KV
+    /// events confirm them (`PendingBlocks`); zero matches on confirmed blocks only.
+    pub pending_window: Duration,
 }
 
 /// A prompt as the approximate tree keys it.
@@ -54,6 +59,8 @@ struct ReplicaState {
     index: Option<Arc<RwLock<KvIndex>>>,
     /// Keeps the subscriber task that writes `index` running.
     subscription: Option<Subscription>,
+    /// With `index`: the blocks of prompts routed here that the index does not show yet.
+    pending: PendingBlocks,
     tree: ApproxPrefixTree,
 }
 
@@ -125,6 +132,7 @@ impl CacheAwarePolicy {
         ReplicaState {
             index: None,
             subscription: None,
+            pending: PendingBlocks::new(self.config.pending_window),
             tree: ApproxPrefixTree::new(chunk, TREE_CAPACITY),
         }
     }
@@ -161,16 +169,16 @@ impl Policy for CacheAwarePolicy {
                 replicas.insert(candidate.id.clone(), state);
             }
         }
+        let now = Instant::now();
+        // The prompt's block hashes per block size; replicas normally share one, so it is
+        // computed once.
+        let mut hashes_by_size: HashMap<usize, Vec<BlockHash>> = HashMap::new();
         let matches: Vec<usize> = match &key {
             None => vec![0; candidates.len()],
-            Some(key) => {
-                // Hashes per block size; replicas normally share one, so it is computed once.
-                let mut hashes_by_size: HashMap<usize, Vec<_>> = HashMap::new();
-                candidates
-                    .iter()
-                    .map(|c| matched_length(&replicas[&c.id], key, &mut hashes_by_size))
-                    .collect()
-            }
+            Some(key) => candidates
+                .iter()
+                .map(|c| matched_length(&replicas[&c.id], key, &mut hashes_by_size, now))
+                .collect(),
         };
         let best = (0..candidates.len())
             .max_by_key(|&i| (matches[i], std::cmp::Reverse(candidates[i].outstanding)))
@@ -194,6 +202,13 @@ impl Policy for CacheAwarePolicy {
         if let Some(key) = &key {
             let state = replicas.get_mut(&replica).expect("inserted above");
             state.tree.insert(key.symbols());
+            let block_size = state
+                .index
+                .as_ref()
+                .and_then(|index| read(index).block_size());
+            if let Some(hashes) = block_size.and_then(|size| hashes_by_size.get(&size)) {
+                state.pending.insert(hashes, now);
+            }
         }
         let prefix_match_tokens = match key {
             Some(PromptKey::Tokens(_)) => Some(matches[chosen]),
@@ -231,6 +246,7 @@ fn matched_length(
     state: &ReplicaState,
     key: &PromptKey,
     hashes_by_size: &mut HashMap<usize, Vec<BlockHash>>,
+    now: Instant,
 ) -> usize {
     if let (PromptKey::Tokens(tokens), Some(index)) = (key, &state.index) {
         let index = read(index);
@@ -240,7 +256,11 @@ fn matched_length(
                 .or_insert_with(|| block_hashes(tokens, block_size));
             // As the engine looks up: the last prompt token is always recomputed.
             let usable = tokens.len().saturating_sub(1) / block_size;
-            return index.matched_blocks(&hashes[..usable.min(hashes.len())]) * block_size;
+            let held = hashes[..usable.min(hashes.len())]
+                .iter()
+                .take_while(|hash| index.holds(hash) || state.pending.holds(hash, now))
+                .count();
+            return held * block_size;
         }
     }
     state.tree.matched_chunks(key.symbols()) * state.tree.chunk()
@@ -302,10 +322,15 @@ mod tests {
     }
 
     fn policy(model: bool) -> CacheAwarePolicy {
+        policy_with_pending(model, Duration::ZERO)
+    }
+
+    fn policy_with_pending(model: bool, pending_window: Duration) -> CacheAwarePolicy {
         CacheAwarePolicy::new(CacheAwareConfig {
             balance_abs: 8,
             balance_rel: 1.5,
             model_dir: model.then(model_dir),
+            pending_window,
         })
         .unwrap()
     }
@@ -385,6 +410,28 @@ mod tests {
         let relative = pick(&policy, &completion(&prompt), &[20, 29, 25]);
         assert_eq!(relative.replica, id("http://r1:8000"));
         assert_eq!(relative.reason, RouteReason::PrefixMatch);
+    }
+
+    #[test]
+    fn a_new_prefix_routed_twice_before_its_events_arrive_stays_on_one_replica() {
+        let prompt = tokens(7, 64);
+        let pending = policy_with_pending(true, Duration::from_secs(10));
+        hold(&pending, 0, &[]);
+        hold(&pending, 1, &[]);
+        let first = pick(&pending, &completion(&prompt), &[0, 0]);
+        assert_eq!(first.reason, RouteReason::NoPrefixMatch);
+        let second = pick(&pending, &completion(&prompt), &[0, 0]);
+        assert_eq!(second.replica, first.replica);
+        assert_eq!(second.reason, RouteReason::PrefixMatch);
+        assert_eq!(second.prefix_match_tokens, Some(48));
+        // Confirmed blocks only (the hint off): idle replicas take the unknown prefix in turn.
+        let confirmed_only = policy(true);
+        hold(&confirmed_only, 0, &[]);
+        hold(&confirmed_only, 1, &[]);
+        let first = pick(&confirmed_only, &completion(&prompt), &[0, 0]);
+        let second = pick(&confirmed_only, &completion(&prompt), &[0, 0]);
+        assert_ne!(second.replica, first.replica);
+        assert_eq!(second.reason, RouteReason::NoPrefixMatch);
     }
 
     #[test]
@@ -477,12 +524,14 @@ mod tests {
             balance_abs: 8,
             balance_rel: 0.5,
             model_dir: None,
+            pending_window: Duration::ZERO,
         };
         assert!(CacheAwarePolicy::new(config).is_err());
         let missing = CacheAwareConfig {
             balance_abs: 8,
             balance_rel: 1.5,
             model_dir: Some(PathBuf::from("/nonexistent/model")),
+            pending_window: Duration::ZERO,
         };
         assert!(CacheAwarePolicy::new(missing).is_err());
     }

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from openai import OpenAI
 
 # Forced long streams (min_tokens) keep requests in flight for seconds at the kill.
-_STREAM_TOKENS = 400
+_STREAM_TOKENS = 256
 _LOAD_STREAMS = 8
 _AFTER_KILL_REQUESTS = 6
 # A stream broken by the dead replica must end within this long of the kill.

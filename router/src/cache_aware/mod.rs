@@ -16,3 +16,18 @@ pub mod prompt_tokens;
 pub mod subscriber;
 
 pub use policy::{CacheAwareConfig, CacheAwarePolicy};
+
+/// The default model's folder for unit tests, found as the frontend's tests find it.
+#[cfg(test)]
+pub(crate) fn test_model_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    const NAME: &str = "SmolLM2-135M-Instruct";
+    if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
+        return PathBuf::from(cache).join("models").join(NAME);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is set");
+    PathBuf::from(home).join(".cache/sluice/models").join(NAME)
+}

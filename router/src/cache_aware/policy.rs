@@ -307,19 +307,8 @@ fn prompt_text(path: &str, body: &Value) -> Option<String> {
 mod tests {
     use super::*;
     use crate::cache_aware::kv_index::Snapshot;
+    use crate::cache_aware::test_model_dir as model_dir;
     use serde_json::json;
-
-    fn model_dir() -> PathBuf {
-        const NAME: &str = "SmolLM2-135M-Instruct";
-        if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
-            return PathBuf::from(dir);
-        }
-        if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
-            return PathBuf::from(cache).join("models").join(NAME);
-        }
-        let home = std::env::var_os("HOME").expect("HOME is set");
-        PathBuf::from(home).join(".cache/sluice/models").join(NAME)
-    }
 
     fn policy(model: bool) -> CacheAwarePolicy {
         policy_with_pending(model, Duration::ZERO)

@@ -70,21 +70,8 @@ impl PromptTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache_aware::test_model_dir as model_dir;
     use serde_json::json;
-    use std::path::PathBuf;
-
-    /// The default model's folder, found as the frontend's tests find it.
-    fn model_dir() -> PathBuf {
-        const NAME: &str = "SmolLM2-135M-Instruct";
-        if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
-            return PathBuf::from(dir);
-        }
-        if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
-            return PathBuf::from(cache).join("models").join(NAME);
-        }
-        let home = std::env::var_os("HOME").expect("HOME is set");
-        PathBuf::from(home).join(".cache/sluice/models").join(NAME)
-    }
 
     #[test]
     fn prompts_tokenize_as_the_frontend_sends_them() {

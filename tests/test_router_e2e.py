@@ -485,3 +485,22 @@ def test_sluice_router_refuses_bad_replica_urls_and_no_replicas() -> None:
         )
         assert done.returncode == 2, done.stderr
         assert flag in done.stderr, done.stderr
+
+
+def test_sluice_router_refuses_bad_cache_aware_settings() -> None:
+    cases = [
+        (["--cache-aware-pending-s=-1"], "--cache-aware-pending-s"),
+        (["--cache-aware-balance-rel", "0.5"], "--cache-aware-balance-rel"),
+    ]
+    for args, flag in cases:
+        argv = [str(SLUICE), "router", "--replica", "http://127.0.0.1:1", "--policy", "cache-aware", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 2, done.stderr
+        assert flag in done.stderr, done.stderr
+
+
+def test_a_router_without_a_kv_index_says_so_at_its_kv_index_route(fleet: Fleet, tmp_path: Path) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        status, _, body = router.call("GET", "/sluice/kv_index", key=None)
+        assert status == 404, body
+        assert json.loads(body)["error"]["code"] == "no_kv_index"

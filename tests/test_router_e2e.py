@@ -430,9 +430,10 @@ def _kill_and_restart_replica_1(fleet: Fleet, tmp_path: Path) -> None:
     args = ["--policy", "round-robin", *fleet.replica_flags, *health, "--breaker-cooldown-s", "1"]
     with running_router(args, tmp_path / "r.log") as router:
         client = client_of(router)
+        # Read before the streams start: on a loaded machine the survivor's two may end early.
+        survivor_before = fleet.served(0)
         streams = [long_stream(client, max_tokens=300) for _ in range(4)]
         victim = fleet.urls[1]
-        survivor_before = fleet.served(0)
         # Its frontend first: were its engine core first, the frontend would end the streams itself.
         (frontend,) = [
             p for p in descendants(fleet.replica(1).process.pid) if "sluice-frontend" in cmdline(p)

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine_client::EngineClientConfig;
-use crate::server::{self, AppState, ServerConfig};
+use crate::api::routes;
+use crate::engine::client::EngineClientConfig;
+use crate::state::{self, AppState, ServerConfig};
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -100,7 +101,7 @@ pub async fn main() -> ExitCode {
     let engine_state = state.clone();
     let engine_pid = args.engine_pid;
     tokio::spawn(async move {
-        match server::connect_engine(&engine_state, engine_config).await {
+        match state::connect_engine(&engine_state, engine_config).await {
             Ok(engine) => {
                 eprintln!("sluice-frontend: the engine core is ready");
                 if let Some(pid) = engine_pid {
@@ -120,7 +121,7 @@ pub async fn main() -> ExitCode {
         let _ = engine_exit.send(()).await;
     });
 
-    let app = server::router(state);
+    let app = routes::router(state);
     let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
     tokio::select! {
         served = serving => match served {

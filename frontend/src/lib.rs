@@ -1,17 +1,11 @@
 //! Sluice's frontend: everything that touches text and HTTP.
-pub mod api_error;
-pub mod chat;
-pub mod chat_template;
+//!
+//! Layers, each using only those below it: `api` (HTTP routes, validation, fan-out, framing)
+//! over `state` (what the handlers share) over `text` (tokenizer, detokenizer, stop strings,
+//! chat template, choice streams) and `engine` (the ZeroMQ seam to the engine core).
+pub mod api;
 pub mod cli;
-pub mod completions;
-pub mod detokenizer;
-pub mod engine_client;
-pub mod generation;
+pub mod engine;
 pub mod metrics;
-pub mod openai;
-pub mod protocol;
-pub mod server;
-pub mod sse;
-pub mod stop_strings;
-pub mod tokenizer_pool;
-pub mod validation;
+pub mod state;
+pub mod text;

@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sluice_frontend::engine_client::{EngineClient, EngineClientConfig, EngineError, OutputStream};
-use sluice_frontend::protocol::{
-    decode, encode, Abort, AddRequest, EngineStats, FinishReason, HealthResult, Message, Outputs,
-    Ready, RequestOutput, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
+use sluice_frontend::engine::client::{
+    EngineClient, EngineClientConfig, EngineError, OutputStream,
+};
+use sluice_frontend::engine::protocol::{
+    decode, encode, Abort, AddRequest, EngineOutput, EngineStats, FinishReason, HealthResult,
+    Message, Outputs, Ready, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
 };
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -111,8 +113,8 @@ fn request(id: &str) -> AddRequest {
     }
 }
 
-fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> RequestOutput {
-    RequestOutput {
+fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> EngineOutput {
+    EngineOutput {
         request_id: id.into(),
         new_token_ids: tokens.to_vec(),
         new_logprobs: None,
@@ -123,7 +125,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> RequestOutp
     }
 }
 
-fn step(outputs: Vec<RequestOutput>, num_running: u64) -> Message {
+fn step(outputs: Vec<EngineOutput>, num_running: u64) -> Message {
     Message::Outputs(Outputs {
         outputs,
         stats: EngineStats {
@@ -134,7 +136,7 @@ fn step(outputs: Vec<RequestOutput>, num_running: u64) -> Message {
     })
 }
 
-async fn next(stream: &mut OutputStream) -> Option<RequestOutput> {
+async fn next(stream: &mut OutputStream) -> Option<EngineOutput> {
     tokio::time::timeout(PATIENCE, stream.recv())
         .await
         .expect("no output arrived")
@@ -272,7 +274,7 @@ async fn utility_calls_are_answered_by_call_id() {
         tokio::spawn(async move { client.utility(UtilityMethod::Stats).await })
     };
     let call_id = match engine.recv().await {
-        Message::Utility(utility) => {
+        Message::UtilityCall(utility) => {
             assert_eq!(utility.method, UtilityMethod::Stats);
             utility.call_id
         }
@@ -300,7 +302,7 @@ async fn utility_calls_are_answered_by_call_id() {
         let client = client.clone();
         tokio::spawn(async move { client.utility(UtilityMethod::Health).await })
     };
-    let Message::Utility(utility) = engine.recv().await else {
+    let Message::UtilityCall(utility) = engine.recv().await else {
         panic!("expected utility");
     };
     engine
@@ -370,7 +372,7 @@ async fn silent_engine_is_declared_dead_after_the_health_timeout() {
     // The client probes the silent engine before giving up on it.
     assert!(matches!(
         engine.recv().await,
-        Message::Utility(utility) if utility.method == UtilityMethod::Health
+        Message::UtilityCall(utility) if utility.method == UtilityMethod::Health
     ));
     assert_failed_in_flight(&mut stream).await;
     assert_dead(&client).await;
@@ -386,7 +388,7 @@ async fn answered_probes_keep_an_idle_engine_healthy() {
     .await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(900);
     while tokio::time::Instant::now() < deadline {
-        let Message::Utility(probe) = engine.recv().await else {
+        let Message::UtilityCall(probe) = engine.recv().await else {
             panic!("expected a health probe");
         };
         engine

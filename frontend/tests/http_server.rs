@@ -12,12 +12,13 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use sluice_frontend::engine_client::EngineClientConfig;
-use sluice_frontend::protocol::{
-    decode, encode, EngineStats, FinishReason, HealthResult, KvCacheSnapshot, Message, Outputs,
-    Ready, RequestOutput, TokenLogprobs, UtilityMethod, UtilityResult, UtilityValue,
+use sluice_frontend::api::routes;
+use sluice_frontend::engine::client::EngineClientConfig;
+use sluice_frontend::engine::protocol::{
+    decode, encode, EngineOutput, EngineStats, FinishReason, HealthResult, KvCacheSnapshot,
+    Logprobs, Message, Outputs, Ready, UtilityMethod, UtilityResult, UtilityValue,
 };
-use sluice_frontend::server::{self, AppState, ServerConfig};
+use sluice_frontend::state::{self, AppState, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -105,7 +106,7 @@ async fn unready(config: ServerConfig) -> Server {
     engine_config.ready_timeout = PATIENCE;
     let connecting = state.clone();
     tokio::spawn(async move {
-        server::connect_engine(&connecting, engine_config)
+        state::connect_engine(&connecting, engine_config)
             .await
             .unwrap()
     });
@@ -118,7 +119,7 @@ async fn unready(config: ServerConfig) -> Server {
         .to_vec();
     let (_, seen) = mpsc::unbounded_channel();
     Server {
-        app: server::router(state.clone()),
+        app: routes::router(state.clone()),
         state,
         tokens,
         script: Arc::new(Mutex::new(Script::Finish(FinishReason::Length))),
@@ -299,7 +300,7 @@ async fn fake_engine(
     }
 }
 
-fn step(outputs: Vec<RequestOutput>) -> Message {
+fn step(outputs: Vec<EngineOutput>) -> Message {
     Message::Outputs(Outputs {
         outputs,
         stats: EngineStats {
@@ -322,7 +323,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
             };
             let logprobs = |token: u32| {
                 request.params.logprobs.map(|top| {
-                    vec![TokenLogprobs {
+                    vec![Logprobs {
                         token_ids: (0..=top).map(|i| token + i).collect(),
                         logprobs: (0..=top).map(|i| -0.5 - f64::from(i)).collect(),
                         sampled_rank: 1,
@@ -333,7 +334,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                 .iter()
                 .enumerate()
                 .map(|(i, &token)| {
-                    step(vec![RequestOutput {
+                    step(vec![EngineOutput {
                         request_id: request.request_id.clone(),
                         new_token_ids: vec![token],
                         new_logprobs: logprobs(token),
@@ -349,7 +350,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
             abort
                 .request_ids
                 .iter()
-                .map(|id| RequestOutput {
+                .map(|id| EngineOutput {
                     request_id: id.clone(),
                     new_token_ids: Vec::new(),
                     new_logprobs: None,
@@ -360,7 +361,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                 })
                 .collect(),
         )],
-        Message::Utility(call) => vec![Message::UtilityResult(UtilityResult {
+        Message::UtilityCall(call) => vec![Message::UtilityResult(UtilityResult {
             call_id: call.call_id,
             result: Some(match call.method {
                 UtilityMethod::KvCache => UtilityValue::KvCache(KvCacheSnapshot {

@@ -1,4 +1,4 @@
-"""Writes the chat-template golden strings that frontend/src/chat_template.rs checks.
+"""Writes the chat-template golden strings that frontend/src/text/chat_template.rs checks.
 
 Each case's messages go to golden_chat/cases.json, and the prompt that
 transformers' apply_chat_template(..., tokenize=False) renders for it goes to

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use sluice_frontend::protocol::{decode, encode, PROTOCOL_VERSION};
+use sluice_frontend::engine::protocol::{decode, encode, PROTOCOL_VERSION};
 
 fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/protocol")

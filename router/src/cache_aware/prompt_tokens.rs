@@ -6,9 +6,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_frontend::chat_template::{ChatTemplate, ChatTemplateError};
-use sluice_frontend::openai::{ChatMessage, Prompt};
-use sluice_frontend::tokenizer_pool::load_tokenizer;
+use sluice_frontend::api::openai::{ChatMessage, Prompt};
+use sluice_frontend::text::chat_template::{ChatTemplate, ChatTemplateError};
+use sluice_frontend::text::tokenizer_pool::load_tokenizer;
 use tokenizers::Tokenizer;
 
 pub struct PromptTokenizer {

@@ -13,7 +13,7 @@ use std::thread;
 use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::detokenizer::IncrementalDetokenizer;
+use crate::text::detokenizer::IncrementalDetokenizer;
 
 type Job = Box<dyn FnOnce(&Tokenizer) + Send>;
 

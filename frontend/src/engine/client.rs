@@ -21,8 +21,8 @@ use zeromq::{
     PullSocket, PushSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
 };
 
-use crate::protocol::{
-    self, Abort, AddRequest, EngineStats, Message, Ready, RequestOutput, Utility, UtilityMethod,
+use crate::engine::protocol::{
+    self, Abort, AddRequest, EngineOutput, EngineStats, Message, Ready, UtilityCall, UtilityMethod,
     UtilityValue,
 };
 
@@ -103,7 +103,7 @@ type UtilityReply = oneshot::Sender<Result<Option<UtilityValue>, EngineError>>;
 enum Command {
     Add {
         request: AddRequest,
-        outputs: mpsc::UnboundedSender<RequestOutput>,
+        outputs: mpsc::UnboundedSender<EngineOutput>,
     },
     Abort(Vec<String>),
     /// The request's [`OutputStream`] was dropped before it finished.
@@ -294,7 +294,7 @@ impl EngineClient {
 /// One request's outputs, in order; the last one has a finish reason.
 pub struct OutputStream {
     request_id: String,
-    outputs: mpsc::UnboundedReceiver<RequestOutput>,
+    outputs: mpsc::UnboundedReceiver<EngineOutput>,
     commands: mpsc::UnboundedSender<Command>,
     finished: bool,
 }
@@ -304,23 +304,23 @@ impl OutputStream {
         &self.request_id
     }
 
-    pub async fn recv(&mut self) -> Option<RequestOutput> {
+    pub async fn recv(&mut self) -> Option<EngineOutput> {
         let output = self.outputs.recv().await;
         self.note(output.as_ref());
         output
     }
 
-    fn note(&mut self, output: Option<&RequestOutput>) {
-        if output.is_none_or(RequestOutput::is_finished) {
+    fn note(&mut self, output: Option<&EngineOutput>) {
+        if output.is_none_or(EngineOutput::is_finished) {
             self.finished = true;
         }
     }
 }
 
 impl Stream for OutputStream {
-    type Item = RequestOutput;
+    type Item = EngineOutput;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RequestOutput>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<EngineOutput>> {
         let polled = self.outputs.poll_recv(cx);
         if let Poll::Ready(output) = &polled {
             self.note(output.as_ref());
@@ -341,7 +341,7 @@ impl Drop for OutputStream {
 
 struct Actor {
     frames: mpsc::UnboundedSender<Vec<u8>>,
-    requests: HashMap<String, mpsc::UnboundedSender<RequestOutput>>,
+    requests: HashMap<String, mpsc::UnboundedSender<EngineOutput>>,
     /// `None` marks the actor's own health probe.
     calls: HashMap<u64, Option<UtilityReply>>,
     next_call_id: u64,
@@ -392,7 +392,7 @@ impl Actor {
                 if let Some(reason) = self.dead_reason() {
                     let _ = outputs.send(failed(&request.request_id, &reason));
                 } else if self.requests.contains_key(&request.request_id) {
-                    let _ = outputs.send(RequestOutput::failed(
+                    let _ = outputs.send(EngineOutput::failed(
                         &request.request_id,
                         "request id is already in flight",
                     ));
@@ -508,7 +508,7 @@ impl Actor {
         self.calls
             .retain(|_, reply| reply.as_ref().is_none_or(|reply| !reply.is_closed()));
         self.calls.insert(call_id, reply);
-        self.send(Utility { call_id, method }.into());
+        self.send(UtilityCall { call_id, method }.into());
     }
 
     fn send(&mut self, message: Message) {
@@ -540,8 +540,8 @@ impl Actor {
     }
 }
 
-fn failed(request_id: &str, reason: &str) -> RequestOutput {
-    RequestOutput::failed(request_id, format!("engine core failed: {reason}"))
+fn failed(request_id: &str, reason: &str) -> EngineOutput {
+    EngineOutput::failed(request_id, format!("engine core failed: {reason}"))
 }
 
 async fn next_message(pull: &mut PullSocket) -> Result<Message, EngineError> {

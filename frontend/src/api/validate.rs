@@ -1,13 +1,20 @@
-//! Request validation: one function per concern, each answering with a typed [`ApiError`].
+//! Request validation: one entry point per endpoint ([`completion`], [`chat`]) that returns a
+//! typed, complete, valid request, built from one check per concern, each answering with a typed
+//! [`ApiError`].
 //!
 //! Ranges follow vLLM's `SamplingParams`. Everything the engine core receives has passed here,
 //! so the engine may trust it.
 
 use std::collections::BTreeMap;
 
-use crate::api_error::ApiError;
-use crate::openai::{ChatMessage, SamplingFields};
-use crate::protocol::SamplingParams;
+use futures::future::try_join_all;
+
+use crate::api::error::ApiError;
+use crate::api::openai::{
+    ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
+};
+use crate::engine::protocol::SamplingParams;
+use crate::state::AppState;
 
 pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
@@ -19,7 +26,7 @@ fn out_of_range(param: &'static str, message: String) -> ApiError {
     ApiError::InvalidParameter { param, message }
 }
 
-pub fn check_model(requested: &str, served: &str) -> Result<(), ApiError> {
+pub fn check_model_name(requested: &str, served: &str) -> Result<(), ApiError> {
     if requested == served {
         Ok(())
     } else {
@@ -251,64 +258,290 @@ pub fn effective_max_tokens(
     }
 }
 
-/// Checks every sampling field and builds the engine's parameters. `max_tokens` is filled in
-/// later, once the prompt length is known; `logprobs` is the engine's count (sampled + top N).
-pub fn sampling_params(
-    fields: &SamplingFields,
+/// Every sampling field checked, waiting only for the max_tokens of each prompt.
+#[derive(Debug, Clone)]
+pub struct CheckedSampling<'a> {
+    fields: &'a SamplingFields,
+    logit_bias: Option<BTreeMap<u32, f64>>,
+    /// The engine's count: the sampled token plus the top N.
+    logprobs: Option<u32>,
+}
+
+/// Checks every sampling field; `max_tokens` is the client's (chat's max_completion_tokens wins).
+pub fn check_sampling<'a>(
+    fields: &'a SamplingFields,
     max_tokens: Option<u32>,
     logprobs: Option<u32>,
     vocab_size: u32,
-) -> Result<SamplingParams, ApiError> {
+) -> Result<CheckedSampling<'a>, ApiError> {
     let defaults = SamplingParams::default();
-    let temperature = fields.temperature.unwrap_or(defaults.temperature);
-    check_temperature(temperature)?;
-    let top_p = fields.top_p.unwrap_or(defaults.top_p);
-    check_top_p(top_p)?;
-    let top_k = top_k(fields.top_k.unwrap_or(-1))?;
-    let min_p = fields.min_p.unwrap_or(defaults.min_p);
-    check_min_p(min_p)?;
+    check_temperature(fields.temperature.unwrap_or(defaults.temperature))?;
+    check_top_p(fields.top_p.unwrap_or(defaults.top_p))?;
+    top_k(fields.top_k.unwrap_or(-1))?;
+    check_min_p(fields.min_p.unwrap_or(defaults.min_p))?;
     check_n(fields.n.unwrap_or(1))?;
     if let Some(max_tokens) = max_tokens {
         check_max_tokens(max_tokens)?;
     }
-    let min_tokens = fields.min_tokens.unwrap_or(0);
-    check_min_tokens(min_tokens, max_tokens)?;
-    let presence_penalty = fields.presence_penalty.unwrap_or(0.0);
-    check_additive_penalty("presence_penalty", presence_penalty)?;
-    let frequency_penalty = fields.frequency_penalty.unwrap_or(0.0);
-    check_additive_penalty("frequency_penalty", frequency_penalty)?;
-    let repetition_penalty = fields.repetition_penalty.unwrap_or(1.0);
-    check_repetition_penalty(repetition_penalty)?;
+    check_min_tokens(fields.min_tokens.unwrap_or(0), max_tokens)?;
+    check_additive_penalty("presence_penalty", fields.presence_penalty.unwrap_or(0.0))?;
+    check_additive_penalty("frequency_penalty", fields.frequency_penalty.unwrap_or(0.0))?;
+    check_repetition_penalty(fields.repetition_penalty.unwrap_or(1.0))?;
     let logit_bias = fields
         .logit_bias
         .as_ref()
         .map(|bias| logit_bias(bias, vocab_size))
         .transpose()?
         .filter(|bias| !bias.is_empty());
-    let stop_token_ids = fields.stop_token_ids.clone().unwrap_or_default();
-    check_token_ids("stop_token_ids", &stop_token_ids, vocab_size)?;
-    Ok(SamplingParams {
-        max_tokens: max_tokens.unwrap_or(defaults.max_tokens),
-        temperature,
-        top_p,
-        top_k,
-        min_p,
-        repetition_penalty,
-        presence_penalty,
-        frequency_penalty,
+    if let Some(ids) = &fields.stop_token_ids {
+        check_token_ids("stop_token_ids", ids, vocab_size)?;
+    }
+    Ok(CheckedSampling {
+        fields,
         logit_bias,
-        seed: fields.seed,
         logprobs,
-        stop_token_ids,
-        ignore_eos: fields.ignore_eos.unwrap_or(false),
-        min_tokens,
     })
+}
+
+impl CheckedSampling<'_> {
+    /// The engine's parameters for one prompt that leaves room for `max_tokens`.
+    pub fn params(&self, max_tokens: u32) -> SamplingParams {
+        let fields = self.fields;
+        let defaults = SamplingParams::default();
+        SamplingParams {
+            max_tokens,
+            temperature: fields.temperature.unwrap_or(defaults.temperature),
+            top_p: fields.top_p.unwrap_or(defaults.top_p),
+            top_k: top_k(fields.top_k.unwrap_or(-1)).expect("checked by check_sampling"),
+            min_p: fields.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: fields.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: fields.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: fields.frequency_penalty.unwrap_or(0.0),
+            logit_bias: self.logit_bias.clone(),
+            seed: fields.seed,
+            logprobs: self.logprobs,
+            stop_token_ids: fields.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            // An absent max_tokens may have been clipped below min_tokens by the context left.
+            min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
+        }
+    }
+
+    pub fn n(&self) -> u32 {
+        self.fields.n.unwrap_or(1)
+    }
+
+    pub fn stop(&self) -> Vec<String> {
+        self.fields
+            .stop
+            .clone()
+            .map(StopSequences::into_vec)
+            .unwrap_or_default()
+    }
+
+    fn response(&self, model: String, prompts: Vec<ValidPrompt>) -> ValidRequest {
+        ValidRequest {
+            model,
+            prompts,
+            n: self.n(),
+            stop: self.stop(),
+            logprobs: self.logprobs.is_some(),
+            stream: self.fields.stream.unwrap_or(false),
+            include_usage: self
+                .fields
+                .stream_options
+                .as_ref()
+                .is_some_and(|options| options.include_usage),
+        }
+    }
+}
+
+/// A completions or chat request that passed validation, complete: the fan-out only runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: String,
+    /// At least one.
+    pub prompts: Vec<ValidPrompt>,
+    /// Choices per prompt.
+    pub n: u32,
+    pub stop: Vec<String>,
+    pub logprobs: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// One prompt, its echo text and its engine parameters (with its own max_tokens).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidPrompt {
+    /// Non-empty, in the vocabulary, leaving room for `params.max_tokens`.
+    pub token_ids: Vec<u32>,
+    /// Completions' `echo`: the prompt's text, sent before the generated text.
+    pub echo: Option<String>,
+    pub params: SamplingParams,
+}
+
+impl ValidRequest {
+    pub fn prompt_tokens(&self) -> u32 {
+        self.prompts
+            .iter()
+            .map(|prompt| prompt.token_ids.len() as u32)
+            .sum()
+    }
+}
+
+pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    check_model_name(model, &state.config.served_model_name)
+}
+
+/// `POST /v1/completions`: text prompts tokenized (with special tokens), token prompts checked.
+pub async fn completion(
+    state: &AppState,
+    request: CompletionRequest,
+) -> Result<ValidRequest, ApiError> {
+    check_model(state, &request.model)?;
+    let sampling = check_completion_fields(&request, state.vocab_size)?;
+    let echo = request.echo.unwrap_or(false);
+    let max_model_len = state.max_model_len()?;
+    let inputs = prompt_inputs(state, request.prompt.clone()).await?;
+    if inputs.is_empty() {
+        check_prompt_not_empty(&[])?;
+    }
+    let mut prompts = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        check_prompt_not_empty(&input.ids)?;
+        check_token_ids("prompt", &input.ids, state.vocab_size)?;
+        let max_tokens = effective_max_tokens(
+            input.ids.len(),
+            request.sampling.max_tokens,
+            Some(DEFAULT_COMPLETION_MAX_TOKENS),
+            max_model_len,
+        )?;
+        let echo = match (echo, input.text) {
+            (false, _) => None,
+            (true, Some(text)) => Some(text),
+            (true, None) => Some(state.pool.decode(input.ids.clone(), true).await?),
+        };
+        prompts.push(ValidPrompt {
+            token_ids: input.ids,
+            echo,
+            params: sampling.params(max_tokens),
+        });
+    }
+    Ok(sampling.response(request.model.clone(), prompts))
+}
+
+/// Checks every field of a completions request but its model and its prompt.
+pub fn check_completion_fields(
+    request: &CompletionRequest,
+    vocab_size: u32,
+) -> Result<CheckedSampling<'_>, ApiError> {
+    check_echo(request.echo.unwrap_or(false), request.logprobs)?;
+    if let Some(logprobs) = request.logprobs {
+        check_logprobs("logprobs", logprobs)?;
+    }
+    check_sampling(
+        &request.sampling,
+        request.sampling.max_tokens,
+        request.logprobs,
+        vocab_size,
+    )
+}
+
+/// A prompt as token ids, with its text when the client sent text.
+struct PromptInput {
+    ids: Vec<u32>,
+    text: Option<String>,
+}
+
+async fn prompt_inputs(state: &AppState, prompt: Prompt) -> Result<Vec<PromptInput>, ApiError> {
+    let texts = match prompt {
+        Prompt::Text(text) => vec![text],
+        Prompt::Texts(texts) => texts,
+        Prompt::Tokens(ids) => return Ok(vec![PromptInput { ids, text: None }]),
+        Prompt::TokenLists(lists) => {
+            return Ok(lists
+                .into_iter()
+                .map(|ids| PromptInput { ids, text: None })
+                .collect())
+        }
+    };
+    try_join_all(texts.into_iter().map(|text| async move {
+        let ids = state.pool.encode(text.clone(), true).await?;
+        Ok::<_, ApiError>(PromptInput {
+            ids,
+            text: Some(text),
+        })
+    }))
+    .await
+}
+
+/// `POST /v1/chat/completions`: the messages rendered with the chat template, then tokenized.
+pub async fn chat(
+    state: &AppState,
+    request: ChatCompletionRequest,
+) -> Result<ValidRequest, ApiError> {
+    check_model(state, &request.model)?;
+    check_messages(&request.messages)?;
+    let max_tokens = request
+        .max_completion_tokens
+        .or(request.sampling.max_tokens);
+    let logprobs = match request.logprobs {
+        Some(true) => {
+            let top = request.top_logprobs.unwrap_or(0);
+            check_logprobs("top_logprobs", top)?;
+            Some(top)
+        }
+        _ => None,
+    };
+    let sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;
+    let max_model_len = state.max_model_len()?;
+    let text = chat_text(
+        state,
+        request.messages.clone(),
+        request.add_generation_prompt.unwrap_or(true),
+    )
+    .await?;
+    // The template already wrote the special tokens.
+    let token_ids = state.pool.encode(text, false).await?;
+    check_prompt_not_empty(&token_ids)?;
+    let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
+    let prompt = ValidPrompt {
+        token_ids,
+        echo: None,
+        params: sampling.params(max_tokens),
+    };
+    Ok(sampling.response(request.model.clone(), vec![prompt]))
+}
+
+/// Renders checked `messages` with the model's chat template on the tokenizer pool.
+pub async fn chat_text(
+    state: &AppState,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let template = state.chat_template.clone().ok_or_else(|| {
+        ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
+    })?;
+    state
+        .pool
+        .run(move |_| template.render(&messages, add_generation_prompt))
+        .await?
+        .map_err(|error| {
+            if error.is_request_error() {
+                ApiError::InvalidParameter {
+                    param: "messages",
+                    message: error.to_string(),
+                }
+            } else {
+                ApiError::Internal(error.to_string())
+            }
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::MessageContent;
+    use crate::api::openai::MessageContent;
 
     fn param_of(result: Result<impl std::fmt::Debug, ApiError>) -> &'static str {
         match result.unwrap_err() {
@@ -320,9 +553,9 @@ mod tests {
 
     #[test]
     fn model_must_be_the_served_name() {
-        assert!(check_model("smol", "smol").is_ok());
+        assert!(check_model_name("smol", "smol").is_ok());
         assert_eq!(
-            check_model("gpt-4", "smol"),
+            check_model_name("gpt-4", "smol"),
             Err(ApiError::ModelNotFound("gpt-4".into()))
         );
     }
@@ -475,7 +708,7 @@ mod tests {
     }
 
     #[test]
-    fn sampling_params_carry_the_checked_fields() {
+    fn checked_sampling_carries_the_checked_fields() {
         let fields = SamplingFields {
             temperature: Some(0.0),
             top_k: Some(0),
@@ -486,7 +719,9 @@ mod tests {
             min_tokens: Some(2),
             ..SamplingFields::default()
         };
-        let params = sampling_params(&fields, Some(8), Some(3), 100).unwrap();
+        let params = check_sampling(&fields, Some(8), Some(3), 100)
+            .unwrap()
+            .params(8);
         assert_eq!(params.max_tokens, 8);
         assert_eq!(params.temperature, 0.0);
         assert_eq!(params.top_k, -1);
@@ -499,18 +734,18 @@ mod tests {
     }
 
     #[test]
-    fn sampling_params_reject_the_first_bad_field() {
+    fn check_sampling_rejects_the_first_bad_field() {
         let fields = SamplingFields {
             top_p: Some(0.0),
             ..SamplingFields::default()
         };
-        assert_eq!(param_of(sampling_params(&fields, None, None, 100)), "top_p");
+        assert_eq!(param_of(check_sampling(&fields, None, None, 100)), "top_p");
         let fields = SamplingFields {
             stop_token_ids: Some(vec![500]),
             ..SamplingFields::default()
         };
         assert_eq!(
-            param_of(sampling_params(&fields, None, None, 100)),
+            param_of(check_sampling(&fields, None, None, 100)),
             "stop_token_ids"
         );
         let fields = SamplingFields {
@@ -518,8 +753,18 @@ mod tests {
             ..SamplingFields::default()
         };
         assert_eq!(
-            param_of(sampling_params(&fields, Some(8), None, 100)),
+            param_of(check_sampling(&fields, Some(8), None, 100)),
             "min_tokens"
         );
+    }
+
+    #[test]
+    fn min_tokens_follow_a_max_tokens_clipped_by_the_context() {
+        let fields = SamplingFields {
+            min_tokens: Some(9),
+            ..SamplingFields::default()
+        };
+        let params = check_sampling(&fields, None, None, 100).unwrap().params(4);
+        assert_eq!((params.max_tokens, params.min_tokens), (4, 4));
     }
 }

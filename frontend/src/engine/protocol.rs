@@ -37,7 +37,7 @@ impl From<rmp_serde::decode::Error> for ProtocolError {
 pub enum Message {
     AddRequest(AddRequest),
     Abort(Abort),
-    Utility(Utility),
+    UtilityCall(UtilityCall),
     Ready(Ready),
     Outputs(Outputs),
     UtilityResult(UtilityResult),
@@ -49,7 +49,7 @@ impl Message {
         match self {
             Message::AddRequest(_) => "add_request",
             Message::Abort(_) => "abort",
-            Message::Utility(_) => "utility",
+            Message::UtilityCall(_) => "utility",
             Message::Ready(_) => "ready",
             Message::Outputs(_) => "outputs",
             Message::UtilityResult(_) => "utility_result",
@@ -74,7 +74,7 @@ impl Serialize for Message {
         match self {
             Message::AddRequest(body) => envelope(kind, body, serializer),
             Message::Abort(body) => envelope(kind, body, serializer),
-            Message::Utility(body) => envelope(kind, body, serializer),
+            Message::UtilityCall(body) => envelope(kind, body, serializer),
             Message::Ready(body) => envelope(kind, body, serializer),
             Message::Outputs(body) => envelope(kind, body, serializer),
             Message::UtilityResult(body) => envelope(kind, body, serializer),
@@ -164,7 +164,7 @@ pub enum UtilityMethod {
 
 /// frontend → engine core: a call answered by a [`UtilityResult`] with the same `call_id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Utility {
+pub struct UtilityCall {
     pub call_id: u64,
     pub method: UtilityMethod,
 }
@@ -180,7 +180,7 @@ pub struct Ready {
 /// engine core → frontend: everything one engine step produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outputs {
-    pub outputs: Vec<RequestOutput>,
+    pub outputs: Vec<EngineOutput>,
     pub stats: EngineStats,
     pub timestamp: f64,
 }
@@ -196,20 +196,20 @@ pub enum FinishReason {
 
 /// One request's share of an engine step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RequestOutput {
+pub struct EngineOutput {
     pub request_id: String,
     pub new_token_ids: Vec<u32>,
-    pub new_logprobs: Option<Vec<TokenLogprobs>>,
+    pub new_logprobs: Option<Vec<Logprobs>>,
     pub finish_reason: Option<FinishReason>,
     pub stop_reason: Option<u32>,
     pub num_cached_tokens: u32,
     pub error: Option<String>,
 }
 
-impl RequestOutput {
+impl EngineOutput {
     /// The final output of a request that failed for `reason`.
     pub fn failed(request_id: impl Into<String>, reason: impl Into<String>) -> Self {
-        RequestOutput {
+        EngineOutput {
             request_id: request_id.into(),
             new_token_ids: Vec::new(),
             new_logprobs: None,
@@ -227,7 +227,7 @@ impl RequestOutput {
 
 /// Logprobs of one generated token: index 0 is the sampled token, then the top N.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TokenLogprobs {
+pub struct Logprobs {
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<f64>,
     /// 1 = most likely.
@@ -275,7 +275,7 @@ pub struct HealthResult {
     pub ok: bool,
 }
 
-/// engine core → frontend: the answer to a [`Utility`] call.
+/// engine core → frontend: the answer to a [`UtilityCall`] call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UtilityResult {
     pub call_id: u64,
@@ -292,7 +292,14 @@ macro_rules! message_from {
         }
     )*};
 }
-message_from!(AddRequest, Abort, Utility, Ready, Outputs, UtilityResult);
+message_from!(
+    AddRequest,
+    Abort,
+    UtilityCall,
+    Ready,
+    Outputs,
+    UtilityResult
+);
 
 /// The canonical msgpack body of `message`.
 pub fn encode(message: &Message) -> Vec<u8> {
@@ -322,7 +329,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, ProtocolError> {
     let message = match header.kind.as_str() {
         "add_request" => Message::AddRequest(rmp_serde::from_slice(bytes)?),
         "abort" => Message::Abort(rmp_serde::from_slice(bytes)?),
-        "utility" => Message::Utility(rmp_serde::from_slice(bytes)?),
+        "utility" => Message::UtilityCall(rmp_serde::from_slice(bytes)?),
         "ready" => Message::Ready(rmp_serde::from_slice(bytes)?),
         "outputs" => Message::Outputs(rmp_serde::from_slice(bytes)?),
         "utility_result" => Message::UtilityResult(rmp_serde::from_slice(bytes)?),
@@ -354,10 +361,10 @@ mod tests {
     fn sample_outputs() -> Outputs {
         Outputs {
             outputs: vec![
-                RequestOutput {
+                EngineOutput {
                     request_id: "a".into(),
                     new_token_ids: vec![5],
-                    new_logprobs: Some(vec![TokenLogprobs {
+                    new_logprobs: Some(vec![Logprobs {
                         token_ids: vec![5, 9],
                         logprobs: vec![-0.5, -1.25],
                         sampled_rank: 1,
@@ -367,10 +374,10 @@ mod tests {
                     num_cached_tokens: 16,
                     error: None,
                 },
-                RequestOutput {
+                EngineOutput {
                     finish_reason: Some(FinishReason::Stop),
                     stop_reason: Some(2),
-                    ..RequestOutput::failed("b", "")
+                    ..EngineOutput::failed("b", "")
                 },
             ],
             stats: EngineStats {
@@ -393,7 +400,7 @@ mod tests {
                 request_ids: vec!["a".into(), "b".into()],
             }
             .into(),
-            Utility {
+            UtilityCall {
                 call_id: 7,
                 method: UtilityMethod::Stats,
             }

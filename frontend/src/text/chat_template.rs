@@ -18,7 +18,7 @@ use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::openai::{ChatMessage, MessageContent};
+use crate::api::openai::{ChatMessage, MessageContent};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -571,8 +571,8 @@ fn civil_date(days_since_epoch: i64) -> (i64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::ContentPart;
-    use crate::tokenizer_pool::default_model_dir;
+    use crate::api::openai::ContentPart;
+    use crate::text::tokenizer_pool::default_model_dir;
 
     fn message(role: &str, content: &str) -> ChatMessage {
         ChatMessage {

@@ -46,11 +46,6 @@ impl IncrementalDetokenizer {
         }
     }
 
-    /// Every token id pushed so far.
-    pub fn token_ids(&self) -> &[u32] {
-        &self.ids
-    }
-
     /// Appends newly generated ids and returns the text that is now safe to emit
     /// (possibly empty while a character is still incomplete).
     pub fn push(&mut self, new_ids: &[u32]) -> Result<String, DetokenizeError> {
@@ -114,7 +109,7 @@ fn text_after_context<'a>(window_text: &'a str, context_text: &str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer_pool::load_default_model_tokenizer;
+    use crate::text::tokenizer_pool::load_default_model_tokenizer;
 
     const UNICODE_TEXT: &str = concat!(
         "Hello, 世界! 日本語のテキストです。中文：你好，世界。한국어: 안녕하세요. ",

@@ -2,128 +2,38 @@
 //! streamed as `chat.completion.chunk`s or answered whole.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::api_error::ApiError;
-use crate::generation::{
-    self, chunk_event, sse_events, unix_seconds, ChoiceResult, ChoiceSpec, ChoiceUpdate,
-    ResponseHeader, TokenLogprob,
-};
-use crate::openai::{
+use crate::api::error::ApiError;
+use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
+use crate::api::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, ChatMessage, StopSequences,
-    TopLogprob, Usage,
+    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
 };
-use crate::server::AppState;
-use crate::sse::event_stream_response;
-use crate::validation;
+use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::validate;
+use crate::state::{AppState, Arrival};
+use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 
 pub async fn create(
     State(state): State<Arc<AppState>>,
     body: Result<Json<ChatCompletionRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
-    let arrival_time = unix_seconds();
+    let arrival = Arrival::now();
     let Json(request) = body?;
-    chat(&state, request, arrival, arrival_time).await
-}
-
-/// Renders `messages` with the model's chat template on the tokenizer pool.
-pub async fn render(
-    state: &AppState,
-    messages: Vec<ChatMessage>,
-    add_generation_prompt: bool,
-) -> Result<String, ApiError> {
-    let template = state.chat_template.clone().ok_or_else(|| {
-        ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
-    })?;
-    state
-        .pool
-        .run(move |_| template.render(&messages, add_generation_prompt))
-        .await?
-        .map_err(|error| {
-            if error.is_request_error() {
-                ApiError::InvalidParameter {
-                    param: "messages",
-                    message: error.to_string(),
-                }
-            } else {
-                ApiError::Internal(error.to_string())
-            }
-        })
-}
-
-async fn chat(
-    state: &AppState,
-    request: ChatCompletionRequest,
-    arrival: Instant,
-    arrival_time: f64,
-) -> Result<Response, ApiError> {
-    state.check_model(&request.model)?;
-    validation::check_messages(&request.messages)?;
-    let sampling = &request.sampling;
-    let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
-    let logprobs = match request.logprobs {
-        Some(true) => {
-            let top = request.top_logprobs.unwrap_or(0);
-            validation::check_logprobs("top_logprobs", top)?;
-            Some(top)
-        }
-        _ => None,
-    };
-    let params = validation::sampling_params(sampling, max_tokens, logprobs, state.vocab_size)?;
-    let max_model_len = state.max_model_len()?;
-
-    let prompt = render(
-        state,
-        request.messages.clone(),
-        request.add_generation_prompt.unwrap_or(true),
-    )
-    .await?;
-    // The template already wrote the special tokens.
-    let prompt_ids = state.pool.encode(prompt, false).await?;
-    validation::check_prompt_not_empty(&prompt_ids)?;
-    let max_tokens =
-        validation::effective_max_tokens(prompt_ids.len(), max_tokens, None, max_model_len)?;
-    let stop = sampling
-        .stop
-        .clone()
-        .map(StopSequences::into_vec)
-        .unwrap_or_default();
-    let prompt_tokens = prompt_ids.len() as u32;
-    let choices = (0..sampling.n.unwrap_or(1))
-        .map(|i| {
-            let mut params = params.clone();
-            params.max_tokens = max_tokens;
-            params.min_tokens = params.min_tokens.min(max_tokens);
-            params.seed = params.seed.map(|seed| seed.wrapping_add(i64::from(i)));
-            ChoiceSpec {
-                index: i,
-                prompt_ids: prompt_ids.clone(),
-                params,
-                stop: stop.clone(),
-                prefix: None,
-            }
-        })
-        .collect::<Vec<_>>();
-
-    let id = state.request_id("chatcmpl");
-    let streams = generation::start(state, &id, choices, arrival, arrival_time)?;
-    let header = ResponseHeader::new(id, request.model);
-    if sampling.stream.unwrap_or(false) {
-        let include_usage = sampling
-            .stream_options
-            .as_ref()
-            .is_some_and(|options| options.include_usage);
-        Ok(stream(header, streams, prompt_tokens, include_usage))
+    let request = validate::chat(&state, request).await?;
+    let choices = fan_out::start(&state, "chatcmpl", &request, arrival)?;
+    let prompt_tokens = request.prompt_tokens();
+    if request.stream {
+        Ok(stream(choices, prompt_tokens, request.include_usage))
     } else {
-        let results = generation::collect(streams, 0).await?;
-        Ok(Json(whole(header, results, prompt_tokens, logprobs.is_some())).into_response())
+        let header = choices.header.clone();
+        let results = choices.collect().await?;
+        Ok(Json(whole(header, results, prompt_tokens, request.logprobs)).into_response())
     }
 }
 
@@ -170,14 +80,11 @@ fn whole(
     }
 }
 
-fn stream(
-    header: ResponseHeader,
-    streams: Vec<generation::ChoiceStream>,
-    prompt_tokens: u32,
-    include_usage: bool,
-) -> Response {
+fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response {
+    let header = choices.header.clone();
     // As OpenAI does, each choice opens with a delta that carries only the role.
-    let opening = streams
+    let opening = choices
+        .streams
         .iter()
         .map(|choice| {
             chunk_event(&header.chunk(
@@ -221,12 +128,7 @@ fn stream(
             ))
         })
     };
-    event_stream_response(sse_events(
-        opening,
-        generation::merged(streams),
-        frame,
-        closing,
-    ))
+    event_stream_response(sse_events(opening, choices.merged(), frame, closing))
 }
 
 fn chat_logprobs(entries: &[TokenLogprob]) -> ChatLogprobs {

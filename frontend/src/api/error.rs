@@ -8,6 +8,9 @@ use axum::Json;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::engine::client::EngineError;
+use crate::text::tokenizer_pool::TokenizerPoolError;
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ApiError {
     /// Malformed JSON, wrong types, missing fields.
@@ -131,6 +134,18 @@ impl From<JsonRejection> for ApiError {
         } else {
             ApiError::InvalidRequest(rejection.body_text())
         }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        ApiError::EngineUnavailable(error.to_string())
+    }
+}
+
+impl From<TokenizerPoolError> for ApiError {
+    fn from(error: TokenizerPoolError) -> Self {
+        ApiError::Internal(error.to_string())
     }
 }
 

@@ -1,0 +1,147 @@
+//! `POST /v1/completions`: prompts (text or token ids) × n choices, streamed or not.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::api::error::ApiError;
+use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
+use crate::api::openai::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
+};
+use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::validate;
+use crate::state::{AppState, Arrival};
+use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let arrival = Arrival::now();
+    let Json(request) = body?;
+    let request = validate::completion(&state, request).await?;
+    let choices = fan_out::start(&state, "cmpl", &request, arrival)?;
+    let prompt_tokens = request.prompt_tokens();
+    if request.stream {
+        Ok(stream(choices, prompt_tokens, request.include_usage))
+    } else {
+        let header = choices.header.clone();
+        let results = choices.collect().await?;
+        Ok(Json(whole(header, results, prompt_tokens, request.logprobs)).into_response())
+    }
+}
+
+impl ResponseHeader {
+    fn response(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
+fn whole(
+    header: ResponseHeader,
+    results: Vec<ChoiceResult>,
+    prompt_tokens: u32,
+    logprobs: bool,
+) -> CompletionResponse {
+    let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let choices = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, result)| CompletionChoice {
+            index: index as u32,
+            logprobs: logprobs.then(|| completion_logprobs(&result.logprobs, 0)),
+            text: result.text,
+            finish_reason: Some(result.finish_reason.to_owned()),
+        })
+        .collect();
+    header.response(choices, Some(Usage::new(prompt_tokens, completion_tokens)))
+}
+
+fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response {
+    let header = Arc::new(choices.header.clone());
+    let frame_header = header.clone();
+    // Each choice's text offset so far, for its logprobs' text_offset.
+    let mut offsets: BTreeMap<u32, u32> = BTreeMap::new();
+    let frame = move |update: ChoiceUpdate| {
+        let offset = offsets.entry(update.index).or_default();
+        let logprobs =
+            (!update.logprobs.is_empty()).then(|| completion_logprobs(&update.logprobs, *offset));
+        *offset += update.text.chars().count() as u32;
+        chunk_event(&frame_header.response(
+            vec![CompletionChoice {
+                index: update.index,
+                text: update.text,
+                logprobs,
+                finish_reason: update.finish_reason.map(str::to_owned),
+            }],
+            None,
+        ))
+    };
+    let closing = move |completion_tokens| {
+        include_usage.then(|| {
+            chunk_event(&header.response(
+                Vec::new(),
+                Some(Usage::new(prompt_tokens, completion_tokens)),
+            ))
+        })
+    };
+    event_stream_response(sse_events(Vec::new(), choices.merged(), frame, closing))
+}
+
+/// Completions' logprobs: the sampled tokens, their logprobs, the top alternatives (with the
+/// sampled token among them, as vLLM does) and each token's character offset in the text.
+fn completion_logprobs(entries: &[TokenLogprob], start_offset: u32) -> CompletionLogprobs {
+    let mut logprobs = CompletionLogprobs::default();
+    let mut offset = start_offset;
+    for entry in entries {
+        let mut top: BTreeMap<String, f64> = entry.top.iter().cloned().collect();
+        top.entry(entry.token.clone()).or_insert(entry.logprob);
+        logprobs.tokens.push(entry.token.clone());
+        logprobs.token_logprobs.push(Some(entry.logprob));
+        logprobs.top_logprobs.push(Some(top));
+        logprobs.text_offset.push(offset);
+        offset += entry.token.chars().count() as u32;
+    }
+    logprobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_offsets_accumulate_and_top_includes_the_sampled_token() {
+        let entries = vec![
+            TokenLogprob {
+                token: "Hi".into(),
+                logprob: -0.5,
+                top: vec![("Hello".into(), -0.1)],
+            },
+            TokenLogprob {
+                token: " there".into(),
+                logprob: -0.2,
+                top: vec![(" there".into(), -0.2)],
+            },
+        ];
+        let logprobs = completion_logprobs(&entries, 3);
+        assert_eq!(logprobs.tokens, ["Hi", " there"]);
+        assert_eq!(logprobs.token_logprobs, [Some(-0.5), Some(-0.2)]);
+        assert_eq!(logprobs.text_offset, [3, 5]);
+        let first = logprobs.top_logprobs[0].as_ref().unwrap();
+        assert_eq!(first.len(), 2);
+        assert_eq!(first["Hi"], -0.5);
+        assert_eq!(logprobs.top_logprobs[1].as_ref().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,158 @@
+//! One fan-out for completions and chat: a valid request's prompts × n choices admitted (one
+//! waiting-queue permit each, or an immediate 429), sent to the engine as one engine request
+//! each, and read back as choice streams, interleaved or collected whole.
+
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::api::error::ApiError;
+use crate::api::validate::ValidRequest;
+use crate::engine::client::EngineClient;
+use crate::engine::protocol::AddRequest;
+use crate::state::{unix_time, AppState, Arrival};
+use crate::text::choice_stream::{
+    ChoiceError, ChoiceSpec, ChoiceStream, ChoiceUpdate, TokenLogprob,
+};
+
+/// What every chunk and response of one request repeats: its id, creation time and model.
+#[derive(Debug, Clone)]
+pub struct ResponseHeader {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// A whole choice, for non-streamed responses.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChoiceResult {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: &'static str,
+    pub completion_tokens: u32,
+}
+
+/// A request's choices, started on the engine.
+pub struct Choices {
+    pub header: ResponseHeader,
+    pub streams: Vec<ChoiceStream>,
+    engine: EngineClient,
+}
+
+/// Admits the request's choices and sends one engine request per choice, with ids
+/// `<response id>-<index>`; choice `p * n + i` is prompt p's i-th, seeded `seed + i`.
+pub fn start(
+    state: &AppState,
+    id_kind: &str,
+    request: &ValidRequest,
+    arrival: Arrival,
+) -> Result<Choices, ApiError> {
+    let engine = state.engine()?;
+    let n = request.n;
+    let count = u32::try_from(request.prompts.len())
+        .ok()
+        .and_then(|prompts| prompts.checked_mul(n))
+        .ok_or(ApiError::QueueFull)?;
+    let mut permits = permits(state, count)?.into_iter();
+    let id = state.request_id(id_kind);
+    let mut streams = Vec::with_capacity(count as usize);
+    for (prompt_index, prompt) in request.prompts.iter().enumerate() {
+        for i in 0..n {
+            let index = prompt_index as u32 * n + i;
+            let mut params = prompt.params.clone();
+            params.seed = params.seed.map(|seed| seed.wrapping_add(i64::from(i)));
+            let outputs = engine.add_request(AddRequest {
+                request_id: format!("{id}-{index}"),
+                prompt_token_ids: prompt.token_ids.clone(),
+                params,
+                arrival_time: arrival.unix_seconds,
+                priority: 0,
+            })?;
+            let spec = ChoiceSpec {
+                index,
+                stop: request.stop.clone(),
+                prefix: prompt.echo.clone(),
+                wants_logprobs: request.logprobs,
+                prompt_tokens: prompt.token_ids.len() as u32,
+                arrival: arrival.instant,
+            };
+            let permit = permits.next().expect("one permit per choice");
+            streams.push(ChoiceStream::new(
+                spec,
+                outputs,
+                state.pool.clone(),
+                state.metrics.clone(),
+                permit,
+            ));
+        }
+    }
+    Ok(Choices {
+        header: ResponseHeader {
+            id,
+            created: unix_time(),
+            model: request.model.clone(),
+        },
+        streams,
+        engine: engine.clone(),
+    })
+}
+
+/// `count` waiting-queue permits, or a 429 when fewer are free.
+fn permits(state: &AppState, count: u32) -> Result<Vec<OwnedSemaphorePermit>, ApiError> {
+    let mut all = state
+        .permits
+        .clone()
+        .try_acquire_many_owned(count)
+        .map_err(|_| ApiError::QueueFull)?;
+    let mut permits: Vec<OwnedSemaphorePermit> = (1..count)
+        .map(|_| all.split(1).expect("one permit per choice"))
+        .collect();
+    permits.push(all);
+    Ok(permits)
+}
+
+impl Choices {
+    /// The updates of every choice, interleaved as they arrive. Dropping the stream drops the
+    /// choices, which aborts their engine requests.
+    pub fn merged(self) -> BoxStream<'static, Result<ChoiceUpdate, ApiError>> {
+        let engine = self.engine;
+        stream::select_all(self.streams.into_iter().map(|choice| {
+            stream::unfold(choice, |mut choice| async move {
+                let update = choice.next().await?;
+                Some((update, choice))
+            })
+            .boxed()
+        }))
+        .map(move |update| update.map_err(|error| api_error(&engine, error)))
+        .boxed()
+    }
+
+    /// Runs every choice to its end; the first error fails the whole response (the other engine
+    /// requests are aborted as their streams drop).
+    pub async fn collect(self) -> Result<Vec<ChoiceResult>, ApiError> {
+        let mut results = vec![ChoiceResult::default(); self.streams.len()];
+        let mut updates = self.merged();
+        while let Some(update) = updates.next().await {
+            let update = update?;
+            let result = &mut results[update.index as usize];
+            result.text.push_str(&update.text);
+            result.logprobs.extend(update.logprobs);
+            result.completion_tokens = update.completion_tokens;
+            if let Some(reason) = update.finish_reason {
+                result.finish_reason = reason;
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// A failed choice's error: the engine's own failure is a 500 while the engine is healthy, a 503
+/// once it is not (the failure was the engine going away).
+fn api_error(engine: &EngineClient, error: ChoiceError) -> ApiError {
+    match error {
+        ChoiceError::Engine(reason) if engine.is_healthy() => {
+            ApiError::Internal(format!("the engine failed the request: {reason}"))
+        }
+        ChoiceError::Engine(reason) => ApiError::EngineUnavailable(reason),
+        ChoiceError::Text(reason) => ApiError::Internal(reason),
+    }
+}

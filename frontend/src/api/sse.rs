@@ -1,0 +1,223 @@
+//! Server-Sent Events framing and sequencing of OpenAI streams: the opening events, one
+//! `data: <json>\n\n` event per chunk, then the usage chunk and a final `data: [DONE]\n\n`, or
+//! an error event for a stream that fails after its first byte.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::stream::{self, BoxStream};
+use futures::{Stream, StreamExt};
+use serde::Serialize;
+
+use crate::api::error::ApiError;
+use crate::text::choice_stream::ChoiceUpdate;
+
+pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// One event carrying `value` as compact JSON. serde_json's compact output
+/// escapes every control character inside strings, so the data line never
+/// contains a raw newline that would split the event.
+pub fn data_event<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_json::Error> {
+    let mut buf = BytesMut::with_capacity(256).writer();
+    std::io::Write::write_all(&mut buf, b"data: ").expect("writing to memory");
+    serde_json::to_writer(&mut buf, value)?;
+    let mut buf = buf.into_inner();
+    buf.put_slice(b"\n\n");
+    Ok(buf.freeze())
+}
+
+/// A data event for a chunk that always serializes.
+pub fn chunk_event<T: Serialize>(chunk: &T) -> Bytes {
+    data_event(chunk).expect("response chunks always serialize")
+}
+
+pub fn done_event() -> Bytes {
+    Bytes::from_static(DONE_EVENT)
+}
+
+/// The event that ends a stream which fails mid-way: OpenAI's error object,
+/// `data: {"error": {...}}`, since the status line has already gone out.
+pub fn error_event(error: &ApiError) -> Bytes {
+    data_event(&error.body()).expect("an error body always serializes")
+}
+
+/// A 200 response streaming already-framed events.
+pub fn event_stream_response<S>(events: S) -> Response
+where
+    S: Stream<Item = Bytes> + Send + 'static,
+{
+    let body = Body::from_stream(events.map(Ok::<_, std::convert::Infallible>));
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// The SSE events of a streamed response: `opening` first, one event per update (framed by
+/// `frame`), then on success `closing` (given the total completion tokens; the usage chunk) and
+/// `[DONE]`, or on failure one error event. Dropping the stream (a client that went away) drops
+/// the updates and so aborts their engine requests.
+pub fn sse_events<F, C>(
+    opening: Vec<Bytes>,
+    updates: BoxStream<'static, Result<ChoiceUpdate, ApiError>>,
+    frame: F,
+    closing: C,
+) -> impl Stream<Item = Bytes> + Send + 'static
+where
+    F: FnMut(ChoiceUpdate) -> Bytes + Send + 'static,
+    C: FnOnce(u32) -> Option<Bytes> + Send + 'static,
+{
+    struct Events<F, C> {
+        updates: BoxStream<'static, Result<ChoiceUpdate, ApiError>>,
+        frame: F,
+        closing: Option<C>,
+        tokens: HashMap<u32, u32>,
+    }
+    let events = Events {
+        updates,
+        frame,
+        closing: Some(closing),
+        tokens: HashMap::new(),
+    };
+    let body = stream::unfold(events, |mut events| async move {
+        let closing = events.closing.take()?;
+        let batch = match events.updates.next().await {
+            Some(Ok(update)) => {
+                events.tokens.insert(update.index, update.completion_tokens);
+                events.closing = Some(closing);
+                vec![(events.frame)(update)]
+            }
+            Some(Err(error)) => vec![error_event(&error)],
+            None => {
+                let total = events.tokens.values().sum();
+                closing(total).into_iter().chain([done_event()]).collect()
+            }
+        };
+        Some((stream::iter(batch), events))
+    })
+    .flatten();
+    stream::iter(opening).chain(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn data_event_is_one_compact_json_line() {
+        #[derive(Serialize)]
+        struct Chunk {
+            id: &'static str,
+            choices: Vec<serde_json::Value>,
+        }
+        let chunk = Chunk {
+            id: "cmpl-1",
+            choices: vec![json!({"text": "hi"})],
+        };
+        assert_eq!(
+            &data_event(&chunk).unwrap()[..],
+            b"data: {\"id\":\"cmpl-1\",\"choices\":[{\"text\":\"hi\"}]}\n\n"
+        );
+    }
+
+    #[test]
+    fn newlines_in_text_are_escaped_not_raw() {
+        let event = data_event(&json!({"text": "a\nb\r\nc\u{2028}"})).unwrap();
+        assert_eq!(
+            &event[..],
+            "data: {\"text\":\"a\\nb\\r\\nc\u{2028}\"}\n\n".as_bytes()
+        );
+        let body = &event[..event.len() - 2];
+        assert!(!body.contains(&b'\n') && !body.contains(&b'\r'));
+    }
+
+    #[test]
+    fn done_is_the_literal_marker() {
+        assert_eq!(&done_event()[..], b"data: [DONE]\n\n");
+    }
+
+    #[test]
+    fn error_event_carries_openai_error_object() {
+        let event = error_event(&ApiError::EngineUnavailable("engine core died".into()));
+        assert_eq!(
+            &event[..],
+            b"data: {\"error\":{\"message\":\"the engine is not available: engine core died\",\
+\"type\":\"server_error\",\"param\":null,\"code\":\"engine_unavailable\"}}\n\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn response_streams_events_as_event_stream() {
+        let events = futures::stream::iter([data_event(&json!({"n": 1})).unwrap(), done_event()]);
+        let response = event_stream_response(events);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"data: {\"n\":1}\n\ndata: [DONE]\n\n");
+    }
+
+    fn update(index: u32, text: &str, completion_tokens: u32) -> Result<ChoiceUpdate, ApiError> {
+        Ok(ChoiceUpdate {
+            index,
+            text: text.into(),
+            logprobs: Vec::new(),
+            finish_reason: None,
+            completion_tokens,
+        })
+    }
+
+    async fn events_of(updates: Vec<Result<ChoiceUpdate, ApiError>>) -> Vec<Bytes> {
+        let events = sse_events(
+            vec![Bytes::from_static(b"open")],
+            futures::stream::iter(updates).boxed(),
+            |update| Bytes::from(update.text),
+            |total: u32| Some(Bytes::from(format!("usage {total}"))),
+        );
+        events.collect().await
+    }
+
+    #[tokio::test]
+    async fn events_open_then_frame_each_update_then_close_with_the_token_total() {
+        let events = events_of(vec![
+            update(0, "a", 1),
+            update(1, "b", 2),
+            update(0, "c", 3),
+        ])
+        .await;
+        let expected: Vec<Bytes> = ["open", "a", "b", "c", "usage 5"]
+            .into_iter()
+            .map(Bytes::from)
+            .chain([done_event()])
+            .collect();
+        assert_eq!(events, expected);
+    }
+
+    #[tokio::test]
+    async fn a_failed_stream_ends_with_its_error_event_and_no_done() {
+        let error = ApiError::EngineUnavailable("gone".into());
+        let events = events_of(vec![
+            update(0, "a", 1),
+            Err(error.clone()),
+            update(0, "b", 2),
+        ])
+        .await;
+        assert_eq!(
+            events,
+            [Bytes::from("open"), Bytes::from("a"), error_event(&error)]
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! What every handler shares (the configuration, the tokenizer pool, the chat template, the
+//! metrics, the waiting-queue permits and the engine client), and the clocks requests are
+//! stamped with. It sits below the handlers, so no handler module is imported by it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Semaphore;
+
+use crate::api::error::ApiError;
+use crate::engine::client::{EngineClient, EngineClientConfig, EngineError};
+use crate::engine::protocol::EngineStats;
+use crate::metrics::Metrics;
+use crate::text::chat_template::{ChatTemplate, ChatTemplateError};
+use crate::text::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
+
+/// Jobs that may wait for a tokenizer worker before callers wait in turn.
+const TOKENIZER_QUEUE_DEPTH: usize = 1024;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_dir: PathBuf,
+    pub served_model_name: String,
+    pub api_key: Option<String>,
+    pub max_waiting_requests: usize,
+    pub max_body_bytes: usize,
+    pub tokenizer_workers: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerPoolError),
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatTemplateError),
+}
+
+/// Everything the handlers share. The engine client is set once the engine core is ready.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub pool: TokenizerPool,
+    /// None when the model has no chat template: chat requests are then answered with a 400.
+    pub chat_template: Option<Arc<ChatTemplate>>,
+    pub metrics: Arc<Metrics>,
+    /// One permit per engine request admitted and not yet finished.
+    pub permits: Arc<Semaphore>,
+    pub vocab_size: u32,
+    engine: OnceLock<EngineClient>,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// Loads the tokenizer and chat template of `config.model_dir`.
+    pub fn load(config: ServerConfig) -> Result<Self, StartupError> {
+        let tokenizer = load_tokenizer(&config.model_dir)?;
+        let vocab_size = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
+        let chat_template = match ChatTemplate::from_model_dir(&config.model_dir) {
+            Ok(template) => Some(Arc::new(template)),
+            Err(ChatTemplateError::Missing) => {
+                eprintln!("sluice-frontend: the model has no chat template; chat is disabled");
+                None
+            }
+            Err(error) => return Err(error.into()),
+        };
+        Ok(AppState {
+            pool: TokenizerPool::new(
+                Arc::new(tokenizer),
+                config.tokenizer_workers.max(1),
+                TOKENIZER_QUEUE_DEPTH,
+            ),
+            chat_template,
+            metrics: Arc::new(Metrics::new(config.served_model_name.clone())),
+            permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
+            vocab_size,
+            engine: OnceLock::new(),
+            next_id: AtomicU64::new(0),
+            config,
+        })
+    }
+
+    /// Makes the server serve with `engine`; only the first call has an effect.
+    pub fn set_engine(&self, engine: EngineClient) {
+        let _ = self.engine.set(engine);
+    }
+
+    /// The engine client, or a 503 while the engine core is not ready yet.
+    pub fn engine(&self) -> Result<&EngineClient, ApiError> {
+        self.engine
+            .get()
+            .ok_or_else(|| ApiError::EngineUnavailable("the engine core is not ready yet".into()))
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.engine.get().is_some_and(EngineClient::is_healthy)
+    }
+
+    /// The engine's counters after its last step, or None before the engine core is ready.
+    pub fn latest_stats(&self) -> Option<EngineStats> {
+        self.engine.get().and_then(EngineClient::latest_stats)
+    }
+
+    pub fn max_model_len(&self) -> Result<u32, ApiError> {
+        Ok(self.engine()?.ready().max_model_len)
+    }
+
+    /// A response id unique within this process, such as `cmpl-18c2f3a9d6e1b-7`.
+    pub fn request_id(&self, kind: &str) -> String {
+        let sequence = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{kind}-{started:x}-{sequence}")
+    }
+}
+
+/// Connects to the engine core, waits for its `ready`, and starts serving with it.
+pub async fn connect_engine(
+    state: &AppState,
+    config: EngineClientConfig,
+) -> Result<EngineClient, EngineError> {
+    let client = EngineClient::connect(config).await?;
+    state.set_engine(client.clone());
+    Ok(client)
+}
+
+/// When a request arrived, on both clocks: the monotonic one for latencies, the wall clock for
+/// the engine (its `arrival_time`).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub instant: Instant,
+    pub unix_seconds: f64,
+}
+
+impl Arrival {
+    pub fn now() -> Self {
+        Arrival {
+            instant: Instant::now(),
+            unix_seconds: unix_seconds(),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as OpenAI's `created` fields carry them.
+pub fn unix_time() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

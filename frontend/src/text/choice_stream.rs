@@ -1,0 +1,523 @@
+//! One choice's engine outputs turned into text updates: incremental detokenization on the
+//! tokenizer pool, stop strings, logprob token texts, the echo prefix, and the choice's timing
+//! and finish metrics.
+//!
+//! A choice holds one waiting-queue permit; it frees it (and drops its engine outputs, which
+//! aborts an unfinished engine request) as soon as it ends, by finishing, failing or being dropped.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use thiserror::Error;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::engine::client::OutputStream;
+use crate::engine::protocol::{EngineOutput, FinishReason, Logprobs};
+use crate::metrics::Metrics;
+use crate::text::detokenizer::{DetokenizeError, IncrementalDetokenizer};
+use crate::text::stop_strings::{StopMatcher, StopStep};
+use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
+
+/// A generated token's logprob with its alternatives, as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f64,
+    /// The top N alternatives, most likely first.
+    pub top: Vec<(String, f64)>,
+}
+
+/// New text (and logprobs) of one choice; the last update of a choice carries its finish reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceUpdate {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: Option<&'static str>,
+    /// Tokens the engine generated for this choice so far.
+    pub completion_tokens: u32,
+}
+
+/// Why a choice ended without a finish reason.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ChoiceError {
+    /// The engine failed or aborted the request, or its outputs ended early.
+    #[error("{0}")]
+    Engine(String),
+    /// The tokenizer pool or the detokenizer failed.
+    #[error("{0}")]
+    Text(String),
+}
+
+impl From<TokenizerPoolError> for ChoiceError {
+    fn from(error: TokenizerPoolError) -> Self {
+        ChoiceError::Text(error.to_string())
+    }
+}
+
+impl From<DetokenizeError> for ChoiceError {
+    fn from(error: DetokenizeError) -> Self {
+        ChoiceError::Text(error.to_string())
+    }
+}
+
+/// What a choice is, apart from its engine outputs.
+#[derive(Debug, Clone)]
+pub struct ChoiceSpec {
+    /// The choice's index in the response.
+    pub index: u32,
+    pub stop: Vec<String>,
+    /// Text sent before the generated text (completions' `echo`).
+    pub prefix: Option<String>,
+    pub wants_logprobs: bool,
+    pub prompt_tokens: u32,
+    pub arrival: Instant,
+}
+
+/// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
+pub struct ChoiceStream<O = OutputStream> {
+    index: u32,
+    outputs: Option<O>,
+    pool: TokenizerPool,
+    detokenizer: Option<IncrementalDetokenizer>,
+    stop: StopMatcher,
+    prefix: Option<String>,
+    wants_logprobs: bool,
+    metrics: Arc<Metrics>,
+    permit: Option<OwnedSemaphorePermit>,
+    arrival: Instant,
+    last_token_at: Option<Instant>,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    finished: bool,
+}
+
+impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
+    pub fn new(
+        spec: ChoiceSpec,
+        outputs: O,
+        pool: TokenizerPool,
+        metrics: Arc<Metrics>,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        ChoiceStream {
+            index: spec.index,
+            outputs: Some(outputs),
+            detokenizer: Some(IncrementalDetokenizer::new(pool.tokenizer().clone(), true)),
+            pool,
+            stop: StopMatcher::new(spec.stop),
+            prefix: spec.prefix,
+            wants_logprobs: spec.wants_logprobs,
+            metrics,
+            permit: Some(permit),
+            arrival: spec.arrival,
+            last_token_at: None,
+            prompt_tokens: spec.prompt_tokens,
+            completion_tokens: 0,
+            finished: false,
+        }
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The next non-empty update; None after the last one (or after an error).
+    pub async fn next(&mut self) -> Option<Result<ChoiceUpdate, ChoiceError>> {
+        loop {
+            let outputs = self.outputs.as_mut()?;
+            let Some(output) = outputs.next().await else {
+                return Some(Err(self.fail("the engine client stopped".into())));
+            };
+            match self.update(output).await {
+                Ok(Some(update)) => return Some(Ok(update)),
+                Ok(None) => continue,
+                Err(error) => {
+                    self.finish("error");
+                    return Some(Err(error));
+                }
+            }
+        }
+    }
+
+    async fn update(&mut self, output: EngineOutput) -> Result<Option<ChoiceUpdate>, ChoiceError> {
+        self.observe_timing(output.new_token_ids.len());
+        self.completion_tokens += output.new_token_ids.len() as u32;
+        let logprobs = match (&output.new_logprobs, self.wants_logprobs) {
+            (Some(entries), true) => self.logprob_texts(entries).await?,
+            _ => Vec::new(),
+        };
+        let finish = match output.finish_reason {
+            None => None,
+            Some(FinishReason::Stop) => Some("stop"),
+            Some(FinishReason::Length) => Some("length"),
+            Some(FinishReason::Abort) => {
+                return Err(self.fail("the engine aborted the request".into()))
+            }
+            Some(FinishReason::Error) => {
+                let reason = output.error.unwrap_or_else(|| "unknown error".into());
+                return Err(self.fail(reason));
+            }
+        };
+
+        let delta = self
+            .detokenize(output.new_token_ids, finish.is_some())
+            .await?;
+        let (mut text, finish_reason) = match self.stop.push(&delta) {
+            StopStep::Stopped { text, .. } => (text, Some("stop")),
+            StopStep::Continue { mut text } => {
+                if finish.is_some() {
+                    text.push_str(&self.stop.finish());
+                }
+                (text, finish)
+            }
+        };
+        if let Some(reason) = finish_reason {
+            self.finish(reason);
+        }
+        if text.is_empty() && logprobs.is_empty() && finish_reason.is_none() {
+            return Ok(None);
+        }
+        if let Some(prefix) = self.prefix.take() {
+            text.insert_str(0, &prefix);
+        }
+        Ok(Some(ChoiceUpdate {
+            index: self.index,
+            text,
+            logprobs,
+            finish_reason,
+            completion_tokens: self.completion_tokens,
+        }))
+    }
+
+    async fn detokenize(&mut self, ids: Vec<u32>, last: bool) -> Result<String, ChoiceError> {
+        let detokenizer = self
+            .detokenizer
+            .take()
+            .expect("the detokenizer is returned after every job");
+        let (detokenizer, delta) = self
+            .pool
+            .run(move |_| {
+                let mut detokenizer = detokenizer;
+                let mut delta = detokenizer.push(&ids)?;
+                if last {
+                    delta.push_str(&detokenizer.finish()?);
+                }
+                Ok::<_, DetokenizeError>((detokenizer, delta))
+            })
+            .await??;
+        self.detokenizer = Some(detokenizer);
+        Ok(delta)
+    }
+
+    async fn logprob_texts(&self, entries: &[Logprobs]) -> Result<Vec<TokenLogprob>, ChoiceError> {
+        let entries = entries.to_vec();
+        Ok(self
+            .pool
+            .run(move |tokenizer| {
+                let text = |id: u32| tokenizer.decode(&[id], false).unwrap_or_default();
+                entries
+                    .iter()
+                    .filter(|entry| !entry.token_ids.is_empty())
+                    .map(|entry| TokenLogprob {
+                        token: text(entry.token_ids[0]),
+                        logprob: entry.logprobs.first().copied().unwrap_or(f64::NAN),
+                        top: entry
+                            .token_ids
+                            .iter()
+                            .zip(&entry.logprobs)
+                            .skip(1)
+                            .map(|(&id, &logprob)| (text(id), logprob))
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .await?)
+    }
+
+    fn fail(&mut self, reason: String) -> ChoiceError {
+        self.finish("error");
+        ChoiceError::Engine(reason)
+    }
+}
+
+impl<O> ChoiceStream<O> {
+    fn observe_timing(&mut self, new_tokens: usize) {
+        if new_tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        match self.last_token_at {
+            None => {
+                let since_arrival = (now - self.arrival).as_secs_f64();
+                self.metrics.time_to_first_token.observe(since_arrival);
+                self.metrics.request_queue_time.observe(since_arrival);
+            }
+            Some(last) => self
+                .metrics
+                .inter_token_latency
+                .observe((now - last).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+    }
+
+    /// Ends the choice: counts it, frees its permit, and drops its engine outputs, which aborts
+    /// the engine request when the engine has not finished it (a stop string matched).
+    fn finish(&mut self, reason: &'static str) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.outputs = None;
+        self.permit = None;
+        self.metrics.record_finished(
+            reason,
+            u64::from(self.prompt_tokens),
+            u64::from(self.completion_tokens),
+        );
+        self.metrics
+            .e2e_request_latency
+            .observe(self.arrival.elapsed().as_secs_f64());
+    }
+}
+
+impl<O> Drop for ChoiceStream<O> {
+    fn drop(&mut self) {
+        // A stream dropped before its end is a client that went away.
+        self.finish("abort");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll};
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::text::tokenizer_pool::load_default_model_tokenizer;
+
+    const TEXT: &str = "Hello world, this is a test of 日本語 👋🏽 text.";
+
+    /// The engine's outputs for one request, from a script; records when the choice drops them
+    /// (which is how an unfinished engine request is aborted).
+    struct Scripted {
+        outputs: std::vec::IntoIter<EngineOutput>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl Stream for Scripted {
+        type Item = EngineOutput;
+
+        fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<EngineOutput>> {
+            Poll::Ready(self.outputs.next())
+        }
+    }
+
+    impl Drop for Scripted {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn output(ids: &[u32], finish: Option<FinishReason>) -> EngineOutput {
+        EngineOutput {
+            request_id: "cmpl-1-0".into(),
+            new_token_ids: ids.to_vec(),
+            new_logprobs: None,
+            finish_reason: finish,
+            stop_reason: None,
+            num_cached_tokens: 0,
+            error: None,
+        }
+    }
+
+    /// `ids` one token per output, the last finishing with `finish`.
+    fn outputs_of(ids: &[u32], finish: FinishReason) -> Vec<EngineOutput> {
+        let mut outputs: Vec<_> = ids.iter().map(|&id| output(&[id], None)).collect();
+        outputs.push(output(&[], Some(finish)));
+        outputs
+    }
+
+    struct Choice {
+        stream: ChoiceStream<Scripted>,
+        permits: Arc<Semaphore>,
+        outputs_dropped: Arc<AtomicBool>,
+        pool: TokenizerPool,
+    }
+
+    fn choice(
+        outputs: Vec<EngineOutput>,
+        stop: &[&str],
+        prefix: Option<&str>,
+        logprobs: bool,
+    ) -> Choice {
+        let pool = TokenizerPool::new(Arc::new(load_default_model_tokenizer()), 1, 16);
+        let permits = Arc::new(Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().unwrap();
+        let outputs_dropped = Arc::new(AtomicBool::new(false));
+        let spec = ChoiceSpec {
+            index: 3,
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            prefix: prefix.map(str::to_owned),
+            wants_logprobs: logprobs,
+            prompt_tokens: 5,
+            arrival: Instant::now(),
+        };
+        let scripted = Scripted {
+            outputs: outputs.into_iter(),
+            dropped: outputs_dropped.clone(),
+        };
+        let metrics = Arc::new(Metrics::new("smol"));
+        Choice {
+            stream: ChoiceStream::new(spec, scripted, pool.clone(), metrics, permit),
+            permits,
+            outputs_dropped,
+            pool,
+        }
+    }
+
+    fn token_ids(text: &str) -> Vec<u32> {
+        load_default_model_tokenizer()
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec()
+    }
+
+    /// Every update until the end, and the error that ended it, if any.
+    async fn drain(
+        stream: &mut ChoiceStream<Scripted>,
+    ) -> (Vec<ChoiceUpdate>, Option<ChoiceError>) {
+        let mut updates = Vec::new();
+        while let Some(update) = stream.next().await {
+            match update {
+                Ok(update) => updates.push(update),
+                Err(error) => {
+                    assert!(stream.next().await.is_none(), "nothing after an error");
+                    return (updates, Some(error));
+                }
+            }
+        }
+        (updates, None)
+    }
+
+    fn text_of(updates: &[ChoiceUpdate]) -> String {
+        updates.iter().map(|update| update.text.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn tokens_become_the_text_and_the_last_update_finishes() {
+        let ids = token_ids(TEXT);
+        let mut choice = choice(outputs_of(&ids, FinishReason::Length), &[], None, false);
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(error, None);
+        assert_eq!(text_of(&updates), TEXT);
+        let last = updates.last().unwrap();
+        assert_eq!(last.finish_reason, Some("length"));
+        assert_eq!(last.completion_tokens, ids.len() as u32);
+        assert!(updates.iter().all(|update| update.index == 3));
+        assert!(updates[..updates.len() - 1]
+            .iter()
+            .all(|update| update.finish_reason.is_none()));
+        assert_eq!(choice.permits.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stop_string_ends_the_choice_and_drops_the_engine_request() {
+        let ids = token_ids(TEXT);
+        let mut choice = choice(
+            outputs_of(&ids, FinishReason::Length),
+            &[", this"],
+            None,
+            false,
+        );
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(error, None);
+        assert_eq!(text_of(&updates), "Hello world");
+        assert_eq!(updates.last().unwrap().finish_reason, Some("stop"));
+        assert!(updates.last().unwrap().completion_tokens < ids.len() as u32);
+        assert!(choice.outputs_dropped.load(Ordering::SeqCst));
+        assert_eq!(choice.permits.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_echo_prefix_comes_once_before_the_text() {
+        let ids = token_ids(" world");
+        let mut choice = choice(
+            outputs_of(&ids, FinishReason::Stop),
+            &[],
+            Some("Hello"),
+            false,
+        );
+        let (updates, _) = drain(&mut choice.stream).await;
+        assert!(updates[0].text.starts_with("Hello"));
+        assert_eq!(text_of(&updates), "Hello world");
+        assert_eq!(updates.last().unwrap().finish_reason, Some("stop"));
+    }
+
+    #[tokio::test]
+    async fn logprobs_are_sent_as_token_texts_only_when_asked_for() {
+        let ids = token_ids("Hi there");
+        let mut first = output(&ids[..1], None);
+        first.new_logprobs = Some(vec![Logprobs {
+            token_ids: vec![ids[0], ids[1]],
+            logprobs: vec![-0.5, -1.25],
+            sampled_rank: 1,
+        }]);
+        let script = vec![first, output(&[], Some(FinishReason::Length))];
+
+        let mut asked = choice(script.clone(), &[], None, true);
+        let (updates, _) = drain(&mut asked.stream).await;
+        let decode = |id| asked.pool.tokenizer().decode(&[id], false).unwrap();
+        assert_eq!(
+            updates[0].logprobs,
+            [TokenLogprob {
+                token: decode(ids[0]),
+                logprob: -0.5,
+                top: vec![(decode(ids[1]), -1.25)],
+            }]
+        );
+
+        let mut not_asked = choice(script, &[], None, false);
+        let (updates, _) = drain(&mut not_asked.stream).await;
+        assert!(updates.iter().all(|update| update.logprobs.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn an_engine_error_fails_the_choice_and_frees_its_permit() {
+        let mut failed = output(&[], Some(FinishReason::Error));
+        failed.error = Some("the worker died".into());
+        let mut choice = choice(
+            vec![output(&token_ids("Hi"), None), failed],
+            &[],
+            None,
+            false,
+        );
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(text_of(&updates), "Hi");
+        assert_eq!(error, Some(ChoiceError::Engine("the worker died".into())));
+        assert_eq!(choice.permits.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn outputs_that_end_without_a_finish_reason_are_an_engine_error() {
+        let mut choice = choice(vec![output(&token_ids("Hi"), None)], &[], None, false);
+        let (_, error) = drain(&mut choice.stream).await;
+        assert!(matches!(error, Some(ChoiceError::Engine(_))), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn dropping_an_unfinished_choice_frees_its_permit_and_its_engine_request() {
+        let ids = token_ids(TEXT);
+        let mut choice = choice(outputs_of(&ids, FinishReason::Length), &[], None, false);
+        assert!(choice.stream.next().await.unwrap().is_ok());
+        assert_eq!(choice.permits.available_permits(), 0);
+        drop(choice.stream);
+        assert!(choice.outputs_dropped.load(Ordering::SeqCst));
+        assert_eq!(choice.permits.available_permits(), 1);
+    }
+}

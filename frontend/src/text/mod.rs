@@ -1,0 +1,7 @@
+//! Text on both sides of the engine: tokenization, chat templates, and generated tokens turned
+//! back into text.
+pub mod chat_template;
+pub mod choice_stream;
+pub mod detokenizer;
+pub mod stop_strings;
+pub mod tokenizer_pool;

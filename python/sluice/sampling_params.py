@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.errors import InvalidRequestError
 from sluice.wire import BOOL, FLOAT, INT, INT_LIST, Invalid, ProtocolError, Record, optional, token_map
+
+# The most alternatives a token's logprobs may carry, as in vLLM's default max_logprobs.
+MAX_LOGPROBS = 20
 
 
 @dataclass(slots=True)
@@ -15,7 +21,7 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    # -1 (or 0) disables top-k, as in vLLM.
+    # -1 or 0 disables top-k, as in vLLM.
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
@@ -34,37 +40,60 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first parameter out of range."""
+        """Raise InvalidRequestError naming the first parameter out of range.
+
+        The limits are vLLM's; a float must also hold as the 32-bit float the sampler uses.
+        tests/golden/sampling_limits.json holds the cases that the frontend's rules share.
+        """
         checks: list[tuple[bool, str, str]] = [
             (self.n >= 1, "n", f"n must be at least 1, got {self.n}"),
             (self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
             (
-                self.temperature >= 0.0,
+                _holds(self.temperature, lambda t: 0.0 <= t <= 2.0),
                 "temperature",
-                f"temperature must be non-negative, got {self.temperature}",
+                f"temperature must be in [0, 2], got {self.temperature}",
             ),
-            (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= -1, "top_k", f"top_k must be -1 (disabled) or at least 0, got {self.top_k}"),
-            (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
             (
-                self.repetition_penalty > 0.0,
+                _holds(self.top_p, lambda p: 0.0 < p <= 1.0),
+                "top_p",
+                f"top_p must be in (0, 1], got {self.top_p}",
+            ),
+            (
+                self.top_k >= -1,
+                "top_k",
+                f"top_k must be -1 or 0 (disabled), or at least 1, got {self.top_k}",
+            ),
+            (
+                _holds(self.min_p, lambda p: 0.0 <= p <= 1.0),
+                "min_p",
+                f"min_p must be in [0, 1], got {self.min_p}",
+            ),
+            (
+                _holds(self.repetition_penalty, lambda p: p > 0.0),
                 "repetition_penalty",
-                f"repetition_penalty must be positive, got {self.repetition_penalty}",
+                f"repetition_penalty must be greater than 0 and a finite 32-bit float, got {self.repetition_penalty}",
             ),
             (
-                -2.0 <= self.presence_penalty <= 2.0,
+                _holds(self.presence_penalty, lambda p: -2.0 <= p <= 2.0),
                 "presence_penalty",
                 f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
             ),
             (
-                -2.0 <= self.frequency_penalty <= 2.0,
+                _holds(self.frequency_penalty, lambda p: -2.0 <= p <= 2.0),
                 "frequency_penalty",
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
             (
-                self.logprobs is None or self.logprobs >= 0,
+                all(
+                    _holds(bias, lambda b: -100.0 <= b <= 100.0) for bias in (self.logit_bias or {}).values()
+                ),
+                "logit_bias",
+                f"logit_bias values must be in [-100, 100], got {self.logit_bias}",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
-                f"logprobs must be non-negative, got {self.logprobs}",
+                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
             ),
             (
                 self.seed is None or -(2**63) <= self.seed < 2**63,
@@ -81,6 +110,20 @@ class SamplingParams:
         for ok, param, message in checks:
             if not ok:
                 raise InvalidRequestError(message, param=param)
+
+
+def _as_float32(value: float) -> float:
+    """`value` as the sampler's 32-bit float: too large becomes infinity, too small 0."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _holds(value: float, in_range: Callable[[float], bool]) -> bool:
+    """Whether `value` is in range both as sent and as the sampler's 32-bit float (never NaN or inf)."""
+    as_float32 = _as_float32(value)
+    return in_range(value) and math.isfinite(as_float32) and in_range(as_float32)
 
 
 def _params_from_fields(**fields: Any) -> SamplingParams:

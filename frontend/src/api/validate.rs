@@ -34,26 +34,38 @@ pub fn check_model_name(requested: &str, served: &str) -> Result<(), ApiError> {
     }
 }
 
-pub fn check_temperature(temperature: f64) -> Result<(), ApiError> {
-    if temperature >= 0.0 && temperature.is_finite() {
+/// Whether `value` is in range both as sent and as the 32-bit float the sampler uses, where 1e39
+/// overflows to infinity (and then NaN) and 1e-50 underflows to 0.
+fn holds(value: f64, in_range: impl Fn(f64) -> bool) -> bool {
+    let as_f32 = f64::from(value as f32);
+    in_range(value) && as_f32.is_finite() && in_range(as_f32)
+}
+
+/// A sampling float in the range that `rule` states.
+fn check_float(
+    param: &'static str,
+    value: f64,
+    rule: &str,
+    in_range: impl Fn(f64) -> bool,
+) -> Result<(), ApiError> {
+    if holds(value, in_range) {
         Ok(())
     } else {
         Err(out_of_range(
-            "temperature",
-            format!("temperature must be non-negative, got {temperature}"),
+            param,
+            format!("{param} must be {rule}, got {value}"),
         ))
     }
 }
 
+pub fn check_temperature(temperature: f64) -> Result<(), ApiError> {
+    check_float("temperature", temperature, "in [0, 2]", |t| {
+        (0.0..=2.0).contains(&t)
+    })
+}
+
 pub fn check_top_p(top_p: f64) -> Result<(), ApiError> {
-    if top_p > 0.0 && top_p <= 1.0 {
-        Ok(())
-    } else {
-        Err(out_of_range(
-            "top_p",
-            format!("top_p must be in (0, 1], got {top_p}"),
-        ))
-    }
+    check_float("top_p", top_p, "in (0, 1]", |p| p > 0.0 && p <= 1.0)
 }
 
 /// -1 and 0 both disable top-k; the engine's spelling is -1.
@@ -63,20 +75,13 @@ pub fn top_k(top_k: i64) -> Result<i32, ApiError> {
         k if k >= 1 => Ok(i32::try_from(k).unwrap_or(i32::MAX)),
         k => Err(out_of_range(
             "top_k",
-            format!("top_k must be -1 (disable), or at least 1, got {k}"),
+            format!("top_k must be -1 or 0 (disabled), or at least 1, got {k}"),
         )),
     }
 }
 
 pub fn check_min_p(min_p: f64) -> Result<(), ApiError> {
-    if (0.0..=1.0).contains(&min_p) {
-        Ok(())
-    } else {
-        Err(out_of_range(
-            "min_p",
-            format!("min_p must be in [0, 1], got {min_p}"),
-        ))
-    }
+    check_float("min_p", min_p, "in [0, 1]", |p| (0.0..=1.0).contains(&p))
 }
 
 pub fn check_n(n: u32) -> Result<(), ApiError> {
@@ -113,25 +118,16 @@ pub fn check_min_tokens(min_tokens: u32, max_tokens: Option<u32>) -> Result<(), 
 
 /// presence_penalty and frequency_penalty.
 pub fn check_additive_penalty(param: &'static str, penalty: f64) -> Result<(), ApiError> {
-    if (-2.0..=2.0).contains(&penalty) {
-        Ok(())
-    } else {
-        Err(out_of_range(
-            param,
-            format!("{param} must be in [-2, 2], got {penalty}"),
-        ))
-    }
+    check_float(param, penalty, "in [-2, 2]", |p| (-2.0..=2.0).contains(&p))
 }
 
 pub fn check_repetition_penalty(penalty: f64) -> Result<(), ApiError> {
-    if penalty > 0.0 && penalty.is_finite() {
-        Ok(())
-    } else {
-        Err(out_of_range(
-            "repetition_penalty",
-            format!("repetition_penalty must be greater than 0, got {penalty}"),
-        ))
-    }
+    check_float(
+        "repetition_penalty",
+        penalty,
+        "greater than 0 and a finite 32-bit float",
+        |p| p > 0.0,
+    )
 }
 
 /// `logprobs` (completions) and `top_logprobs` (chat).
@@ -164,7 +160,7 @@ pub fn logit_bias(
                         format!("logit_bias key {key:?} is not a token id below {vocab_size}"),
                     )
                 })?;
-            if !(-100.0..=100.0).contains(&value) {
+            if !holds(value, |bias| (-100.0..=100.0).contains(&bias)) {
                 return Err(out_of_range(
                     "logit_bias",
                     format!("logit_bias values must be in [-100, 100], got {value} for {key}"),
@@ -563,8 +559,9 @@ mod tests {
     #[test]
     fn temperature_is_non_negative() {
         assert!(check_temperature(0.0).is_ok());
-        assert!(check_temperature(2.5).is_ok());
+        assert!(check_temperature(2.0).is_ok());
         assert_eq!(param_of(check_temperature(-0.1)), "temperature");
+        assert_eq!(param_of(check_temperature(2.5)), "temperature");
     }
 
     #[test]
@@ -756,6 +753,37 @@ mod tests {
             param_of(check_sampling(&fields, Some(8), None, 100)),
             "min_tokens"
         );
+    }
+
+    /// tests/golden/sampling_limits.json, which the engine's validation runs too.
+    #[test]
+    fn sampling_limits_follow_the_golden_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/golden/sampling_limits.json"
+        );
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let vocab_size = golden["vocab_size"].as_u64().unwrap() as u32;
+        let cases = golden["cases"].as_array().unwrap();
+        assert!(cases.len() > 20);
+        for case in cases {
+            let mut body = serde_json::json!({"model": "m", "prompt": "x"});
+            for (field, value) in case["params"].as_object().unwrap() {
+                body[field] = value.clone();
+            }
+            let expected = case.get("param").map(|param| param.as_str().unwrap());
+            // A value JSON cannot carry into the field's type (infinity, a negative count) is
+            // refused by the parser, with a 400 of its own.
+            let Ok(request) = serde_json::from_value::<CompletionRequest>(body) else {
+                assert!(expected.is_some(), "{case} was refused by the parser");
+                continue;
+            };
+            match check_completion_fields(&request, vocab_size) {
+                Ok(_) => assert_eq!(expected, None, "{case} was accepted"),
+                Err(error) => assert_eq!(error.param(), expected, "{case}: {error}"),
+            }
+        }
     }
 
     #[test]

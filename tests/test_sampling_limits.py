@@ -1,0 +1,50 @@
+"""The engine's request validation against the golden table of sampling limits, which the frontend's
+validation (frontend/src/api/validate.rs) runs too: the two rule sets cannot drift apart."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.request_validation import validate_request
+from sluice.errors import InvalidRequestError
+from sluice.sampling_params import SamplingParams
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "sampling_limits.json").read_text())
+VOCAB_SIZE: int = GOLDEN["vocab_size"]
+CASES: list[dict[str, Any]] = GOLDEN["cases"]
+
+
+def _engine_value(value: Any) -> Any:
+    """A golden value as msgpack would bring it: "inf", "-inf" and "nan" are those floats."""
+    if value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {int(key): _engine_value(item) for key, item in value.items()}
+    return value
+
+
+def _case_id(case: dict[str, Any]) -> str:
+    return json.dumps(case["params"], separators=(",", ":"))
+
+
+def test_the_table_has_both_accepted_and_refused_cases_for_every_float_field() -> None:
+    for field in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty"):
+        verdicts = {"param" in case for case in CASES if field in case["params"]}
+        assert verdicts == {True, False}, field
+    assert math.isinf(_engine_value("inf")) and math.isnan(_engine_value("nan"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_engine_validation_follows_the_golden_table(case: dict[str, Any]) -> None:
+    params = SamplingParams(**{field: _engine_value(value) for field, value in case["params"].items()})
+    if "param" not in case:
+        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE)
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE)
+    assert refused.value.param == case["param"], str(refused.value)

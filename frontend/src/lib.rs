@@ -1,5 +1,6 @@
 //! Sluice's frontend: everything that touches text and HTTP.
 pub mod api_error;
+pub mod block_pool_audit;
 pub mod chat;
 pub mod chat_template;
 pub mod cli;

@@ -160,6 +160,8 @@ pub enum UtilityMethod {
     Stats,
     /// The prefix cache's block hashes, for routers: a [`KvCacheSnapshot`].
     KvCache,
+    /// A consistency audit of the KV block pool: a [`crate::block_pool_audit::BlockPoolAudit`].
+    BlockPoolAudit,
 }
 
 /// frontend → engine core: a call answered by a [`UtilityResult`] with the same `call_id`.
@@ -255,6 +257,7 @@ pub enum UtilityValue {
     Health(HealthResult),
     Stats(EngineStats),
     KvCache(KvCacheSnapshot),
+    BlockPoolAudit(crate::block_pool_audit::BlockPoolAudit),
 }
 
 /// What the engine core's prefix cache holds, as `GET /sluice/kv_cache` serves it to routers.

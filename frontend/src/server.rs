@@ -153,6 +153,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/sluice/kv_cache", get(kv_cache))
+        .route(
+            "/sluice/block_pool_audit",
+            get(crate::block_pool_audit::block_pool_audit),
+        )
         .route("/version", get(version))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

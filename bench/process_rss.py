@@ -1,0 +1,138 @@
+"""The resident memory of every process of a `sluice serve` tree, named by role, sampled over time.
+
+Roles come from each process's command line: `serve` (the supervisor), `router`, `frontend`,
+`engine_core`, `worker_0`... A process that appears later (a restarted engine core) joins the
+samples from its first sighting on; one that exits keeps its samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import log
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+MIB = 1024 * 1024
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every live process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [root], [root]
+    while frontier:
+        frontier = [child for pid in frontier for child in children.get(pid, [])]
+        found += frontier
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of `pid`, or None once it is gone."""
+    try:
+        return int((Path("/proc") / str(pid) / "statm").read_text().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_roles(root: int) -> dict[str, int]:
+    """{role: pid} for the tree under `root` (the `sluice serve` process)."""
+    roles: dict[str, int] = {}
+    workers = 0
+    for pid in _tree(root):
+        line = _cmdline(pid)
+        if "sluice-frontend" in line:
+            role = "frontend"
+        elif "sluice-router" in line:
+            role = "router"
+        elif "engine.engine_core_server" in line:
+            role = "engine_core"
+        elif "worker.worker_process" in line:
+            role = f"worker_{workers}"
+            workers += 1
+        elif pid == root:
+            role = "serve"
+        else:
+            # A helper (a resource tracker, a compiler) is not one of the server's processes.
+            continue
+        roles[role] = pid
+    return roles
+
+
+def snapshot(root: int) -> dict[str, int]:
+    """{role: RSS bytes} now."""
+    values = {role: rss_bytes(pid) for role, pid in process_roles(root).items()}
+    return {role: value for role, value in values.items() if value is not None}
+
+
+@dataclass
+class RssSampler:
+    """Samples every role's RSS every `interval_s` on a thread, until stopped."""
+
+    root: int
+    interval_s: float = 1.0
+    started: float = field(default_factory=time.monotonic)
+    # role -> [(seconds since start, RSS bytes)]
+    series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, int]:
+        now = time.monotonic() - self.started
+        values = snapshot(self.root)
+        for role, value in values.items():
+            self.series.setdefault(role, []).append((now, value))
+        return values
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RssSampler]:
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+            self.sample()
+
+    def peak(self) -> dict[str, int]:
+        return {role: max(value for _, value in points) for role, points in self.series.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "interval_s": self.interval_s,
+            "series": {
+                role: [[round(t, 2), value] for t, value in points] for role, points in self.series.items()
+            },
+        }
+
+
+def mib(values: dict[str, int]) -> dict[str, float]:
+    return {role: round(value / MIB, 1) for role, value in values.items()}
+
+
+def log_rss(label: str, values: dict[str, int]) -> None:
+    log(f"RSS {label}: " + ", ".join(f"{role} {value:.1f} MiB" for role, value in mib(values).items()))

@@ -136,3 +136,50 @@ def mib(values: dict[str, int]) -> dict[str, float]:
 
 def log_rss(label: str, values: dict[str, int]) -> None:
     log(f"RSS {label}: " + ", ".join(f"{role} {value:.1f} MiB" for role, value in mib(values).items()))
+
+
+def window_median(points: list[tuple[float, int]], start_s: float, end_s: float) -> int | None:
+    inside = sorted(value for t, value in points if start_s <= t <= end_s)
+    return inside[len(inside) // 2] if inside else None
+
+
+def rss_growth(sampler: RssSampler, warmup_s: float, window_s: float) -> dict[str, dict[str, float]]:
+    """Per role: the median RSS of the window just after warm-up, of the last window, their ratio - 1,
+    and the largest sample after warm-up over the first median, minus 1."""
+    growth = {}
+    for role, points in sampler.series.items():
+        end = points[-1][0]
+        baseline = window_median(points, warmup_s, warmup_s + window_s)
+        final = window_median(points, end - window_s, end)
+        if baseline is None or final is None:
+            continue
+        peak = max(value for t, value in points if t >= warmup_s)
+        growth[role] = {
+            "after_warmup_mib": round(baseline / MIB, 1),
+            "final_mib": round(final / MIB, 1),
+            "growth": round(final / baseline - 1, 4),
+            "peak_growth": round(peak / baseline - 1, 4),
+        }
+    return growth
+
+
+def plot_rss(sampler: RssSampler, warmup_s: float, path: Path, title: str) -> None:
+    """The RSS curve of every role over time, warm-up shaded, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5))
+    for role, points in sorted(sampler.series.items()):
+        axes.plot([t for t, _ in points], [value / MIB for _, value in points], label=role)
+    axes.axvspan(0, warmup_s, color="0.9", label="warm-up")
+    axes.set_xlabel("seconds")
+    axes.set_ylabel("RSS (MiB)")
+    axes.set_yscale("log")
+    axes.set_title(title)
+    axes.legend(loc="best")
+    axes.grid(True, which="both", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)

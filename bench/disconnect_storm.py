@@ -32,7 +32,9 @@ from typing import Any
 
 from harness import bench_lock, log
 from serve_checks import (
+    PREEMPTIONS,
     block_pool_audit,
+    read_metrics,
     report_progress,
     served_model,
     started_sluice,
@@ -191,6 +193,7 @@ def run_disconnects(
     duration = time.monotonic() - started
     gauges = wait_until_idle(base_url)
     audit = block_pool_audit(base_url)
+    preemptions = read_metrics(base_url)[PREEMPTIONS]
     # The server still serves after the storm.
     after = asyncio.run(storm(base_url, [_control(model)], 1, 60))
     result = {
@@ -202,6 +205,8 @@ def run_disconnects(
         "outcomes": dict(outcomes),
         "storm_seconds": round(duration, 1),
         "gauges_after": gauges,
+        # Preempted requests are aborted too when their clients leave: a small KV pool makes some.
+        "preemptions": preemptions,
         "audit": audit,
         "served_after": after["completed"] == 1,
     }
@@ -213,7 +218,7 @@ def run_disconnects(
         f"{streams} streams in {duration:.0f} s: {dict(outcomes)}; after: running {gauges['running']:g}, "
         f"waiting {gauges['waiting']:g}, KV usage {gauges['kv_cache_usage']:g}; audit: "
         f"{'consistent' if audit['consistent'] else audit['problems']}, {audit['num_free_blocks']}/"
-        f"{audit['num_blocks']} blocks free, {audit['num_cached_blocks']} cached"
+        f"{audit['num_blocks']} blocks free, {audit['num_cached_blocks']} cached; {preemptions:g} preemptions"
     )
     return result
 

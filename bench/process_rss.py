@@ -56,7 +56,6 @@ def rss_bytes(pid: int) -> int | None:
 def process_roles(root: int) -> dict[str, int]:
     """{role: pid} for the tree under `root` (the `sluice serve` process)."""
     roles: dict[str, int] = {}
-    workers = 0
     for pid in _tree(root):
         line = _cmdline(pid)
         if "sluice-frontend" in line:
@@ -66,13 +65,16 @@ def process_roles(root: int) -> dict[str, int]:
         elif "engine.engine_core_server" in line:
             role = "engine_core"
         elif "worker.worker_process" in line:
-            role = f"worker_{workers}"
-            workers += 1
+            role = "worker"
         elif pid == root:
             role = "serve"
         else:
             # A helper (a resource tracker, a compiler) is not one of the server's processes.
             continue
+        # Workers are numbered from 0; a second frontend or engine core (data parallelism) from 1.
+        if role == "worker" or role in roles:
+            same = sum(1 for name in roles if name == role or name.startswith(role + "_"))
+            role = f"{role}_{same}"
         roles[role] = pid
     return roles
 

@@ -20,6 +20,7 @@ GAUGES = {
     "waiting": "sluice:num_requests_waiting",
     "kv_cache_usage": "sluice:kv_cache_usage_perc",
 }
+PREEMPTIONS = "sluice:num_preemptions_total"
 PROGRESS_INTERVAL_S = 5.0
 
 
@@ -28,8 +29,8 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
-def engine_gauges(base_url: str) -> dict[str, float]:
-    """Requests running and waiting in the engine core, and its KV cache usage, from /metrics."""
+def read_metrics(base_url: str) -> dict[str, float]:
+    """Every metric of /metrics, summed over its label sets."""
     values: dict[str, float] = {}
     for line in _get(f"{base_url}/metrics").decode().splitlines():
         if not line or line.startswith("#"):
@@ -37,6 +38,12 @@ def engine_gauges(base_url: str) -> dict[str, float]:
         series, value = line.rsplit(" ", 1)
         name = series.split("{", 1)[0]
         values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def engine_gauges(base_url: str) -> dict[str, float]:
+    """Requests running and waiting in the engine core, and its KV cache usage, from /metrics."""
+    values = read_metrics(base_url)
     return {key: values[name] for key, name in GAUGES.items()}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from engine.block_pool_audit import BlockPoolAudit, audit_block_pool
 from engine.engine_core_output import EngineCoreOutput
 from engine.executor import make_executor
 from engine.kv_events_publisher import KVEventPublisher
@@ -149,6 +150,10 @@ class EngineCore:
             "kv_events_port": self.config.cache.kv_events_port,
             "block_hashes": sorted(block_hash.hex() for block_hash in pool.cached_block_hash_to_block),
         }
+
+    def audit_block_pool(self) -> BlockPoolAudit:
+        """Every KV block free or held by a live request, ref counts, free list and cached-block map agreeing."""
+        return audit_block_pool(self.scheduler.kv_cache_manager, self.scheduler.requests.keys())
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()

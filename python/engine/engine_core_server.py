@@ -254,6 +254,8 @@ class EngineCoreServer:
             return UtilityResult(call.call_id, stats_to_wire(self._stats()), None)
         if call.method == "kv_cache":
             return UtilityResult(call.call_id, kv_cache_to_wire(self.engine.kv_cache()), None)
+        if call.method == "block_pool_audit":
+            return UtilityResult(call.call_id, self.engine.audit_block_pool().to_wire(), None)
         return UtilityResult(call.call_id, None, f"unknown utility method {call.method!r}")
 
     def _step(self) -> bool:

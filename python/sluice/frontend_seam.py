@@ -32,7 +32,7 @@ from sluice.worker_seam import LOGPROBS_RECORD, Logprobs
 
 PROTOCOL_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort", "error")
-UTILITY_METHODS = ("health", "stats", "kv_cache")
+UTILITY_METHODS = ("health", "stats", "kv_cache", "block_pool_audit")
 
 
 # frontend -> engine core
@@ -56,7 +56,7 @@ class Abort:
 @dataclass(slots=True)
 class UtilityCall:
     call_id: int
-    # "health", "stats" or "kv_cache"; an unknown method is decodable so that it can be answered with an error.
+    # "health", "stats", "kv_cache" or "block_pool_audit"; an unknown method is decodable so that it can be answered with an error.
     method: str
 
 
@@ -106,7 +106,7 @@ class Outputs:
 class UtilityResult:
     call_id: int
     # {"ok": True} for health; the stats map (stats_to_wire) for stats; the kv_cache map
-    # (kv_cache_to_wire) for kv_cache.
+    # (kv_cache_to_wire) for kv_cache; BlockPoolAudit.to_wire()'s scalar map for block_pool_audit.
     result: dict[str, Any] | None = None
     error: str | None = None
 

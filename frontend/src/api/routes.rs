@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
 use crate::api::{chat, completions, tokenize};
-use crate::engine::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
+use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::metrics::EngineGauges;
 use crate::state::{unix_time, AppState};
 
@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health))
         .route("/sluice/kv_cache", get(kv_cache))
+        .route("/sluice/block_pool_audit", get(block_pool_audit))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -96,6 +97,19 @@ async fn kv_cache(State(state): State<Arc<AppState>>) -> Result<Json<KvCacheSnap
         Ok(Some(UtilityValue::KvCache(snapshot))) => Ok(Json(snapshot)),
         Ok(other) => Err(ApiError::Internal(format!(
             "the engine core answered kv_cache with {other:?}"
+        ))),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The engine core's audit of its KV block pool: no block held by a request that is gone.
+async fn block_pool_audit(
+    State(state): State<Arc<AppState>>,
+) -> Result<Json<BlockPoolAudit>, ApiError> {
+    match state.engine()?.utility(UtilityMethod::BlockPoolAudit).await {
+        Ok(Some(UtilityValue::BlockPoolAudit(audit))) => Ok(Json(audit)),
+        Ok(other) => Err(ApiError::Internal(format!(
+            "the engine core answered block_pool_audit with {other:?}"
         ))),
         Err(error) => Err(error.into()),
     }

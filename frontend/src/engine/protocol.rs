@@ -160,6 +160,8 @@ pub enum UtilityMethod {
     Stats,
     /// The prefix cache's block hashes, for routers: a [`KvCacheSnapshot`].
     KvCache,
+    /// A consistency audit of the KV block pool: a [`BlockPoolAudit`].
+    BlockPoolAudit,
 }
 
 /// frontend → engine core: a call answered by a [`UtilityResult`] with the same `call_id`.
@@ -255,6 +257,7 @@ pub enum UtilityValue {
     Health(HealthResult),
     Stats(EngineStats),
     KvCache(KvCacheSnapshot),
+    BlockPoolAudit(BlockPoolAudit),
 }
 
 /// What the engine core's prefix cache holds, as `GET /sluice/kv_cache` serves it to routers.
@@ -268,6 +271,23 @@ pub struct KvCacheSnapshot {
     pub kv_events_port: Option<u16>,
     /// Lower-case hex of every block hash in the prefix cache.
     pub block_hashes: Vec<String>,
+}
+
+/// The `block_pool_audit` utility result (python/engine/block_pool_audit.py's `to_wire`), served at
+/// `GET /sluice/block_pool_audit` for the disconnect-storm and soak checks that no block leaked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockPoolAudit {
+    /// True when every block is free or held by a live request and the pool's books agree.
+    pub consistent: bool,
+    pub num_blocks: u64,
+    pub num_free_blocks: u64,
+    pub num_held_blocks: u64,
+    pub num_cached_blocks: u64,
+    pub num_live_requests: u64,
+    pub num_holding_requests: u64,
+    pub num_problems: u64,
+    /// The first problems found, joined with "; " (empty when consistent).
+    pub problems: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -26,6 +26,7 @@ class RequestOutcome:
     usage_reported: bool = False
     reason: str = ""  # empty when the request succeeded; otherwise a short category
     error: str = ""  # the full message behind `reason`
+    retry_after: str | None = None  # the Retry-After header of a refusal (429, 503), if it had one
 
     @property
     def success(self) -> bool:
@@ -165,6 +166,7 @@ async def send_request(
         ) as response:
             if response.status != 200:
                 outcome.reason = f"HTTP {response.status}"
+                outcome.retry_after = response.headers.get("Retry-After")
                 outcome.error = _error_message(response.status, await response.read())
                 return outcome
             await _read_stream(response, outcome)

@@ -9,6 +9,7 @@ pub mod engine_client;
 pub mod generation;
 pub mod metrics;
 pub mod openai;
+pub mod openapi;
 pub mod protocol;
 pub mod server;
 pub mod sse;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// A completions prompt: a string, strings, token ids, or lists of token ids.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -18,7 +18,7 @@ pub enum Prompt {
 }
 
 /// `stop`: one string or several.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopSequences {
     One(String),
@@ -34,14 +34,14 @@ impl StopSequences {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// Sampling fields common to completions and chat, as OpenAI and vLLM name them.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct SamplingFields {
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
@@ -64,7 +64,7 @@ pub struct SamplingFields {
     pub user: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Prompt,
@@ -76,21 +76,21 @@ pub struct CompletionRequest {
 }
 
 /// A chat message's content: a string, or OpenAI's array of parts of which text parts are joined.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<MessageContent>,
@@ -98,7 +98,7 @@ pub struct ChatMessage {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
@@ -112,7 +112,7 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -130,7 +130,7 @@ impl Usage {
 }
 
 /// Completions' logprobs: parallel arrays over the generated tokens.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f64>>,
@@ -138,7 +138,7 @@ pub struct CompletionLogprobs {
     pub text_offset: Vec<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
@@ -147,7 +147,7 @@ pub struct CompletionChoice {
 }
 
 /// Both the whole response and each stream chunk (`object` is "text_completion" in both).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionResponse {
     pub id: String,
     pub object: String,
@@ -157,14 +157,14 @@ pub struct CompletionResponse {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f64,
     pub bytes: Vec<u8>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobToken {
     pub token: String,
     pub logprob: f64,
@@ -172,18 +172,18 @@ pub struct ChatLogprobToken {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     pub content: Vec<ChatLogprobToken>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
     pub content: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
@@ -191,7 +191,7 @@ pub struct ChatChoice {
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionResponse {
     pub id: String,
     pub object: String,
@@ -201,7 +201,7 @@ pub struct ChatCompletionResponse {
     pub usage: Usage,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -209,7 +209,7 @@ pub struct ChatDelta {
     pub content: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
@@ -217,7 +217,7 @@ pub struct ChatChunkChoice {
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionChunk {
     pub id: String,
     pub object: String,
@@ -227,7 +227,7 @@ pub struct ChatCompletionChunk {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: String,
@@ -236,14 +236,14 @@ pub struct ModelCard {
     pub max_model_len: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelList {
     pub object: String,
     pub data: Vec<ModelCard>,
 }
 
 /// vLLM's /tokenize: a prompt, or chat messages rendered through the template first.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
@@ -252,20 +252,20 @@ pub struct TokenizeRequest {
     pub add_generation_prompt: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeResponse {
     pub count: usize,
     pub max_model_len: u32,
     pub tokens: Vec<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeResponse {
     pub prompt: String,
 }

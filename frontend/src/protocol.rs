@@ -258,7 +258,7 @@ pub enum UtilityValue {
 }
 
 /// What the engine core's prefix cache holds, as `GET /sluice/kv_cache` serves it to routers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KvCacheSnapshot {
     /// The last KV-events message the engine core published; every change it carries is in
     /// `block_hashes` (0 when it publishes none).

@@ -26,6 +26,7 @@ use crate::metrics::{EngineGauges, Metrics};
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
+use crate::openapi;
 use crate::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
 use crate::validation;
@@ -155,6 +156,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sluice/kv_cache", get(kv_cache))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }

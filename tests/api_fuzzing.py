@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, Verbosity
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -42,6 +45,9 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 CHAT_ROLES = ("user", "assistant", "system")
 ERROR_FIELDS = {"message", "type", "param", "code"}
 FAILURE_EXAMPLES_KEPT = 20
+# Operations fuzzed at once: the server overlaps tokenization, validation and engine steps across them.
+CONCURRENT_RUNS = 4
+MAX_ROUNDS = 3
 
 
 @dataclass
@@ -59,6 +65,15 @@ class FuzzReport:
             self.failures.append(f"{what}\n    {case.as_curl_command(base_url=base_url)}")
         else:
             self.failures.append(what.splitlines()[0] if what else what)
+
+    def merge(self, other: FuzzReport) -> None:
+        self.cases += other.cases
+        self.statuses.update(other.statuses)
+        self.cases_by_operation.update(other.cases_by_operation)
+        self.server_errors += other.server_errors
+        self.hangs += other.hangs
+        self.resets += other.resets
+        self.failures += other.failures
 
     def summary(self) -> str:
         statuses = ", ".join(f"{status}: {count}" for status, count in sorted(self.statuses.items()))
@@ -83,7 +98,8 @@ def _cheapen(case: Case, served_model: str) -> None:
         return
     if isinstance(body.get("model"), str):
         body["model"] = served_model
-    for message in body.get("messages") or []:
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and isinstance(message.get("role"), str):
             role = message["role"]
             if role not in CHAT_ROLES:
@@ -114,15 +130,19 @@ def openai_error_shape_problem(status: int, text: str) -> str | None:
     return None
 
 
-def _stream_problem(response: requests.Response) -> str | None:
-    if not response.headers.get("content-type", "").startswith("text/event-stream"):
-        return None
-    if not response.text.rstrip().endswith("data: [DONE]"):
-        return f"an event stream that does not end with [DONE]: ...{response.text[-200:]!r}"
+def _stream_problem(content_type: str, text: str) -> str | None:
+    if content_type.startswith("text/event-stream") and not text.rstrip().endswith("data: [DONE]"):
+        return f"an event stream that does not end with [DONE]: ...{text[-200:]!r}"
     return None
 
 
-def _check_case(case: Case, base_url: str, served_model: str, mode: GenerationMode, report: FuzzReport) -> None:
+def _check_case(
+    case: Case,
+    base_url: str,
+    served_model: str,
+    mode: GenerationMode,
+    report: FuzzReport,
+) -> None:
     _cheapen(case, served_model)
     label = f"{case.operation.method.upper()} {case.operation.path}"
     report.cases += 1
@@ -138,8 +158,7 @@ def _check_case(case: Case, base_url: str, served_model: str, mode: GenerationMo
         report.record_failure(case, base_url, f"{label}: connection error {error}")
         return
     report.statuses[response.status_code] += 1
-    if response.status_code >= 500:
-        report.server_errors += 1
+    report.server_errors += response.status_code >= 500
     problems = []
     checks = [not_a_server_error, status_code_conformance, content_type_conformance]
     checks += [response_schema_conformance]
@@ -147,11 +166,13 @@ def _check_case(case: Case, base_url: str, served_model: str, mode: GenerationMo
         checks.append(negative_data_rejection)
     try:
         case.validate_response(response, checks=checks)
-    except Exception as failure:  # schemathesis raises one exception grouping every failed check
+    except FailureGroup as failure:
         problems.append(str(failure).strip())
+    text = response.content.decode(errors="replace")
     if 400 <= response.status_code < 500:
-        problems.append(openai_error_shape_problem(response.status_code, response.text) or "")
-    problems.append(_stream_problem(response) or "")
+        problems.append(openai_error_shape_problem(response.status_code, text) or "")
+    content_type = (response.headers.get("content-type") or [""])[0]
+    problems.append(_stream_problem(content_type, text) or "")
     problems = [problem for problem in problems if problem]
     if problems:
         report.record_failure(case, base_url, f"{label} -> {response.status_code}: " + "\n".join(problems))
@@ -174,32 +195,54 @@ def _run(strategy: Any, examples: int, seed: int, on_case: Callable[[Case], None
     run()
 
 
+def _fuzz_operation(
+    base_url: str, served_model: str, label: str, mode: GenerationMode, examples: int, seed: int
+) -> FuzzReport:
+    """One operation in one mode, in a process of its own (hypothesis and schemathesis are not
+    thread-safe), loading the document itself."""
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    (operation,) = [
+        result.ok()
+        for result in schema.get_all_operations()
+        if f"{result.ok().method.upper()} {result.ok().path}" == label
+    ]
+    report = FuzzReport()
+    _run(
+        operation.as_strategy(mode),
+        examples,
+        seed,
+        lambda case: _check_case(case, base_url, served_model, mode, report),
+    )
+    return report
+
+
 def fuzz(base_url: str, cases: int, seed: int) -> FuzzReport:
-    """About `cases` requests against the server at `base_url`, spread over its documented operations:
-    operations without a body have few distinct inputs, so the budget goes to those with one."""
+    """At least `cases` requests against the server at `base_url`, spread over its documented operations
+    (those without a body have few distinct inputs, so the budget goes to those with one), several
+    operations at a time. Hypothesis may stop an operation early when it runs out of distinct inputs; further
+    rounds with the next seeds make up the count."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     models = requests.get(f"{base_url}/v1/models", timeout=REQUEST_TIMEOUT_S)
     assert models.status_code == 200, models.text
     served_model = models.json()["data"][0]["id"]
     operations = [result.ok() for result in schema.get_all_operations()]
-    with_body = [op for op in operations if op.body]
-    without_body = [op for op in operations if not op.body]
+    labels = {operation: f"{operation.method.upper()} {operation.path}" for operation in operations}
+    runs = [(labels[op], GenerationMode.POSITIVE, 1) for op in operations if not op.body]
+    with_body = [(labels[op], mode) for op in operations if op.body for mode in GenerationMode]
     report = FuzzReport()
-    for operation in without_body:
-        _run(
-            operation.as_strategy(GenerationMode.POSITIVE),
-            1,
-            seed,
-            lambda case: _check_case(case, base_url, served_model, GenerationMode.POSITIVE, report),
-        )
-    per_run = math.ceil(max(cases - report.cases, 0) / (2 * len(with_body)))
-    for index, operation in enumerate(with_body):
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            def on_case(case: Case, mode: GenerationMode = mode) -> None:
-                _check_case(case, base_url, served_model, mode, report)
-
-            _run(operation.as_strategy(mode), per_run, seed + index, on_case)
+    with ProcessPoolExecutor(CONCURRENT_RUNS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for round_ in range(MAX_ROUNDS):
+            missing = cases - report.cases - sum(examples for _, _, examples in runs)
+            runs += [(label, mode, math.ceil(missing / len(with_body))) for label, mode in with_body]
+            futures = [
+                pool.submit(_fuzz_operation, base_url, served_model, label, mode, examples, seed + index)
+                for index, (label, mode, examples) in enumerate(runs, start=round_ * 100)
+            ]
+            for future in futures:
+                report.merge(future.result())
+            runs = []
+            if report.cases >= cases:
+                break
     return report
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+
 from api_fuzzing import fuzz
 from serve_fixtures import Server, running_server
 

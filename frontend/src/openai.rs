@@ -43,17 +43,26 @@ pub struct StreamOptions {
 /// Sampling fields common to completions and chat, as OpenAI and vLLM name them.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct SamplingFields {
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
+    #[schema(minimum = 0.0)]
     pub temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f64>,
+    #[schema(minimum = 1, maximum = 128)]
     pub n: Option<u32>,
     pub stop: Option<StopSequences>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub seed: Option<i64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f64>,
+    #[schema(exclusive_minimum = 0.0)]
     pub repetition_penalty: Option<f64>,
     /// Token ids as JSON object keys, which are always strings.
     pub logit_bias: Option<BTreeMap<String, f64>>,
@@ -71,6 +80,7 @@ pub struct CompletionRequest {
     #[serde(flatten)]
     pub sampling: SamplingFields,
     /// Completions take an int: the sampled token plus the top N.
+    #[schema(maximum = 20)]
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
 }
@@ -105,9 +115,11 @@ pub struct ChatCompletionRequest {
     #[serde(flatten)]
     pub sampling: SamplingFields,
     /// The newer name of max_tokens; when both are given this one wins, as in OpenAI's API.
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<u32>,
     /// Chat takes a bool, and `top_logprobs` for how many alternatives.
     pub logprobs: Option<bool>,
+    #[schema(maximum = 20)]
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
 }

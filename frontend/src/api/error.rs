@@ -45,17 +45,19 @@ pub enum ApiError {
 }
 
 /// OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub message: String,
     #[serde(rename = "type")]
     pub kind: &'static str,
+    #[schema(required = true)]
     pub param: Option<&'static str>,
+    #[schema(required = true)]
     pub code: Option<&'static str>,
 }
 

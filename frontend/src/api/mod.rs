@@ -4,6 +4,7 @@ pub mod completions;
 pub mod error;
 pub mod fan_out;
 pub mod openai;
+pub mod openapi;
 pub mod routes;
 pub mod sse;
 pub mod tokenize;

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 
 use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
-use crate::api::{chat, completions, tokenize};
+use crate::api::{chat, completions, openapi, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::metrics::EngineGauges;
 use crate::state::{unix_time, AppState};
@@ -36,6 +36,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sluice/block_pool_audit", get(block_pool_audit))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }

@@ -261,7 +261,7 @@ pub enum UtilityValue {
 }
 
 /// What the engine core's prefix cache holds, as `GET /sluice/kv_cache` serves it to routers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KvCacheSnapshot {
     /// The last KV-events message the engine core published; every change it carries is in
     /// `block_hashes` (0 when it publishes none).
@@ -275,7 +275,7 @@ pub struct KvCacheSnapshot {
 
 /// The `block_pool_audit` utility result (python/engine/block_pool_audit.py's `to_wire`), served at
 /// `GET /sluice/block_pool_audit` for the disconnect-storm and soak checks that no block leaked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BlockPoolAudit {
     /// True when every block is free or held by a live request and the pool's books agree.
     pub consistent: bool,

@@ -1,0 +1,423 @@
+//! The OpenAPI 3.1 document served at `GET /openapi.json`.
+//!
+//! The schemas are derived from the wire types themselves (`utoipa::ToSchema` on `openai.rs`, the
+//! error body and the KV-cache snapshot), so a field cannot change without the document changing.
+//! [`ROUTES`] names every route with the statuses its handler answers; `tests/openapi_spec.rs`
+//! checks that the router serves exactly the routes and methods the document lists.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{
+    Content, OpenApi as Document, Paths, Ref, Required, ResponseBuilder, Responses,
+};
+use utoipa::OpenApi;
+
+use crate::api::error::ErrorResponse;
+use crate::api::openai::{
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
+    TokenizeResponse,
+};
+use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot};
+
+/// The component schemas; every schema these reference is collected with them.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sluice",
+        description = "An OpenAI-compatible inference server: completions, chat completions, \
+                       models, vLLM's tokenize and detokenize, health, version, Prometheus metrics."
+    ),
+    components(schemas(
+        CompletionRequest,
+        CompletionResponse,
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionChunk,
+        ModelList,
+        TokenizeRequest,
+        TokenizeResponse,
+        DetokenizeRequest,
+        DetokenizeResponse,
+        KvCacheSnapshot,
+        BlockPoolAudit,
+        ErrorResponse,
+    ))
+)]
+struct Components;
+
+/// What a route answers with its 200.
+enum Success {
+    /// JSON of the named component schema.
+    Json(&'static str),
+    /// JSON of the first schema, or (with `"stream": true`) server-sent events of the second.
+    JsonOrEvents(&'static str, &'static str),
+    /// `{"version": "..."}`.
+    Version,
+    /// The Prometheus text exposition format.
+    Prometheus,
+    /// This document.
+    Document,
+    /// No body: the status is the answer.
+    Empty,
+}
+
+struct Route {
+    method: HttpMethod,
+    path: &'static str,
+    summary: &'static str,
+    /// The component schema of the JSON body, for routes that take one.
+    request: Option<&'static str>,
+    success: Success,
+    /// Every error status the handler can answer, each with an [`ErrorResponse`] body.
+    errors: &'static [u16],
+}
+
+/// A generation request's errors: bad input, a key, an unknown model, a body too large, a full
+/// waiting queue, a failure inside, an engine that is down.
+const GENERATION_ERRORS: &[u16] = &[400, 401, 404, 413, 429, 500, 503];
+const TOKENIZER_ERRORS: &[u16] = &[400, 404, 413, 500, 503];
+
+const ROUTES: &[Route] = &[
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/completions",
+        summary: "Complete one or more prompts (OpenAI's completions, with vLLM's sampling fields)",
+        request: Some("CompletionRequest"),
+        success: Success::JsonOrEvents("CompletionResponse", "CompletionResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/chat/completions",
+        summary: "Answer a conversation rendered through the model's chat template",
+        request: Some("ChatCompletionRequest"),
+        success: Success::JsonOrEvents("ChatCompletionResponse", "ChatCompletionChunk"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/v1/models",
+        summary: "The served model",
+        request: None,
+        success: Success::Json("ModelList"),
+        errors: &[401, 503],
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/tokenize",
+        summary:
+            "Token ids of a prompt, or of messages rendered through the chat template (vLLM's)",
+        request: Some("TokenizeRequest"),
+        success: Success::Json("TokenizeResponse"),
+        errors: TOKENIZER_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/detokenize",
+        summary: "The text of token ids (vLLM's)",
+        request: Some("DetokenizeRequest"),
+        success: Success::Json("DetokenizeResponse"),
+        errors: TOKENIZER_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/health",
+        summary: "200 while the engine core answers, 503 (no body) while it does not",
+        request: None,
+        success: Success::Empty,
+        errors: &[],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/sluice/kv_cache",
+        summary: "The block hashes in the engine core's prefix cache, for a cache-aware router",
+        request: None,
+        success: Success::Json("KvCacheSnapshot"),
+        errors: &[500, 503],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/sluice/block_pool_audit",
+        summary: "The engine core's audit of its KV block pool: every block free or held by a live request",
+        request: None,
+        success: Success::Json("BlockPoolAudit"),
+        errors: &[500, 503],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/version",
+        summary: "Sluice's version",
+        request: None,
+        success: Success::Version,
+        errors: &[],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/metrics",
+        summary: "Prometheus metrics",
+        request: None,
+        success: Success::Prometheus,
+        errors: &[],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/openapi.json",
+        summary: "This document",
+        request: None,
+        success: Success::Document,
+        errors: &[],
+    },
+];
+
+fn error_description(status: u16) -> &'static str {
+    match status {
+        400 => "The request is malformed, has a wrong type, a value out of range, or does not fit the context",
+        401 => "The API key is missing or wrong (when the server has one)",
+        404 => "The model does not exist",
+        413 => "The request body is too large",
+        429 => "The waiting queue is full; retry later",
+        500 => "An internal error",
+        503 => "The engine core is not available",
+        _ => unreachable!("no route documents status {status}"),
+    }
+}
+
+fn json(schema: &str) -> Content {
+    Content::new(Some(Ref::from_schema_name(schema)))
+}
+
+fn success_response(success: &Success) -> ResponseBuilder {
+    let ok = ResponseBuilder::new().description("OK");
+    match success {
+        Success::Json(schema) => ok.content("application/json", json(schema)),
+        Success::JsonOrEvents(whole, chunk) => {
+            let events = ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(format!(
+                    "Events `data: <{chunk} as JSON>`, then `data: [DONE]`; \
+                 an error mid-stream is `data: <ErrorResponse as JSON>` before `[DONE]`"
+                )));
+            ok.content("application/json", json(whole))
+                .content("text/event-stream", Content::new(Some(events)))
+        }
+        Success::Version => {
+            let version = ObjectBuilder::new()
+                .property("version", ObjectBuilder::new().schema_type(Type::String))
+                .required("version");
+            ok.content("application/json", Content::new(Some(version)))
+        }
+        Success::Prometheus => {
+            let text = ObjectBuilder::new().schema_type(Type::String);
+            ok.content("text/plain", Content::new(Some(text)))
+        }
+        Success::Document => {
+            let document = ObjectBuilder::new().description(Some("An OpenAPI 3.1 document"));
+            ok.content("application/json", Content::new(Some(document)))
+        }
+        Success::Empty => ok,
+    }
+}
+
+fn responses(route: &Route) -> Responses {
+    let mut responses = Responses::new();
+    responses.responses.insert(
+        "200".into(),
+        success_response(&route.success).build().into(),
+    );
+    if matches!(route.success, Success::Empty) {
+        let unavailable = ResponseBuilder::new().description("The engine core is not available");
+        responses
+            .responses
+            .insert("503".into(), unavailable.build().into());
+    }
+    for &status in route.errors {
+        let error = ResponseBuilder::new()
+            .description(error_description(status))
+            .content("application/json", json("ErrorResponse"));
+        responses
+            .responses
+            .insert(status.to_string(), error.build().into());
+    }
+    responses
+}
+
+fn paths() -> Paths {
+    let mut paths = Paths::new();
+    for route in ROUTES {
+        let request = route.request.map(|schema| {
+            RequestBodyBuilder::new()
+                .required(Some(Required::True))
+                .content("application/json", json(schema))
+                .build()
+        });
+        let operation = OperationBuilder::new()
+            .summary(Some(route.summary))
+            .request_body(request)
+            .responses(responses(route));
+        paths.add_path_operation(route.path, vec![route.method.clone()], operation);
+    }
+    paths
+}
+
+/// The whole document, built once per process.
+pub fn document() -> &'static Document {
+    static DOCUMENT: OnceLock<Document> = OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        let mut document = Components::openapi();
+        document.paths = paths();
+        document
+    })
+}
+
+/// `GET /openapi.json`.
+pub async fn serve() -> Response {
+    static JSON: OnceLock<String> = OnceLock::new();
+    let body = JSON.get_or_init(|| {
+        document()
+            .to_json()
+            .expect("an OpenAPI document of plain values always serializes")
+    });
+    ([(header::CONTENT_TYPE, "application/json")], body.as_str()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn document_json() -> Value {
+        serde_json::to_value(document()).unwrap()
+    }
+
+    #[test]
+    fn document_is_openapi_3_1() {
+        assert_eq!(document_json()["openapi"], "3.1.0");
+    }
+
+    #[test]
+    fn every_reference_names_a_component() {
+        let document = document_json();
+        let schemas = document["components"]["schemas"].as_object().unwrap();
+        let mut references = Vec::new();
+        collect_references(&document, &mut references);
+        assert!(references.len() > 20, "{references:?}");
+        for reference in references {
+            let name = reference
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("unexpected reference {reference}"));
+            assert!(
+                schemas.contains_key(name),
+                "{name} is referenced but not defined"
+            );
+        }
+    }
+
+    fn collect_references(value: &Value, into: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(reference)) = map.get("$ref") {
+                    into.push(reference.clone());
+                }
+                map.values().for_each(|v| collect_references(v, into));
+            }
+            Value::Array(items) => items.iter().for_each(|v| collect_references(v, into)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn error_schema_is_openais() {
+        let document = document_json();
+        let schemas = &document["components"]["schemas"];
+        assert_eq!(
+            schemas["ErrorResponse"]["properties"]["error"]["$ref"],
+            "#/components/schemas/ErrorBody"
+        );
+        let body = &schemas["ErrorBody"];
+        let mut properties: Vec<&str> = body["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        properties.sort_unstable();
+        assert_eq!(properties, ["code", "message", "param", "type"]);
+        // `param` and `code` are null when they do not apply, but always present.
+        let mut required: Vec<&str> = body["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        required.sort_unstable();
+        assert_eq!(required, ["code", "message", "param", "type"]);
+    }
+
+    #[test]
+    fn every_request_field_is_documented() {
+        let document = document_json();
+        let schemas = &document["components"]["schemas"];
+        let sampling = schemas["SamplingFields"]["properties"].as_object().unwrap();
+        for field in [
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "n",
+            "stop",
+            "stop_token_ids",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "logit_bias",
+            "ignore_eos",
+            "min_tokens",
+            "stream",
+            "stream_options",
+            "user",
+        ] {
+            assert!(sampling.contains_key(field), "SamplingFields lacks {field}");
+        }
+        let chat = serde_json::to_string(&schemas["ChatCompletionRequest"]).unwrap();
+        for field in [
+            "messages",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+            "SamplingFields",
+        ] {
+            assert!(
+                chat.contains(field),
+                "ChatCompletionRequest lacks {field}: {chat}"
+            );
+        }
+    }
+
+    #[test]
+    fn generation_routes_document_both_bodies_and_every_error() {
+        let document = document_json();
+        let operation = &document["paths"]["/v1/chat/completions"]["post"];
+        let ok = &operation["responses"]["200"]["content"];
+        assert_eq!(
+            ok["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ChatCompletionResponse"
+        );
+        assert!(ok["text/event-stream"].is_object());
+        for status in ["400", "401", "404", "413", "429", "500", "503"] {
+            assert_eq!(
+                operation["responses"][status]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorResponse",
+                "{status}"
+            );
+        }
+        assert_eq!(operation["requestBody"]["required"], true);
+    }
+}

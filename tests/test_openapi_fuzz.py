@@ -1,0 +1,62 @@
+"""The served OpenAPI document, and schemathesis against it on a real `sluice serve` of the default model:
+a fixed seed and a CI budget of 2,000 cases (scripts/fuzz_api runs longer)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from api_fuzzing import fuzz
+from serve_fixtures import Server, running_server
+
+CI_CASES = 2000
+SEED = 20261123
+ROUTES = {
+    "/v1/completions": {"post"},
+    "/v1/chat/completions": {"post"},
+    "/v1/models": {"get"},
+    "/tokenize": {"post"},
+    "/detokenize": {"post"},
+    "/health": {"get"},
+    "/version": {"get"},
+    "/metrics": {"get"},
+    "/sluice/kv_cache": {"get"},
+    "/openapi.json": {"get"},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with running_server(["--max-model-len", "2048", "--kv-cache-memory", "1"], log) as running:
+        yield running
+
+
+def test_openapi_json_documents_every_route_and_the_error_shape(server: Server) -> None:
+    response = requests.get(f"{server.url}/openapi.json", timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    document = response.json()
+    assert document["openapi"] == "3.1.0"
+    assert {path: set(item) for path, item in document["paths"].items()} == ROUTES
+    error = document["components"]["schemas"]["ErrorBody"]
+    assert set(error["properties"]) == {"message", "type", "param", "code"}
+    chat = document["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatCompletionRequest"
+    }
+    assert set(chat["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+
+
+def test_schemathesis_finds_no_5xx_hang_reset_or_malformed_error(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = fuzz(server.url, CI_CASES, SEED)
+    with capsys.disabled():
+        print(f"\n{report.summary()}")
+    assert report.cases >= CI_CASES
+    assert report.server_errors == 0 and report.hangs == 0 and report.resets == 0, report.failures
+    assert not report.failures, "\n".join(report.failures)
+    assert server.health() == 200, server.log_tail()

@@ -116,9 +116,19 @@ impl ApiError {
     }
 }
 
+/// Seconds a client is told to wait before retrying a 429 or a 503.
+const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if matches!(self, ApiError::QueueFull | ApiError::EngineUnavailable(_)) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 

@@ -380,7 +380,7 @@ impl Drop for ChoiceStream {
 
 /// The SSE events of a streamed response: `opening` first, one event per update (framed by
 /// `frame`), then on success `closing` (given the total completion tokens; the usage chunk) and
-/// `[DONE]`, or on failure one error event. Dropping the stream (a client that went away) drops
+/// `[DONE]`, or on failure one error event and `[DONE]`. Dropping the stream (a client that went away) drops
 /// the choices and so aborts their engine requests.
 pub fn sse_events<F, C>(
     opening: Vec<Bytes>,
@@ -412,7 +412,7 @@ where
                 events.closing = Some(closing);
                 vec![(events.frame)(update)]
             }
-            Some(Err(error)) => vec![error_event(&error)],
+            Some(Err(error)) => vec![error_event(&error), done_event()],
             None => {
                 let total = events.tokens.values().sum();
                 closing(total).into_iter().chain([done_event()]).collect()

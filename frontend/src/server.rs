@@ -295,20 +295,20 @@ async fn version() -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let gauges = state
-        .engine
-        .get()
+    let engine = state.engine.get();
+    let stats = engine
         .and_then(EngineClient::latest_stats)
-        .map(|stats| EngineGauges {
-            num_running: stats.num_running,
-            num_waiting: stats.num_waiting,
-            kv_cache_usage: stats.kv_cache_usage,
-            prefix_cache_queries: stats.prefix_cache_queries,
-            prefix_cache_hits: stats.prefix_cache_hits,
-            num_preemptions: stats.num_preemptions,
-            num_eager_fallbacks: stats.num_eager_fallbacks,
-        })
         .unwrap_or_default();
+    let gauges = EngineGauges {
+        num_running: stats.num_running,
+        num_waiting: stats.num_waiting,
+        kv_cache_usage: stats.kv_cache_usage,
+        prefix_cache_queries: stats.prefix_cache_queries,
+        prefix_cache_hits: stats.prefix_cache_hits,
+        num_preemptions: stats.num_preemptions,
+        num_eager_fallbacks: stats.num_eager_fallbacks,
+        engine_restarts: engine.map_or(0, EngineClient::restarts),
+    };
     let mut response = state.metrics.render(&gauges).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

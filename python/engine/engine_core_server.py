@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
 import time
@@ -53,6 +54,8 @@ logger = logging.getLogger("sluice.engine_core")
 
 # How long closing sockets may wait for queued outputs to reach the frontend.
 _LINGER_MS = 1000
+# A test hook: the first engine step takes this many seconds longer, as one huge prefill would.
+SLOW_FIRST_STEP_ENV = "SLUICE_TEST_SLOW_FIRST_STEP_S"
 
 
 class UnsafeAddressError(SluiceError, ValueError):
@@ -116,6 +119,7 @@ class EngineCoreServer:
         # True only inside a blocking socket call, where a signal may interrupt at once;
         # elsewhere a signal waits for the current step to end.
         self.interruptible = False
+        self.first_step_delay_s = float(os.environ.get(SLOW_FIRST_STEP_ENV) or 0.0)
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
@@ -258,6 +262,9 @@ class EngineCoreServer:
 
     def _step(self) -> bool:
         """One engine step and its outputs message; False when the engine failed."""
+        if self.first_step_delay_s:
+            time.sleep(self.first_step_delay_s)
+            self.first_step_delay_s = 0.0
         try:
             core_outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 -- any failure ends the process, after answering everyone.

@@ -78,6 +78,18 @@ def wait_for_health(server: Server, status: int, within_s: float) -> float:
     raise AssertionError(f"/health never answered {status} within {within_s} s:\n{server.log_tail()}")
 
 
+def refused_completion(server: Server) -> tuple[int, str | None, Any]:
+    """A completion request: its status, Retry-After header and JSON body."""
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1})
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.getheader("Retry-After"), json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def assert_restarting_error(message: str) -> None:
     assert "restart" in message, message
 
@@ -139,21 +151,16 @@ def kill_mid_requests_and_recover(server: Server, victim: int) -> None:
 
     # The engine core is still down (or loading): unhealthy, and new requests are turned away.
     wait_for_health(server, 503, FAIL_WITHIN_S)
-    refused = server.request("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})
-    assert refused.status == 503, refused
-    assert refused.body["error"]["code"] == "engine_unavailable", refused.body
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    connection.request(
-        "POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1})
-    )
-    response = connection.getresponse()
-    response.read()
-    connection.close()
-    assert response.status == 503 and response.getheader("Retry-After") is not None
+    status, retry_after, body = refused_completion(server)
+    assert status == 503 and retry_after is not None, (status, body)
+    assert body["error"]["code"] == "engine_unavailable", body
+    assert_restarting_error(body["error"]["message"])
 
     wait_for_health(server, 200, BACK_WITHIN_S)
     with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60) as client:
-        after = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4)
+        after = client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=4, extra_body={"ignore_eos": True}
+        )
     assert after.choices[0].finish_reason == "length" and after.usage.completion_tokens == 4
     assert frontend_pid(server) == frontend
     assert server.metrics()[RESTARTS] == restarts + 1

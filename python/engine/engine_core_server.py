@@ -108,8 +108,12 @@ class _Stop(Exception):
 class EngineCoreServer:
     """The loop between the sockets and the engine. `engine` is an EngineCore (or a stand-in)."""
 
-    def __init__(self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+    def __init__(
+        self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket, restarted: bool = False
+    ) -> None:
         self.engine = engine
+        # Whether a supervisor restarts this process when it fails: the failed requests' errors say so.
+        self.failure_note = "; the engine core is being restarted" if restarted else ""
         self.input = input_socket
         self.output = output_socket
         # Outputs of aborts and rejected requests, sent after the drain that produced them.
@@ -180,7 +184,7 @@ class EngineCoreServer:
             self.engine.check_workers()
         except SluiceError as exc:
             logger.error("%s", exc)
-            self._fail_unfinished(f"the engine core failed: {exc}")
+            self._fail_unfinished(f"the engine core failed: {exc}{self.failure_note}")
             return 1
         raise AssertionError("a sentinel fired while every worker lives")
 
@@ -269,7 +273,7 @@ class EngineCoreServer:
             core_outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 -- any failure ends the process, after answering everyone.
             logger.error("the engine failed:\n%s", traceback.format_exc())
-            self._fail_unfinished(f"the engine core failed: {type(exc).__name__}: {exc}")
+            self._fail_unfinished(f"the engine core failed: {type(exc).__name__}: {exc}{self.failure_note}")
             return False
         stats = self._stats()
         if core_outputs or stats != self.last_stats:
@@ -333,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--input", required=True, metavar="ADDR", help="where the frontend's requests arrive")
     parser.add_argument("--output", required=True, metavar="ADDR", help="where outputs are sent")
+    parser.add_argument(
+        "--restarted-on-failure",
+        action="store_true",
+        help="a supervisor (sluice serve) restarts this process when it fails; failed requests are told so",
+    )
     add_engine_arguments(parser)
     return parser
 
@@ -384,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = EngineCore(config_from_args(args))
         try:
-            server = EngineCoreServer(engine, sockets[0], sockets[1])
+            server = EngineCoreServer(engine, sockets[0], sockets[1], args.restarted_on_failure)
             return server.run()
         finally:
             engine.shutdown()

@@ -434,6 +434,8 @@ class Replica:
         frontend_command = frontend_argv(args, model_dir, name, socket_dir, host, port)
         engine_command = [sys.executable, "-m", "engine.engine_core_server"]
         engine_command += ["--input", f"ipc://{socket_dir}/input", "--output", f"ipc://{socket_dir}/output"]
+        if args.restart_engine:
+            engine_command.append("--restarted-on-failure")
         engine_command += engine_argv(args, model_dir)
         engine = _start_engine(supervisor, label, engine_command, cores)
         # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.

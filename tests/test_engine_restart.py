@@ -8,6 +8,7 @@ Retry-After) until the new engine core is ready, then service resumes on the sam
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
@@ -23,6 +24,8 @@ import pytest
 
 from engine.engine_core_server import SLOW_FIRST_STEP_ENV
 from serve_fixtures import Server, alive, cmdline, descendants, running_server
+from sluice.config import EngineRestartConfig
+from sluice.serve import RestartBudget, add_serve_arguments, frontend_argv, restart_config_from_args
 
 MODEL = "SmolLM2-135M-Instruct"
 SMALL = ["--max-model-len", "512", "--kv-cache-memory", "0.25"]
@@ -37,6 +40,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("restart") / "serve.log"
     with running_server(SMALL, log) as running:
         yield running
+
+
+def test_restarts_back_off_doubling_and_stop_after_the_budget_within_the_window() -> None:
+    budget = RestartBudget(
+        EngineRestartConfig(max_restarts=3, window_s=100.0, backoff_s=0.5, backoff_max_s=1.5)
+    )
+    assert [budget.delay(t) for t in (0.0, 1.0, 2.0)] == [0.5, 1.0, 1.5]
+    assert budget.delay(3.0) is None
+    # The first restart has left the window: one more is allowed, after the backoff of the two left in it.
+    assert budget.delay(100.5) == 1.5
+    assert budget.delay(100.6) is None
+
+
+def test_restart_flags_reach_the_config_and_the_children() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args([])
+    assert restart_config_from_args(args) == EngineRestartConfig()
+    assert "--reconnect-engine" in frontend_argv(args, Path("/m"), "m", Path("/s"), "127.0.0.1", 1)
+    args = parser.parse_args(
+        ["--no-restart-engine", "--max-engine-restarts", "2", "--engine-restart-window-s", "9"]
+    )
+    assert restart_config_from_args(args) == EngineRestartConfig(enabled=False, max_restarts=2, window_s=9.0)
+    assert "--reconnect-engine" not in frontend_argv(args, Path("/m"), "m", Path("/s"), "127.0.0.1", 1)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine-restart-window-s", "0"])
 
 
 def frontend_pid(server: Server) -> int:

@@ -268,6 +268,24 @@ mod tests {
         .await;
     }
 
+    #[test]
+    fn only_429_and_503_tell_the_client_when_to_retry() {
+        let retry_after = |error: ApiError| {
+            error
+                .into_response()
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .map(|value| value.to_str().unwrap().to_owned())
+        };
+        assert_eq!(retry_after(ApiError::QueueFull).as_deref(), Some("1"));
+        assert_eq!(
+            retry_after(ApiError::EngineUnavailable("restarting".into())).as_deref(),
+            Some("1")
+        );
+        assert_eq!(retry_after(ApiError::Internal("x".into())), None);
+        assert_eq!(retry_after(ApiError::InvalidApiKey), None);
+    }
+
     #[tokio::test]
     async fn dead_engine_is_503() {
         check(

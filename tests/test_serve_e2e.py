@@ -1,7 +1,8 @@
 """`sluice serve` on the default model, end to end, driven with the official `openai` package.
 
 One server (with an API key) serves most tests; the last ones use a second, small server: its
-waiting queue holds one request (429), then its engine core is killed.
+waiting queue holds one request (429), then its engine core is killed (with --no-restart-engine, so
+that serve exits; tests/test_engine_restart.py covers restarts).
 """
 
 from __future__ import annotations
@@ -397,7 +398,7 @@ def test_sigterm_drains_then_exits_0_leaving_no_processes(server: Server, client
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve-small") / "serve.log"
     args = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--max-num-seqs", "1"]
-    args += ["--max-waiting-requests", "1", "--exit-grace-seconds", "3"]
+    args += ["--max-waiting-requests", "1", "--exit-grace-seconds", "3", "--no-restart-engine"]
     with running_server(args, log) as running:
         yield running
 
@@ -461,6 +462,7 @@ def test_engine_death_fails_streams_turns_health_503_and_exits_nonzero(small_ser
 
 def test_worker_death_fails_streams_with_the_cause_and_exits_nonzero(tmp_path: Path) -> None:
     args = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--exit-grace-seconds", "3"]
+    args.append("--no-restart-engine")
     with running_server(args, tmp_path / "serve.log") as server:
         [worker] = server.worker_pids()
         assert_a_kill_fails_the_stream_and_serve_exits(server, worker, r"worker rank 0 .*killed by signal 9")

@@ -44,10 +44,14 @@ struct Args {
     /// Seconds between engine death and exiting with code 3.
     #[arg(long, default_value_t = 2.0)]
     exit_grace_seconds: f64,
-    /// The engine core's process id, when it runs on this machine: its exit is noticed at once
-    /// instead of after the engine's silence times out.
+    /// The engine core's process id, when it runs on this machine: its exit is noticed at once,
+    /// even before its socket closes.
     #[arg(long)]
     engine_pid: Option<u32>,
+    /// When the engine core goes away, fail what is in flight, answer 503 meanwhile and wait for
+    /// the engine core its supervisor restarts on the same addresses, instead of exiting.
+    #[arg(long)]
+    reconnect_engine: bool,
 }
 
 impl Args {
@@ -95,22 +99,16 @@ pub async fn main() -> ExitCode {
     );
 
     let (engine_exit, mut engine_exited) = mpsc::channel::<()>(1);
-    let engine_config =
+    let mut engine_config =
         EngineClientConfig::new(args.engine_input.clone(), args.engine_output.clone());
+    engine_config.engine_pid = args.engine_pid;
+    engine_config.reconnect = args.reconnect_engine;
     let grace = Duration::from_secs_f64(args.exit_grace_seconds.max(0.0));
     let engine_state = state.clone();
-    let engine_pid = args.engine_pid;
     tokio::spawn(async move {
         match state::connect_engine(&engine_state, engine_config).await {
             Ok(engine) => {
                 eprintln!("sluice-frontend: the engine core is ready");
-                if let Some(pid) = engine_pid {
-                    let watched = engine.clone();
-                    tokio::spawn(async move {
-                        wait_for_process_exit(pid).await;
-                        watched.mark_dead(format!("the engine core process {pid} exited"));
-                    });
-                }
                 let reason = engine.dead().await;
                 eprintln!("sluice-frontend: the engine core died: {reason}; exiting in {grace:?}");
                 // In-flight requests have been failed already; give their error events time to go out.
@@ -154,36 +152,4 @@ async fn shutdown_signal() {
         _ = terminate => {}
     }
     eprintln!("sluice-frontend: shutting down, draining in-flight requests");
-}
-
-/// Resolves once process `pid` has exited: gone from /proc, or a zombie its parent has not reaped.
-async fn wait_for_process_exit(pid: u32) {
-    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
-    loop {
-        match std::fs::read_to_string(&stat) {
-            Ok(text) if !process_state_is_zombie(&text) => {}
-            _ => return,
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The state field of /proc/PID/stat follows the parenthesised command name, which may contain spaces.
-fn process_state_is_zombie(stat: &str) -> bool {
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state == "Z" || state == "X")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::process_state_is_zombie;
-
-    #[test]
-    fn zombie_state_is_read_after_the_command_name() {
-        assert!(!process_state_is_zombie("42 (python3) S 1 42 42"));
-        assert!(process_state_is_zombie("42 (python3) Z 1 42 42"));
-        assert!(!process_state_is_zombie("42 (a) Z (b) S 1 2 3"));
-        assert!(!process_state_is_zombie("garbage"));
-    }
 }

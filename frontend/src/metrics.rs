@@ -74,6 +74,8 @@ pub struct EngineGauges {
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
     pub num_eager_fallbacks: u64,
+    /// Engine cores that took over after one was lost, as the frontend's engine client counts them.
+    pub engine_restarts: u64,
 }
 
 pub struct Metrics {
@@ -165,6 +167,12 @@ impl Metrics {
             "counter",
             "Engine steps that graphs were on for but that ran eagerly because no captured graph shape fit them.",
             engine.num_eager_fallbacks.to_string(),
+        );
+        metric(
+            "sluice:engine_restarts_total",
+            "counter",
+            "Times a restarted engine core took over after the engine core was lost.",
+            engine.engine_restarts.to_string(),
         );
         metric(
             "sluice:prompt_tokens_total",

@@ -96,6 +96,11 @@ impl AppState {
         self.engine.get().is_some_and(EngineClient::is_healthy)
     }
 
+    /// Restarted engine cores that took over, as the engine client counts them.
+    pub fn engine_restarts(&self) -> u64 {
+        self.engine.get().map_or(0, EngineClient::restarts)
+    }
+
     /// The engine's counters after its last step, or None before the engine core is ready.
     pub fn latest_stats(&self) -> Option<EngineStats> {
         self.engine.get().and_then(EngineClient::latest_stats)

@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice_frontend::engine::client::{
-    EngineClient, EngineClientConfig, EngineError, OutputStream,
+    EngineClient, EngineClientConfig, EngineError, EngineHealth, OutputStream,
 };
 use sluice_frontend::engine::protocol::{
-    decode, encode, Abort, AddRequest, EngineOutput, EngineStats, FinishReason, HealthResult,
-    Message, Outputs, Ready, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
+    decode, encode, Abort, AddRequest, EngineOutput, EngineStats, FinishReason, Message, Outputs,
+    Ready, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
 };
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-const PATIENCE: Duration = Duration::from_secs(5);
+const PATIENCE: Duration = Duration::from_secs(20);
 
 struct FakeEngine {
     input: PullSocket,
@@ -64,40 +64,56 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
+fn addresses(dir: &std::path::Path) -> (String, String) {
+    (
+        format!("ipc://{}/input", dir.display()),
+        format!("ipc://{}/output", dir.display()),
+    )
+}
+
+impl FakeEngine {
+    /// Binds the engine's side of the seam in `dir`.
+    async fn bind(dir: PathBuf) -> FakeEngine {
+        let (input_address, output_address) = addresses(&dir);
+        let mut input = PullSocket::new();
+        input.bind(&input_address).await.unwrap();
+        let mut output = PushSocket::new();
+        output.bind(&output_address).await.unwrap();
+        FakeEngine { input, output, dir }
+    }
+
+    /// Sends `ready` once the client's PULL has connected (a bound PUSH socket refuses to send before).
+    async fn send_ready(&mut self) {
+        let ready = Message::Ready(Ready {
+            max_model_len: 2048,
+            num_kv_blocks: 100,
+            block_size: 16,
+        });
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self
+            .output
+            .send(ZmqMessage::from(encode(&ready)))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "client never connected"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// Binds the fake engine, connects a client to it and completes the ready handshake.
 async fn start(tune: impl FnOnce(&mut EngineClientConfig)) -> (FakeEngine, EngineClient) {
-    let dir = temp_dir();
-    let input_address = format!("ipc://{}/input", dir.display());
-    let output_address = format!("ipc://{}/output", dir.display());
-    let mut input = PullSocket::new();
-    input.bind(&input_address).await.unwrap();
-    let mut output = PushSocket::new();
-    output.bind(&output_address).await.unwrap();
-    let mut engine = FakeEngine { input, output, dir };
-
+    let mut engine = FakeEngine::bind(temp_dir()).await;
+    let (input_address, output_address) = addresses(&engine.dir);
     let mut config = EngineClientConfig::new(input_address, output_address);
     config.ready_timeout = PATIENCE;
     tune(&mut config);
     let client = tokio::spawn(EngineClient::connect(config));
-    let ready = Message::Ready(Ready {
-        max_model_len: 2048,
-        num_kv_blocks: 100,
-        block_size: 16,
-    });
-    // A bound PUSH socket refuses to send until the client's PULL has connected.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while engine
-        .output
-        .send(ZmqMessage::from(encode(&ready)))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "client never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    engine.send_ready().await;
     let client = client.await.unwrap().unwrap();
     assert_eq!(client.ready().max_model_len, 2048);
     (engine, client)
@@ -342,9 +358,8 @@ async fn assert_dead(client: &EngineClient) {
 
 #[tokio::test]
 async fn engine_exit_fails_in_flight_requests_and_turns_unhealthy() {
-    // A long health timeout: the socket closing alone must reveal the death.
-    let (mut engine, client) =
-        start(|config| config.health_timeout = Duration::from_secs(60)).await;
+    // No pid to watch: the socket closing alone must reveal the death.
+    let (mut engine, client) = start(|_| {}).await;
     let mut first = client.add_request(request("first")).unwrap();
     let mut second = client.add_request(request("second")).unwrap();
     engine.recv_add().await;
@@ -361,45 +376,71 @@ async fn engine_exit_fails_in_flight_requests_and_turns_unhealthy() {
 }
 
 #[tokio::test]
-async fn silent_engine_is_declared_dead_after_the_health_timeout() {
-    let (mut engine, client) = start(|config| {
-        config.probe_interval = Duration::from_millis(50);
-        config.health_timeout = Duration::from_millis(400);
-    })
-    .await;
-    let mut stream = client.add_request(request("hung")).unwrap();
+async fn a_silent_engine_stays_healthy_while_connected() {
+    // An engine core answers only between steps: a long step is silence, not death.
+    let (mut engine, client) = start(|_| {}).await;
+    let mut stream = client.add_request(request("long")).unwrap();
     engine.recv_add().await;
-    // The client probes the silent engine before giving up on it.
-    assert!(matches!(
-        engine.recv().await,
-        Message::UtilityCall(utility) if utility.method == UtilityMethod::Health
-    ));
-    assert_failed_in_flight(&mut stream).await;
-    assert_dead(&client).await;
-    drop(engine);
+    let silence = Duration::from_secs(3);
+    assert!(
+        tokio::time::timeout(silence, engine.input.recv())
+            .await
+            .is_err(),
+        "the client sent something to a silent engine"
+    );
+    assert!(client.is_healthy());
+    engine
+        .send(step(
+            vec![output("long", &[4], Some(FinishReason::Stop))],
+            0,
+        ))
+        .await;
+    assert_eq!(
+        tokens_until_finished(&mut stream).await,
+        (vec![4], FinishReason::Stop)
+    );
 }
 
 #[tokio::test]
-async fn answered_probes_keep_an_idle_engine_healthy() {
-    let (mut engine, client) = start(|config| {
-        config.probe_interval = Duration::from_millis(50);
-        config.health_timeout = Duration::from_millis(300);
-    })
-    .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(900);
-    while tokio::time::Instant::now() < deadline {
-        let Message::UtilityCall(probe) = engine.recv().await else {
-            panic!("expected a health probe");
-        };
-        engine
-            .send(Message::UtilityResult(UtilityResult {
-                call_id: probe.call_id,
-                result: Some(UtilityValue::Health(HealthResult { ok: true })),
-                error: None,
-            }))
-            .await;
+async fn a_lost_engine_is_replaced_by_the_next_one_on_the_same_addresses() {
+    let (mut engine, client) = start(|config| config.reconnect = true).await;
+    let mut in_flight = client.add_request(request("in-flight")).unwrap();
+    engine.recv_add().await;
+    let dir = engine.dir.clone();
+    // Its sockets close as a killed process's would.
+    drop(engine);
+
+    let last = next(&mut in_flight).await.expect("a final error output");
+    assert_eq!(last.finish_reason, Some(FinishReason::Error));
+    assert!(last.error.unwrap().contains("restarting"));
+    assert!(matches!(client.health(), EngineHealth::Restarting(_)));
+    assert!(matches!(
+        client.add_request(request("meanwhile")),
+        Err(EngineError::Restarting(_))
+    ));
+    assert_eq!(client.restarts(), 0);
+
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut successor = FakeEngine::bind(dir).await;
+    successor.send_ready().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !client.is_healthy() {
+        assert!(tokio::time::Instant::now() < deadline, "never reconnected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(client.is_healthy());
+    assert_eq!(client.restarts(), 1);
+    let mut after = client.add_request(request("after")).unwrap();
+    assert_eq!(successor.recv_add().await.request_id, "after");
+    successor
+        .send(step(
+            vec![output("after", &[9], Some(FinishReason::Length))],
+            0,
+        ))
+        .await;
+    assert_eq!(
+        tokens_until_finished(&mut after).await,
+        (vec![9], FinishReason::Length)
+    );
 }
 
 #[tokio::test]

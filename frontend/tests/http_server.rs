@@ -836,8 +836,10 @@ async fn health_follows_the_engine_and_its_death_fails_in_flight_requests() {
         .unwrap()
         .to_bytes();
     let events = events(std::str::from_utf8(&bytes).unwrap());
-    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
-    assert_eq!(last["error"]["code"], "engine_unavailable");
+    // The error event, then [DONE], so that a client reading to [DONE] stops.
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "engine_unavailable");
     assert_eq!(
         server.get("/health").await.0,
         StatusCode::SERVICE_UNAVAILABLE

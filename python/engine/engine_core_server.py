@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
 import time
@@ -53,6 +54,8 @@ logger = logging.getLogger("sluice.engine_core")
 
 # How long closing sockets may wait for queued outputs to reach the frontend.
 _LINGER_MS = 1000
+# A test hook: the first engine step takes this many seconds longer, as one huge prefill would.
+SLOW_FIRST_STEP_ENV = "SLUICE_TEST_SLOW_FIRST_STEP_S"
 
 
 class UnsafeAddressError(SluiceError, ValueError):
@@ -105,8 +108,12 @@ class _Stop(Exception):
 class EngineCoreServer:
     """The loop between the sockets and the engine. `engine` is an EngineCore (or a stand-in)."""
 
-    def __init__(self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+    def __init__(
+        self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket, restarted: bool = False
+    ) -> None:
         self.engine = engine
+        # Whether a supervisor restarts this process when it fails: the failed requests' errors say so.
+        self.failure_note = "; the engine core is being restarted" if restarted else ""
         self.input = input_socket
         self.output = output_socket
         # Outputs of aborts and rejected requests, sent after the drain that produced them.
@@ -116,6 +123,7 @@ class EngineCoreServer:
         # True only inside a blocking socket call, where a signal may interrupt at once;
         # elsewhere a signal waits for the current step to end.
         self.interruptible = False
+        self.first_step_delay_s = float(os.environ.get(SLOW_FIRST_STEP_ENV) or 0.0)
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
@@ -176,7 +184,7 @@ class EngineCoreServer:
             self.engine.check_workers()
         except SluiceError as exc:
             logger.error("%s", exc)
-            self._fail_unfinished(f"the engine core failed: {exc}")
+            self._fail_unfinished(f"the engine core failed: {exc}{self.failure_note}")
             return 1
         raise AssertionError("a sentinel fired while every worker lives")
 
@@ -260,11 +268,14 @@ class EngineCoreServer:
 
     def _step(self) -> bool:
         """One engine step and its outputs message; False when the engine failed."""
+        if self.first_step_delay_s:
+            time.sleep(self.first_step_delay_s)
+            self.first_step_delay_s = 0.0
         try:
             core_outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 -- any failure ends the process, after answering everyone.
             logger.error("the engine failed:\n%s", traceback.format_exc())
-            self._fail_unfinished(f"the engine core failed: {type(exc).__name__}: {exc}")
+            self._fail_unfinished(f"the engine core failed: {type(exc).__name__}: {exc}{self.failure_note}")
             return False
         stats = self._stats()
         if core_outputs or stats != self.last_stats:
@@ -328,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--input", required=True, metavar="ADDR", help="where the frontend's requests arrive")
     parser.add_argument("--output", required=True, metavar="ADDR", help="where outputs are sent")
+    parser.add_argument(
+        "--restarted-on-failure",
+        action="store_true",
+        help="a supervisor (sluice serve) restarts this process when it fails; failed requests are told so",
+    )
     add_engine_arguments(parser)
     return parser
 
@@ -379,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = EngineCore(config_from_args(args))
         try:
-            server = EngineCoreServer(engine, sockets[0], sockets[1])
+            server = EngineCoreServer(engine, sockets[0], sockets[1], args.restarted_on_failure)
             return server.run()
         finally:
             engine.shutdown()

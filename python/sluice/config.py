@@ -75,6 +75,24 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineRestartConfig:
+    """How `sluice serve` replaces a replica's engine core that died, while its frontend stays up."""
+
+    enabled: bool = True
+    # A death beyond this many restarts within window_s ends `sluice serve` with a non-zero status,
+    # so that the orchestrator (Kubernetes, Docker) takes over.
+    max_restarts: int = 5
+    window_s: float = 300.0
+    # The first restart within the window waits this long, each further one twice as long as the last.
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        assert self.max_restarts >= 0 and self.window_s > 0
+        assert 0 <= self.backoff_s <= self.backoff_max_s
+
+
+@dataclass(frozen=True, slots=True)
 class SluiceConfig:
     model: ModelConfig
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -39,14 +39,14 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0.0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 
 
-_positive_float.__name__ = "float"
+positive_float.__name__ = "float"
 
 
 def _port(text: str) -> int:
@@ -112,7 +112,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     )
     group.add_argument(
         "--kv-cache-memory",
-        type=_positive_float,
+        type=positive_float,
         default=cache.kv_cache_memory_gib,
         metavar="GIB",
         help="KV cache budget of each worker (tensor-parallel rank) in GiB",

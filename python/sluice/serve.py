@@ -8,9 +8,15 @@ if this process dies without cleaning up. A replica's frontend and engine core t
 sockets in a private (0700) temporary folder. Each of N > 1 replicas runs on its share of the
 cores (its processes' affinity), so its workers size and pin their threads within that share.
 
-Exit status: 0 after SIGINT or SIGTERM; 3 when an engine core died (after giving its frontend a
-few seconds to fail what was in flight); a frontend's or the router's own status (or 1) when it
-exited by itself; 1 when the server never became ready. Whatever else is running is then stopped.
+An engine core that dies (or whose worker dies) is restarted, after a backoff, on the same IPC
+sockets; its frontend stays up, fails what was in flight, answers 503 meanwhile and reconnects
+(`docs/protocol.md`, Restarts). More than --max-engine-restarts restarts within
+--engine-restart-window-s seconds end the server; --no-restart-engine ends it at the first death.
+
+Exit status: 0 after SIGINT or SIGTERM; 3 when an engine core died and was not restarted (after
+giving its frontend a few seconds to fail what was in flight); a frontend's or the router's own
+status (or 1) when it exited by itself; 1 when the server never became ready. Whatever else is
+running is then stopped.
 """
 
 from __future__ import annotations
@@ -31,21 +37,29 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from sluice.binaries import FRONTEND, ROUTER, rust_binary
+from sluice.config import EngineRestartConfig
 from sluice.config_checks import check_engine_config
 from sluice.cpu_binding import cores_per_replica, usable_cores
-from sluice.engine_args import add_engine_arguments, at_least, config_from_args, model_path_from_args
+from sluice.engine_args import (
+    add_engine_arguments,
+    at_least,
+    config_from_args,
+    model_path_from_args,
+    positive_float,
+)
 from sluice.errors import SluiceError
 from sluice.model_spec import read_model_spec
 
 # Where the replicas behind the router listen: this machine only.
 _REPLICA_HOST = "127.0.0.1"
-# The exit status when the engine core died: the same as the frontend's in that case.
+# The exit status when an engine core died for good: the same as the frontend's in that case.
 ENGINE_DIED_STATUS = 3
 # How long the frontend gets, beyond its own grace period, to exit after the engine core died.
 _FRONTEND_AFTER_ENGINE_S = 10.0
@@ -92,6 +106,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how long the frontend keeps answering after the engine core died (default: the frontend's)",
     )
+    restart = EngineRestartConfig()
+    group.add_argument(
+        "--restart-engine",
+        action=argparse.BooleanOptionalAction,
+        default=restart.enabled,
+        help="restart an engine core that died (or whose worker died), with backoff, while its frontend "
+        "stays up; --no-restart-engine exits with status 3 instead",
+    )
+    group.add_argument(
+        "--max-engine-restarts",
+        type=at_least(0),
+        default=restart.max_restarts,
+        metavar="N",
+        help="give up (exit 3) when an engine core dies after N restarts within --engine-restart-window-s",
+    )
+    group.add_argument(
+        "--engine-restart-window-s",
+        type=positive_float,
+        default=restart.window_s,
+        metavar="S",
+        help="the window, in seconds, over which --max-engine-restarts counts",
+    )
     group.add_argument(
         "--data-parallel-size",
         "-dp",
@@ -100,6 +136,35 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="replicas, each pinned to its share of the cores, behind sluice-router on --port (default: 1)",
     )
     add_engine_arguments(parser, model_positional=True)
+
+
+def restart_config_from_args(args: argparse.Namespace) -> EngineRestartConfig:
+    return EngineRestartConfig(
+        enabled=args.restart_engine,
+        max_restarts=args.max_engine_restarts,
+        window_s=args.engine_restart_window_s,
+    )
+
+
+class RestartBudget:
+    """When a dead engine core may be restarted: at most max_restarts times within window_s, each
+    restart after a backoff that doubles with every earlier restart still inside the window."""
+
+    def __init__(self, config: EngineRestartConfig) -> None:
+        assert config.enabled
+        self.config = config
+        self.restarts: collections.deque[float] = collections.deque()
+
+    def delay(self, now: float) -> float | None:
+        """Count a restart decided at `now` and return how long to wait before it; None when the
+        budget is spent."""
+        while self.restarts and now - self.restarts[0] > self.config.window_s:
+            self.restarts.popleft()
+        if len(self.restarts) >= self.config.max_restarts:
+            return None
+        backoff = self.config.backoff_s * 2 ** len(self.restarts)
+        self.restarts.append(now)
+        return min(backoff, self.config.backoff_max_s)
 
 
 def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
@@ -152,6 +217,8 @@ def frontend_argv(
         value = getattr(args, option)
         if value is not None:
             argv += ["--" + option.replace("_", "-"), str(value)]
+    if args.restart_engine:
+        argv.append("--reconnect-engine")
     return argv
 
 
@@ -289,6 +356,12 @@ class Supervisor:
         with contextlib.suppress(BlockingIOError):
             os.read(self._wake_read, 512)
 
+    def retire(self, child: Child) -> None:
+        """Stop watching `child`, which has exited and been reaped."""
+        assert not child.alive()
+        self.children.remove(child)
+        child.close()
+
     def close(self) -> None:
         signal.set_wakeup_fd(-1)
         for child in self.children:
@@ -326,12 +399,20 @@ def _free_port() -> int:
 
 @dataclass
 class Replica:
-    """One frontend and the engine core behind it, started, awaited and stopped as a pair."""
+    """One frontend and the engine core behind it, started, awaited and stopped as a pair; a dead
+    engine core is restarted on the same sockets while the frontend stays up."""
 
     engine: Child
     frontend: Child
     host: str
     port: int
+    engine_command: list[str]
+    label: str
+    cores: Sequence[int] | None
+    # None: --no-restart-engine.
+    restarts: RestartBudget | None
+    # When the dead engine core's replacement starts (time.monotonic()); None when none is due.
+    restart_at: float | None = None
 
     @classmethod
     def start(
@@ -353,34 +434,68 @@ class Replica:
         frontend_command = frontend_argv(args, model_dir, name, socket_dir, host, port)
         engine_command = [sys.executable, "-m", "engine.engine_core_server"]
         engine_command += ["--input", f"ipc://{socket_dir}/input", "--output", f"ipc://{socket_dir}/output"]
-        engine = Child.start(f"{label}engine core", [*engine_command, *engine_argv(args, model_dir)], cores)
-        supervisor.children.append(engine)
+        if args.restart_engine:
+            engine_command.append("--restarted-on-failure")
+        engine_command += engine_argv(args, model_dir)
+        engine = _start_engine(supervisor, label, engine_command, cores)
         # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.
         frontend_command += ["--engine-pid", str(engine.process.pid)]
         frontend = Child.start(f"{label}frontend", frontend_command, cores)
         supervisor.children.append(frontend)
-        engine.forward_output()
         frontend.forward_output()
-        return cls(engine, frontend, host, port)
+        restarts = RestartBudget(restart_config_from_args(args)) if args.restart_engine else None
+        return cls(engine, frontend, host, port, engine_command, label, cores, restarts)
 
     def ready(self) -> bool:
         return _health_ok(_connect_host(self.host), self.port)
 
-    def exit_status(self, args: argparse.Namespace) -> int | None:
-        """None while both run; else, once the other has stopped too, serve's exit status for it."""
-        if not self.engine.alive():
+    def exit_status(self, supervisor: Supervisor, args: argparse.Namespace) -> int | None:
+        """None while both run or the engine core is being restarted; else, once the other has
+        stopped too, serve's exit status. Starts a due restart."""
+        if self.restart_at is None and not self.engine.alive():
             print(f"sluice serve: {self.engine.describe_exit()}", file=sys.stderr)
-            # The frontend fails what is in flight, reports unhealthy, then exits by itself.
-            try:
-                self.frontend.process.wait(_FRONTEND_AFTER_ENGINE_S + (args.exit_grace_seconds or 0.0))
-            except subprocess.TimeoutExpired:
-                self.frontend.stop(_ENGINE_STOP_S)
-            return ENGINE_DIED_STATUS
+            if self.restarts is None:
+                # The frontend fails what is in flight, reports unhealthy, then exits by itself.
+                try:
+                    self.frontend.process.wait(_FRONTEND_AFTER_ENGINE_S + (args.exit_grace_seconds or 0.0))
+                except subprocess.TimeoutExpired:
+                    self.frontend.stop(_ENGINE_STOP_S)
+                return ENGINE_DIED_STATUS
+            supervisor.retire(self.engine)
+            delay = self.restarts.delay(time.monotonic())
+            if delay is None:
+                config = self.restarts.config
+                print(
+                    f"sluice serve: the {self.label}engine core died after {config.max_restarts} restarts "
+                    f"within {config.window_s:g} s: giving up",
+                    file=sys.stderr,
+                )
+                return ENGINE_DIED_STATUS
+            print(f"sluice serve: restarting the {self.label}engine core in {delay:.2f} s", file=sys.stderr)
+            self.restart_at = time.monotonic() + delay
         if not self.frontend.alive():
             print(f"sluice serve: {self.frontend.describe_exit()}", file=sys.stderr)
             self.engine.stop(_ENGINE_STOP_S)
             return _own_exit_status(self.frontend)
+        if self.restart_at is not None and time.monotonic() >= self.restart_at:
+            self.restart_at = None
+            self.engine = _start_engine(supervisor, self.label, self.engine_command, self.cores)
         return None
+
+
+def _start_engine(
+    supervisor: Supervisor, label: str, command: Sequence[str], cores: Sequence[int] | None
+) -> Child:
+    engine = Child.start(f"{label}engine core", command, cores)
+    supervisor.children.append(engine)
+    engine.forward_output()
+    return engine
+
+
+def _next_restart_in(replicas: Sequence[Replica]) -> float | None:
+    """Seconds until the earliest due engine restart; None when none is due."""
+    due = [replica.restart_at for replica in replicas if replica.restart_at is not None]
+    return max(0.0, min(due) - time.monotonic()) if due else None
 
 
 def _own_exit_status(child: Child) -> int:
@@ -487,11 +602,11 @@ def _supervise(
     print(f"Sluice is serving {name} at {_url(args.host, args.port)}{behind}", flush=True)
 
     while True:
-        supervisor.wait(None, watched)
+        supervisor.wait(_next_restart_in(replicas), watched)
         if supervisor.signals:
             return _shut_down(supervisor, replicas, router)
         for replica in replicas:
-            status = replica.exit_status(args)
+            status = replica.exit_status(supervisor, args)
             if status is not None:
                 _stop_all(supervisor, replicas, router)
                 return status

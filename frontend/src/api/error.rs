@@ -121,6 +121,9 @@ impl ApiError {
     }
 }
 
+/// Seconds a client is told to wait before retrying a 429 or a 503.
+const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -129,7 +132,7 @@ impl IntoResponse for ApiError {
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
             );
         }
         response
@@ -282,6 +285,24 @@ mod tests {
                    "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}),
         )
         .await;
+    }
+
+    #[test]
+    fn only_429_and_503_tell_the_client_when_to_retry() {
+        let retry_after = |error: ApiError| {
+            error
+                .into_response()
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .map(|value| value.to_str().unwrap().to_owned())
+        };
+        assert_eq!(retry_after(ApiError::QueueFull).as_deref(), Some("1"));
+        assert_eq!(
+            retry_after(ApiError::EngineUnavailable("restarting".into())).as_deref(),
+            Some("1")
+        );
+        assert_eq!(retry_after(ApiError::Internal("x".into())), None);
+        assert_eq!(retry_after(ApiError::InvalidApiKey), None);
     }
 
     #[tokio::test]

@@ -121,18 +121,17 @@ async fn version() -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let gauges = state
-        .latest_stats()
-        .map(|stats| EngineGauges {
-            num_running: stats.num_running,
-            num_waiting: stats.num_waiting,
-            kv_cache_usage: stats.kv_cache_usage,
-            prefix_cache_queries: stats.prefix_cache_queries,
-            prefix_cache_hits: stats.prefix_cache_hits,
-            num_preemptions: stats.num_preemptions,
-            num_eager_fallbacks: stats.num_eager_fallbacks,
-        })
-        .unwrap_or_default();
+    let stats = state.latest_stats().unwrap_or_default();
+    let gauges = EngineGauges {
+        num_running: stats.num_running,
+        num_waiting: stats.num_waiting,
+        kv_cache_usage: stats.kv_cache_usage,
+        prefix_cache_queries: stats.prefix_cache_queries,
+        prefix_cache_hits: stats.prefix_cache_hits,
+        num_preemptions: stats.num_preemptions,
+        num_eager_fallbacks: stats.num_eager_fallbacks,
+        engine_restarts: state.engine_restarts(),
+    };
     let mut response = state.metrics.render(&gauges).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -63,7 +63,7 @@ where
 
 /// The SSE events of a streamed response: `opening` first, one event per update (framed by
 /// `frame`), then on success `closing` (given the total completion tokens; the usage chunk) and
-/// `[DONE]`, or on failure one error event. Dropping the stream (a client that went away) drops
+/// `[DONE]`, or on failure one error event and `[DONE]`. Dropping the stream (a client that went away) drops
 /// the updates and so aborts their engine requests.
 pub fn sse_events<F, C>(
     opening: Vec<Bytes>,
@@ -95,7 +95,7 @@ where
                 events.closing = Some(closing);
                 vec![(events.frame)(update)]
             }
-            Some(Err(error)) => vec![error_event(&error)],
+            Some(Err(error)) => vec![error_event(&error), done_event()],
             None => {
                 let total = events.tokens.values().sum();
                 closing(total).into_iter().chain([done_event()]).collect()
@@ -207,7 +207,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_stream_ends_with_its_error_event_and_no_done() {
+    async fn a_failed_stream_ends_with_its_error_event_then_done() {
         let error = ApiError::EngineUnavailable("gone".into());
         let events = events_of(vec![
             update(0, "a", 1),
@@ -217,7 +217,12 @@ mod tests {
         .await;
         assert_eq!(
             events,
-            [Bytes::from("open"), Bytes::from("a"), error_event(&error)]
+            [
+                Bytes::from("open"),
+                Bytes::from("a"),
+                error_event(&error),
+                done_event()
+            ]
         );
     }
 }

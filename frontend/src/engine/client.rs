@@ -6,17 +6,30 @@
 //! sockets, so that a slow socket never stalls routing: the writer sends
 //! encoded frames on the PUSH socket, the reader decodes frames from the PULL
 //! socket and watches it for the engine going away.
+//!
+//! Liveness is the connection, never a silence: the engine core answers only
+//! between steps, so a long step must not look like a death. The engine core
+//! is gone when its socket disconnects (the kernel closes it when the process
+//! exits, however it exits) or, when its pid is known, when that process
+//! exits. With `reconnect`, a lost engine core is not the end: every request
+//! in flight fails, the client reports [`EngineHealth::Restarting`], connects
+//! again to the same addresses, and is healthy again once the new engine core
+//! sends `ready`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use zeromq::{
     PullSocket, PushSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
 };
@@ -25,6 +38,12 @@ use crate::engine::protocol::{
     self, Abort, AddRequest, EngineOutput, EngineStats, Message, Ready, UtilityCall, UtilityMethod,
     UtilityValue,
 };
+
+/// How long one connection attempt may take: zeromq's own retries back off up to 30 s, far
+/// longer than an engine core takes to come back, so the client retries by itself instead.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
+const CONNECT_RETRY: Duration = Duration::from_millis(50);
+const PROCESS_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum EngineError {
@@ -38,6 +57,8 @@ pub enum EngineError {
     Protocol(String),
     #[error("the engine core is dead: {0}")]
     Dead(String),
+    #[error("the engine core is restarting: {0}")]
+    Restarting(String),
     #[error("utility call failed in the engine core: {0}")]
     Utility(String),
     #[error("utility call got no answer within {0:?}")]
@@ -47,6 +68,9 @@ pub enum EngineError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineHealth {
     Healthy,
+    /// The engine core went away and a new one is awaited on the same addresses; the reason
+    /// says what happened to the old one.
+    Restarting(String),
     /// Terminal: a dead engine never comes back to this client.
     Dead(String),
 }
@@ -57,10 +81,12 @@ pub struct EngineClientConfig {
     pub output_address: String,
     /// Covers the engine's start-up: binding, loading the model, allocating the KV cache.
     pub ready_timeout: Duration,
-    /// After this much silence the client sends a health probe.
-    pub probe_interval: Duration,
-    /// After this much silence the engine is declared dead.
-    pub health_timeout: Duration,
+    /// The first engine core's process, when it runs on this machine: its exit is noticed even
+    /// before its socket closes.
+    pub engine_pid: Option<u32>,
+    /// After the engine core goes away, wait for the one its supervisor starts in its place on
+    /// the same addresses, instead of dying.
+    pub reconnect: bool,
     pub utility_timeout: Duration,
 }
 
@@ -70,9 +96,8 @@ impl EngineClientConfig {
             input_address: input_address.into(),
             output_address: output_address.into(),
             ready_timeout: Duration::from_secs(600),
-            probe_interval: Duration::from_secs(1),
-            // Far above one engine step, so that only a hung engine trips it.
-            health_timeout: Duration::from_secs(15),
+            engine_pid: None,
+            reconnect: false,
             utility_timeout: Duration::from_secs(10),
         }
     }
@@ -99,6 +124,7 @@ pub fn validate_address(address: &str) -> Result<(), EngineError> {
 }
 
 type UtilityReply = oneshot::Sender<Result<Option<UtilityValue>, EngineError>>;
+type Monitor = futures::channel::mpsc::Receiver<SocketEvent>;
 
 enum Command {
     Add {
@@ -112,12 +138,28 @@ enum Command {
         method: UtilityMethod,
         reply: UtilityReply,
     },
-    MarkDead(String),
 }
 
 enum Event {
     Message(Message),
+    /// The engine core went away: its process exited or its socket closed.
+    Lost(String),
+    /// The engine core broke the protocol: there is nothing to reconnect to.
     Failed(String),
+    /// A new engine core is connected and ready (reconnect only).
+    Connected(Connection),
+}
+
+/// Events are tagged with the connection they come from, so that a late event of a lost
+/// connection never touches its successor.
+type Tagged = (u64, Event);
+
+/// Both sockets of one engine core, after its `ready`.
+struct Connection {
+    push: PushSocket,
+    pull: PullSocket,
+    monitor: Monitor,
+    ready: Ready,
 }
 
 /// A cheap, cloneable handle to the engine core.
@@ -126,6 +168,7 @@ pub struct EngineClient {
     commands: mpsc::UnboundedSender<Command>,
     health: watch::Receiver<EngineHealth>,
     stats: watch::Receiver<Option<EngineStats>>,
+    restarts: Arc<AtomicU64>,
     ready: Ready,
     utility_timeout: Duration,
 }
@@ -135,74 +178,43 @@ impl EngineClient {
     pub async fn connect(config: EngineClientConfig) -> Result<Self, EngineError> {
         validate_address(&config.input_address)?;
         validate_address(&config.output_address)?;
-        let connect_error = |address: &str, err: zeromq::ZmqError| EngineError::Connect {
-            address: address.to_owned(),
-            reason: err.to_string(),
-        };
-        let options = || {
-            let mut options = SocketOptions::default();
-            // The engine binds its sockets early but may still be starting Python.
-            options.connect_timeout(config.ready_timeout);
-            options
-        };
-
-        let mut push = PushSocket::with_options(options());
-        push.connect(&config.input_address)
-            .await
-            .map_err(|err| connect_error(&config.input_address, err))?;
-        let mut pull = PullSocket::with_options(options());
-        let monitor = pull.monitor();
-        pull.connect(&config.output_address)
-            .await
-            .map_err(|err| connect_error(&config.output_address, err))?;
-
-        let ready = tokio::time::timeout(config.ready_timeout, next_message(&mut pull))
-            .await
-            .map_err(|_| EngineError::ReadyTimeout(config.ready_timeout))??;
-        let ready = match ready {
-            Message::Ready(ready) => ready,
-            other => {
-                return Err(EngineError::Protocol(format!(
-                    "expected ready, got {}",
-                    other.type_name()
-                )))
-            }
-        };
+        let connection = connect(&config, Instant::now() + config.ready_timeout).await?;
+        let ready = connection.ready.clone();
 
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let (frames_tx, frames_rx) = mpsc::unbounded_channel();
         let (health_tx, health_rx) = watch::channel(EngineHealth::Healthy);
         let (stats_tx, stats_rx) = watch::channel(None);
-        let socket_tasks = vec![
-            tokio::spawn(write_frames(push, frames_rx, events_tx.clone())),
-            tokio::spawn(read_frames(pull, monitor, events_tx)),
-        ];
-        let actor = Actor {
-            frames: frames_tx,
+        let restarts = Arc::new(AtomicU64::new(0));
+        let utility_timeout = config.utility_timeout;
+        let mut actor = Actor {
+            frames: mpsc::unbounded_channel().0,
+            events: events_tx,
+            generation: 0,
             requests: HashMap::new(),
             calls: HashMap::new(),
             next_call_id: 0,
-            last_heard: Instant::now(),
-            probe_outstanding: false,
             health: health_tx,
             stats: stats_tx,
-            probe_interval: config.probe_interval,
-            health_timeout: config.health_timeout,
-            socket_tasks,
+            restarts: restarts.clone(),
+            ready: ready.clone(),
+            tasks: Vec::new(),
+            config,
         };
+        actor.attach(connection);
         tokio::spawn(actor.run(commands_rx, events_rx));
 
         Ok(EngineClient {
             commands: commands_tx,
             health: health_rx,
             stats: stats_rx,
+            restarts,
             ready,
-            utility_timeout: config.utility_timeout,
+            utility_timeout,
         })
     }
 
-    /// What the engine announced in its `ready` message.
+    /// What the engine announced in its first `ready` message.
     pub fn ready(&self) -> &Ready {
         &self.ready
     }
@@ -211,8 +223,10 @@ impl EngineClient {
     /// after the output carrying a finish reason. Dropping the stream before
     /// then aborts the request in the engine.
     pub fn add_request(&self, request: AddRequest) -> Result<OutputStream, EngineError> {
-        if let EngineHealth::Dead(reason) = self.health() {
-            return Err(EngineError::Dead(reason));
+        match self.health() {
+            EngineHealth::Healthy => {}
+            EngineHealth::Restarting(reason) => return Err(EngineError::Restarting(reason)),
+            EngineHealth::Dead(reason) => return Err(EngineError::Dead(reason)),
         }
         let (outputs_tx, outputs_rx) = mpsc::unbounded_channel();
         let request_id = request.request_id.clone();
@@ -257,6 +271,11 @@ impl EngineClient {
         self.health.borrow().clone()
     }
 
+    /// How many times a new engine core took over after one was lost.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
     /// Resolves with the reason once the engine is dead, so the server can exit non-zero.
     pub async fn dead(&self) -> String {
         let mut health = self.health.clone();
@@ -268,11 +287,6 @@ impl EngineClient {
                 return "engine client stopped".into();
             }
         }
-    }
-
-    /// For whoever supervises the engine process and sees it exit first.
-    pub fn mark_dead(&self, reason: impl Into<String>) {
-        let _ = self.send(Command::MarkDead(reason.into()));
     }
 
     /// The counters from the engine's latest step or stats call.
@@ -340,57 +354,61 @@ impl Drop for OutputStream {
 }
 
 struct Actor {
+    config: EngineClientConfig,
+    /// The current connection's writer.
     frames: mpsc::UnboundedSender<Vec<u8>>,
+    events: mpsc::UnboundedSender<Tagged>,
+    /// The current connection; events tagged with another are stale.
+    generation: u64,
     requests: HashMap<String, mpsc::UnboundedSender<EngineOutput>>,
-    /// `None` marks the actor's own health probe.
-    calls: HashMap<u64, Option<UtilityReply>>,
+    calls: HashMap<u64, UtilityReply>,
     next_call_id: u64,
-    last_heard: Instant,
-    probe_outstanding: bool,
     health: watch::Sender<EngineHealth>,
     stats: watch::Sender<Option<EngineStats>>,
-    probe_interval: Duration,
-    health_timeout: Duration,
-    socket_tasks: Vec<JoinHandle<()>>,
+    restarts: Arc<AtomicU64>,
+    /// The first engine core's `ready`, which every successor must repeat.
+    ready: Ready,
+    /// The current connection's socket tasks, or the reconnecting task.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Actor {
     async fn run(
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
-        mut events: mpsc::UnboundedReceiver<Event>,
+        mut events: mpsc::UnboundedReceiver<Tagged>,
     ) {
-        let mut ticks = tokio::time::interval(self.probe_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.on_command(command),
                     None => break,
                 },
-                Some(event) = events.recv() => self.on_event(event),
-                _ = ticks.tick() => self.check_liveness(),
+                Some((generation, event)) = events.recv() => {
+                    if generation == self.generation {
+                        self.on_event(event);
+                    }
+                }
             }
         }
-        self.stop_sockets();
+        self.stop_tasks();
     }
 
-    fn is_dead(&self) -> bool {
-        matches!(*self.health.borrow(), EngineHealth::Dead(_))
-    }
-
-    fn dead_reason(&self) -> Option<String> {
+    /// Why the engine cannot take work now, or None while it is healthy.
+    fn unavailable(&self) -> Option<EngineError> {
         match &*self.health.borrow() {
-            EngineHealth::Dead(reason) => Some(reason.clone()),
             EngineHealth::Healthy => None,
+            EngineHealth::Restarting(reason) => Some(EngineError::Restarting(reason.clone())),
+            EngineHealth::Dead(reason) => Some(EngineError::Dead(reason.clone())),
         }
     }
 
     fn on_command(&mut self, command: Command) {
+        let unavailable = self.unavailable();
         match command {
             Command::Add { request, outputs } => {
-                if let Some(reason) = self.dead_reason() {
-                    let _ = outputs.send(failed(&request.request_id, &reason));
+                if let Some(error) = unavailable {
+                    let _ = outputs.send(failed(&request.request_id, &error));
                 } else if self.requests.contains_key(&request.request_id) {
                     let _ = outputs.send(EngineOutput::failed(
                         &request.request_id,
@@ -402,12 +420,12 @@ impl Actor {
                 }
             }
             Command::Abort(request_ids) => {
-                if !self.is_dead() && !request_ids.is_empty() {
+                if unavailable.is_none() && !request_ids.is_empty() {
                     self.send(Abort { request_ids }.into());
                 }
             }
             Command::Release(request_id) => {
-                if self.requests.remove(&request_id).is_some() && !self.is_dead() {
+                if self.requests.remove(&request_id).is_some() && unavailable.is_none() {
                     self.send(
                         Abort {
                             request_ids: vec![request_id],
@@ -416,25 +434,25 @@ impl Actor {
                     );
                 }
             }
-            Command::Utility { method, reply } => match self.dead_reason() {
-                Some(reason) => {
-                    let _ = reply.send(Err(EngineError::Dead(reason)));
+            Command::Utility { method, reply } => match unavailable {
+                Some(error) => {
+                    let _ = reply.send(Err(error));
                 }
-                None => self.call(method, Some(reply)),
+                None => self.call(method, reply),
             },
-            Command::MarkDead(reason) => self.die(reason),
         }
     }
 
     fn on_event(&mut self, event: Event) {
-        if self.is_dead() {
+        if matches!(*self.health.borrow(), EngineHealth::Dead(_)) {
             return;
         }
         let message = match event {
             Event::Message(message) => message,
+            Event::Lost(reason) => return self.lose(reason),
             Event::Failed(reason) => return self.die(reason),
+            Event::Connected(connection) => return self.resume(connection),
         };
-        self.last_heard = Instant::now();
         match message {
             Message::Outputs(step) => {
                 let mut dropped = Vec::new();
@@ -468,15 +486,11 @@ impl Actor {
                 if let Some(UtilityValue::Stats(stats)) = &result.result {
                     self.stats.send_replace(Some(stats.clone()));
                 }
-                match self.calls.remove(&result.call_id) {
-                    Some(Some(reply)) => {
-                        let _ = reply.send(match result.error {
-                            Some(error) => Err(EngineError::Utility(error)),
-                            None => Ok(result.result),
-                        });
-                    }
-                    Some(None) => self.probe_outstanding = false,
-                    None => {}
+                if let Some(reply) = self.calls.remove(&result.call_id) {
+                    let _ = reply.send(match result.error {
+                        Some(error) => Err(EngineError::Utility(error)),
+                        None => Ok(result.result),
+                    });
                 }
             }
             // The spec sends ready once; a repeat carries nothing to act on.
@@ -488,25 +502,79 @@ impl Actor {
         }
     }
 
-    fn check_liveness(&mut self) {
-        if self.is_dead() {
-            return;
-        }
-        let silence = self.last_heard.elapsed();
-        if silence >= self.health_timeout {
-            self.die(format!("engine core did not answer for {silence:?}"));
-        } else if silence >= self.probe_interval && !self.probe_outstanding {
-            self.probe_outstanding = true;
-            self.call(UtilityMethod::Health, None);
+    /// Starts the socket tasks of `connection` as the current generation.
+    fn attach(&mut self, connection: Connection) {
+        let Connection {
+            push,
+            pull,
+            monitor,
+            ready: _,
+        } = connection;
+        let (frames_tx, frames_rx) = mpsc::unbounded_channel();
+        self.frames = frames_tx;
+        let generation = self.generation;
+        self.tasks = vec![
+            tokio::spawn(write_frames(
+                push,
+                frames_rx,
+                generation,
+                self.events.clone(),
+            )),
+            tokio::spawn(read_frames(pull, monitor, generation, self.events.clone())),
+        ];
+        // Only the first engine core's pid is known; its successors are watched by their sockets.
+        if let (0, Some(pid)) = (generation, self.config.engine_pid) {
+            let events = self.events.clone();
+            self.tasks.push(tokio::spawn(async move {
+                wait_for_process_exit(pid).await;
+                let reason = format!("the engine core process {pid} exited");
+                let _ = events.send((generation, Event::Lost(reason)));
+            }));
         }
     }
 
-    fn call(&mut self, method: UtilityMethod, reply: Option<UtilityReply>) {
+    /// The engine core went away: with reconnect, fail what is in flight and await its successor.
+    fn lose(&mut self, reason: String) {
+        if !self.config.reconnect {
+            return self.die(reason);
+        }
+        let reason = format!("{reason}; it is being restarted");
+        eprintln!("sluice-frontend: the engine core was lost: {reason}");
+        self.health
+            .send_replace(EngineHealth::Restarting(reason.clone()));
+        self.fail_in_flight(&EngineError::Restarting(reason));
+        // The lost engine core's gauges describe nothing that still exists.
+        self.stats.send_replace(None);
+        self.stop_tasks();
+        self.generation += 1;
+        let (config, generation, events) =
+            (self.config.clone(), self.generation, self.events.clone());
+        self.tasks.push(tokio::spawn(async move {
+            let connection = reconnect(&config).await;
+            let _ = events.send((generation, Event::Connected(connection)));
+        }));
+    }
+
+    fn resume(&mut self, connection: Connection) {
+        let (old, new) = (&self.ready, &connection.ready);
+        // The served limits were announced once, to every handle; a successor must keep them.
+        if (new.max_model_len, new.block_size) != (old.max_model_len, old.block_size) {
+            return self.die(format!(
+                "the restarted engine core announced {new:?}, unlike the first one's {old:?}"
+            ));
+        }
+        self.stop_tasks();
+        self.attach(connection);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.health.send_replace(EngineHealth::Healthy);
+        eprintln!("sluice-frontend: the restarted engine core is ready");
+    }
+
+    fn call(&mut self, method: UtilityMethod, reply: UtilityReply) {
         let call_id = self.next_call_id;
         self.next_call_id += 1;
         // Callers that gave up (timed out) leave entries whose replies have nowhere to go.
-        self.calls
-            .retain(|_, reply| reply.as_ref().is_none_or(|reply| !reply.is_closed()));
+        self.calls.retain(|_, reply| !reply.is_closed());
         self.calls.insert(call_id, reply);
         self.send(UtilityCall { call_id, method }.into());
     }
@@ -518,30 +586,114 @@ impl Actor {
 
     /// Every request in flight ends with an error and every call fails: nothing hangs.
     fn die(&mut self, reason: String) {
-        if self.is_dead() {
+        if matches!(*self.health.borrow(), EngineHealth::Dead(_)) {
             return;
         }
-        for (request_id, outputs) in self.requests.drain() {
-            let _ = outputs.send(failed(&request_id, &reason));
-        }
-        for (_, reply) in self.calls.drain() {
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(EngineError::Dead(reason.clone())));
-            }
-        }
-        self.health.send_replace(EngineHealth::Dead(reason));
-        self.stop_sockets();
+        // Unhealthy first, so that a request reading its failure already sees why.
+        self.health.send_replace(EngineHealth::Dead(reason.clone()));
+        self.fail_in_flight(&EngineError::Dead(reason));
+        self.stop_tasks();
     }
 
-    fn stop_sockets(&mut self) {
-        for task in self.socket_tasks.drain(..) {
+    fn fail_in_flight(&mut self, error: &EngineError) {
+        for (request_id, outputs) in self.requests.drain() {
+            let _ = outputs.send(failed(&request_id, error));
+        }
+        for (_, reply) in self.calls.drain() {
+            let _ = reply.send(Err(error.clone()));
+        }
+    }
+
+    fn stop_tasks(&mut self) {
+        for task in self.tasks.drain(..) {
             task.abort();
         }
     }
 }
 
-fn failed(request_id: &str, reason: &str) -> EngineOutput {
-    EngineOutput::failed(request_id, format!("engine core failed: {reason}"))
+fn failed(request_id: &str, error: &EngineError) -> EngineOutput {
+    let message = match error {
+        EngineError::Dead(reason) => format!("engine core failed: {reason}"),
+        other => other.to_string(),
+    };
+    EngineOutput::failed(request_id, message)
+}
+
+/// Both sockets connected and the engine core's `ready` received, by `deadline`.
+async fn connect(
+    config: &EngineClientConfig,
+    deadline: Instant,
+) -> Result<Connection, EngineError> {
+    let (push, _) = connected::<PushSocket>(&config.input_address, deadline).await?;
+    let (mut pull, mut monitor) = connected::<PullSocket>(&config.output_address, deadline).await?;
+    let timeout = config.ready_timeout;
+    let message = tokio::select! {
+        message = next_message(&mut pull) => message?,
+        () = disconnection(&mut monitor) => {
+            return Err(EngineError::Dead("the engine core went away before it was ready".into()))
+        }
+        () = tokio::time::sleep_until(deadline) => return Err(EngineError::ReadyTimeout(timeout)),
+    };
+    match message {
+        Message::Ready(ready) => Ok(Connection {
+            push,
+            pull,
+            monitor,
+            ready,
+        }),
+        other => Err(EngineError::Protocol(format!(
+            "expected ready, got {}",
+            other.type_name()
+        ))),
+    }
+}
+
+/// A socket connected to `address`, with its monitor (made first, so that no event is missed).
+async fn connected<S: Socket>(
+    address: &str,
+    deadline: Instant,
+) -> Result<(S, Monitor), EngineError> {
+    loop {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(CONNECT_ATTEMPT);
+        let mut socket = S::with_options(options);
+        let monitor = socket.monitor();
+        match socket.connect(address).await {
+            Ok(()) => return Ok((socket, monitor)),
+            Err(err) if Instant::now() >= deadline => {
+                return Err(EngineError::Connect {
+                    address: address.to_owned(),
+                    reason: err.to_string(),
+                })
+            }
+            // The engine core binds its sockets early but may still be starting Python.
+            Err(_) => tokio::time::sleep(CONNECT_RETRY).await,
+        }
+    }
+}
+
+/// Connects until an engine core is ready on the configured addresses; the supervisor that
+/// restarts it decides when to give up.
+async fn reconnect(config: &EngineClientConfig) -> Connection {
+    loop {
+        match connect(config, Instant::now() + config.ready_timeout).await {
+            Ok(connection) => return connection,
+            Err(error) => {
+                eprintln!("sluice-frontend: waiting for the restarted engine core: {error}");
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+        }
+    }
+}
+
+/// Resolves once the peer disconnects; never if the monitor closes first.
+async fn disconnection(monitor: &mut Monitor) {
+    while let Some(event) = monitor.next().await {
+        if matches!(event, SocketEvent::Disconnected(_)) {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 async fn next_message(pull: &mut PullSocket) -> Result<Message, EngineError> {
@@ -563,11 +715,12 @@ fn decode_frame(frame: ZmqMessage) -> Result<Message, String> {
 async fn write_frames(
     mut push: PushSocket,
     mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    events: mpsc::UnboundedSender<Event>,
+    generation: u64,
+    events: mpsc::UnboundedSender<Tagged>,
 ) {
     while let Some(frame) = frames.recv().await {
         if let Err(err) = push.send(ZmqMessage::from(frame)).await {
-            let _ = events.send(Event::Failed(format!("input socket: {err}")));
+            let _ = events.send((generation, Event::Lost(format!("input socket: {err}"))));
             return;
         }
     }
@@ -575,8 +728,9 @@ async fn write_frames(
 
 async fn read_frames(
     mut pull: PullSocket,
-    mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
-    events: mpsc::UnboundedSender<Event>,
+    mut monitor: Monitor,
+    generation: u64,
+    events: mpsc::UnboundedSender<Tagged>,
 ) {
     loop {
         let event = tokio::select! {
@@ -586,24 +740,49 @@ async fn read_frames(
                     // The spec: a frame the frontend cannot read is an engine failure.
                     Err(reason) => Event::Failed(format!("undecodable frame: {reason}")),
                 },
-                Err(err) => Event::Failed(format!("output socket: {err}")),
+                Err(err) => Event::Lost(format!("output socket: {err}")),
             },
             // The fair queue reports the peer's EOF only after its last frame was
             // returned, so no output is lost by stopping here.
-            Some(SocketEvent::Disconnected(_)) = monitor.next() => {
-                Event::Failed("engine core disconnected".into())
-            }
+            () = disconnection(&mut monitor) => Event::Lost("engine core disconnected".into()),
         };
-        let last = matches!(event, Event::Failed(_));
-        if events.send(event).is_err() || last {
+        let last = matches!(event, Event::Failed(_) | Event::Lost(_));
+        if events.send((generation, event)).is_err() || last {
             return;
         }
     }
 }
 
+/// Resolves once process `pid` has exited: gone from /proc, or a zombie its parent has not reaped.
+async fn wait_for_process_exit(pid: u32) {
+    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
+    loop {
+        match std::fs::read_to_string(&stat) {
+            Ok(text) if !process_state_is_zombie(&text) => {}
+            _ => return,
+        }
+        tokio::time::sleep(PROCESS_POLL).await;
+    }
+}
+
+/// The state field of /proc/PID/stat follows the parenthesised command name, which may contain spaces.
+fn process_state_is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zombie_state_is_read_after_the_command_name() {
+        assert!(!process_state_is_zombie("42 (python3) S 1 42 42"));
+        assert!(process_state_is_zombie("42 (python3) Z 1 42 42"));
+        assert!(!process_state_is_zombie("42 (a) Z (b) S 1 2 3"));
+        assert!(!process_state_is_zombie("garbage"));
+    }
 
     #[test]
     fn only_ipc_and_loopback_tcp_are_accepted() {

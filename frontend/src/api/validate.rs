@@ -20,7 +20,8 @@ pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
 /// Completions' default, as in OpenAI's API.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
-const CHAT_ROLES: [&str; 3] = ["system", "user", "assistant"];
+/// `developer` is OpenAI's newer name of `system`; the chat template renders it as one.
+const CHAT_ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
 
 fn out_of_range(param: &'static str, message: String) -> ApiError {
     ApiError::InvalidParameter { param, message }
@@ -53,7 +54,8 @@ fn check_float(
     } else {
         Err(out_of_range(
             param,
-            format!("{param} must be {rule}, got {value}"),
+            // Debug writes 1e39 rather than its 40 digits.
+            format!("{param} must be {rule}, got {value:?}"),
         ))
     }
 }
@@ -163,7 +165,7 @@ pub fn logit_bias(
             if !holds(value, |bias| (-100.0..=100.0).contains(&bias)) {
                 return Err(out_of_range(
                     "logit_bias",
-                    format!("logit_bias values must be in [-100, 100], got {value} for {key}"),
+                    format!("logit_bias values must be in [-100, 100], got {value:?} for {key}"),
                 ));
             }
             Ok((token, value))
@@ -670,6 +672,7 @@ mod tests {
         };
         assert_eq!(check_messages(&[]), Err(ApiError::EmptyMessages));
         assert!(check_messages(&[message("system"), message("user")]).is_ok());
+        assert!(check_messages(&[message("developer"), message("user")]).is_ok());
         assert_eq!(param_of(check_messages(&[message("wizard")])), "messages");
     }
 

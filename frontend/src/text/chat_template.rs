@@ -24,7 +24,7 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 /// Errors from loading or rendering a chat template. Loading errors
 /// (`Io`, `Config`, `Missing`, `Syntax`) are the server's; rendering errors
-/// (`Raised`, `Render`, `UnsupportedContentPart`) are the request's (HTTP 400).
+/// (`Raised`, `Render`, `UnsupportedContentPart`, `MissingPartText`) are the request's (HTTP 400).
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
     #[error("cannot read {path}: {source}")]
@@ -46,6 +46,8 @@ pub enum ChatTemplateError {
     Render(minijinja::Error),
     #[error("content part of type {0:?} is not supported; only \"text\" parts are")]
     UnsupportedContentPart(String),
+    #[error("a content part of type \"text\" has no \"text\" string")]
+    MissingPartText,
 }
 
 impl ChatTemplateError {
@@ -53,7 +55,10 @@ impl ChatTemplateError {
     pub fn is_request_error(&self) -> bool {
         matches!(
             self,
-            Self::Raised(_) | Self::Render(_) | Self::UnsupportedContentPart(_)
+            Self::Raised(_)
+                | Self::Render(_)
+                | Self::UnsupportedContentPart(_)
+                | Self::MissingPartText
         )
     }
 }
@@ -267,14 +272,20 @@ fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTe
                 .iter()
                 .map(|part| match (part.kind.as_str(), &part.text) {
                     ("text", Some(text)) => Ok(text.as_str()),
+                    ("text", None) => Err(ChatTemplateError::MissingPartText),
                     _ => Err(ChatTemplateError::UnsupportedContentPart(part.kind.clone())),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             Some(Cow::Owned(texts.join("\n")))
         }
     };
+    // OpenAI's `developer` role is the newer name of `system`, which templates know.
+    let role = match message.role.as_str() {
+        "developer" => "system",
+        role => role,
+    };
     Ok(TemplateMessage {
-        role: &message.role,
+        role,
         content,
         name: message.name.as_deref(),
     })
@@ -688,6 +699,36 @@ mod tests {
             matches!(error, ChatTemplateError::UnsupportedContentPart(ref kind) if kind == "image_url")
         );
         assert!(error.is_request_error());
+
+        let no_text = ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Parts(vec![ContentPart {
+                kind: "text".into(),
+                text: None,
+            }])),
+            name: None,
+        };
+        let error = template.render(&[no_text], true).unwrap_err();
+        assert!(
+            matches!(error, ChatTemplateError::MissingPartText),
+            "{error}"
+        );
+        assert!(error.to_string().contains("has no \"text\""), "{error}");
+        assert!(error.is_request_error());
+    }
+
+    #[test]
+    fn the_developer_role_renders_as_system() {
+        let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
+        let user = message("user", "Hi");
+        assert_eq!(
+            template
+                .render(&[message("developer", "Be brief."), user.clone()], true)
+                .unwrap(),
+            template
+                .render(&[message("system", "Be brief."), user], true)
+                .unwrap()
+        );
     }
 
     #[test]

@@ -104,6 +104,7 @@ async fn chat(
             params.seed = params.seed.map(|seed| seed.wrapping_add(i64::from(i)));
             ChoiceSpec {
                 index: i,
+                prompt_index: 0,
                 prompt_ids: prompt_ids.clone(),
                 params,
                 stop: stop.clone(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine_client::EngineClientConfig;
+use crate::metrics::MetricsPrefix;
 use crate::server::{self, AppState, ServerConfig};
 use clap::Parser;
 use tokio::net::TcpListener;
@@ -47,6 +48,9 @@ struct Args {
     /// instead of after the engine's silence times out.
     #[arg(long)]
     engine_pid: Option<u32>,
+    /// The namespace of /metrics' names: `vllm` renders vLLM's exact names, for its dashboards.
+    #[arg(long, value_enum, default_value_t = MetricsPrefix::Sluice)]
+    metrics_prefix: MetricsPrefix,
 }
 
 impl Args {
@@ -58,6 +62,7 @@ impl Args {
             max_waiting_requests: self.max_waiting_requests,
             max_body_bytes: self.max_body_bytes,
             tokenizer_workers: self.tokenizer_workers,
+            metrics_prefix: self.metrics_prefix,
         }
     }
 }

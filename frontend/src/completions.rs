@@ -117,6 +117,7 @@ async fn complete(
             params.seed = params.seed.map(|seed| seed.wrapping_add(i64::from(i)));
             choices.push(ChoiceSpec {
                 index: prompt_index as u32 * n + i,
+                prompt_index: prompt_index as u32,
                 prompt_ids: prompt.ids.clone(),
                 params,
                 stop: stop.clone(),

@@ -5,7 +5,6 @@
 //! Completions and chat share this; they differ only in how updates are framed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -15,7 +14,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::api_error::ApiError;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_client::{EngineClient, EngineError, OutputStream};
-use crate::metrics::Metrics;
+use crate::metrics::RequestMetrics;
 use crate::protocol::{AddRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprobs};
 use crate::server::AppState;
 use crate::sse::{data_event, done_event, error_event};
@@ -26,6 +25,8 @@ use crate::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 #[derive(Debug, Clone)]
 pub struct ChoiceSpec {
     pub index: u32,
+    /// Which prompt of the request it answers: the choices of one prompt count it once in metrics.
+    pub prompt_index: u32,
     pub prompt_ids: Vec<u32>,
     pub params: SamplingParams,
     pub stop: Vec<String>,
@@ -105,9 +106,20 @@ pub fn start(
         .map(|_| all.split(1).expect("one permit per choice"))
         .collect();
     permits.push(all);
+    let mut prompts = HashMap::new();
+    for choice in &choices {
+        let entry = prompts
+            .entry(choice.prompt_index)
+            .or_insert((choice.prompt_ids.len() as u64, 0));
+        entry.1 += 1;
+    }
+    let prompts: HashMap<u32, _> = prompts
+        .into_iter()
+        .map(|(index, (tokens, count))| (index, state.metrics.prompt(tokens, count)))
+        .collect();
     let mut streams = Vec::with_capacity(choices.len());
     for (choice, permit) in choices.into_iter().zip(permits) {
-        let prompt_tokens = choice.prompt_ids.len() as u32;
+        let prompt = prompts[&choice.prompt_index].clone();
         let outputs = engine
             .add_request(AddRequest {
                 request_id: format!("{request_id}-{}", choice.index),
@@ -129,11 +141,8 @@ pub fn start(
             stop: StopMatcher::new(choice.stop),
             prefix: choice.prefix,
             wants_logprobs: choice.params.logprobs.is_some(),
-            metrics: state.metrics.clone(),
+            metrics: RequestMetrics::new(state.metrics.clone(), prompt, arrival, arrival_time),
             permit: Some(permit),
-            arrival,
-            last_token_at: None,
-            prompt_tokens,
             completion_tokens: 0,
             finished: false,
         });
@@ -195,11 +204,8 @@ pub struct ChoiceStream {
     stop: StopMatcher,
     prefix: Option<String>,
     wants_logprobs: bool,
-    metrics: Arc<Metrics>,
+    metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
-    arrival: Instant,
-    last_token_at: Option<Instant>,
-    prompt_tokens: u32,
     completion_tokens: u32,
     finished: bool,
 }
@@ -225,7 +231,8 @@ impl ChoiceStream {
     }
 
     async fn update(&mut self, output: RequestOutput) -> Result<Option<ChoiceUpdate>, ApiError> {
-        self.observe_timing(output.new_token_ids.len());
+        self.metrics
+            .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
         let logprobs = match (&output.new_logprobs, self.wants_logprobs) {
             (Some(entries), true) => self.logprob_texts(entries).await?,
@@ -323,25 +330,6 @@ impl ChoiceStream {
             .await?)
     }
 
-    fn observe_timing(&mut self, new_tokens: usize) {
-        if new_tokens == 0 {
-            return;
-        }
-        let now = Instant::now();
-        match self.last_token_at {
-            None => {
-                let since_arrival = (now - self.arrival).as_secs_f64();
-                self.metrics.time_to_first_token.observe(since_arrival);
-                self.metrics.request_queue_time.observe(since_arrival);
-            }
-            Some(last) => self
-                .metrics
-                .inter_token_latency
-                .observe((now - last).as_secs_f64()),
-        }
-        self.last_token_at = Some(now);
-    }
-
     /// Ends the choice: counts it, frees its permit, and drops its output stream, which aborts
     /// the engine request when the engine has not finished it (a stop string matched).
     fn finish(&mut self, reason: &'static str) {
@@ -351,14 +339,7 @@ impl ChoiceStream {
         self.finished = true;
         self.outputs = None;
         self.permit = None;
-        self.metrics.record_finished(
-            reason,
-            u64::from(self.prompt_tokens),
-            u64::from(self.completion_tokens),
-        );
-        self.metrics
-            .e2e_request_latency
-            .observe(self.arrival.elapsed().as_secs_f64());
+        self.metrics.on_finish(reason);
     }
 
     fn fail(&mut self, reason: String) -> ApiError {

@@ -22,7 +22,7 @@ use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::completions;
 use crate::engine_client::{EngineClient, EngineClientConfig, EngineError};
 use crate::generation::engine_unavailable;
-use crate::metrics::{EngineGauges, Metrics};
+use crate::metrics::{Metrics, MetricsPrefix};
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
@@ -41,6 +41,7 @@ pub struct ServerConfig {
     pub max_waiting_requests: usize,
     pub max_body_bytes: usize,
     pub tokenizer_workers: usize,
+    pub metrics_prefix: MetricsPrefix,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +86,10 @@ impl AppState {
                 TOKENIZER_QUEUE_DEPTH,
             ),
             chat_template,
-            metrics: Arc::new(Metrics::new(config.served_model_name.clone())),
+            metrics: Arc::new(Metrics::new(
+                config.served_model_name.clone(),
+                config.metrics_prefix,
+            )),
             permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
             vocab_size,
             engine: OnceLock::new(),
@@ -295,21 +299,12 @@ async fn version() -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let gauges = state
+    let stats = state
         .engine
         .get()
         .and_then(EngineClient::latest_stats)
-        .map(|stats| EngineGauges {
-            num_running: stats.num_running,
-            num_waiting: stats.num_waiting,
-            kv_cache_usage: stats.kv_cache_usage,
-            prefix_cache_queries: stats.prefix_cache_queries,
-            prefix_cache_hits: stats.prefix_cache_hits,
-            num_preemptions: stats.num_preemptions,
-            num_eager_fallbacks: stats.num_eager_fallbacks,
-        })
         .unwrap_or_default();
-    let mut response = state.metrics.render(&gauges).into_response();
+    let mut response = state.metrics.render(&stats).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

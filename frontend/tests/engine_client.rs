@@ -120,6 +120,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> RequestOutp
         stop_reason: None,
         num_cached_tokens: 0,
         error: None,
+        first_scheduled_time: None,
     }
 }
 

@@ -13,6 +13,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_frontend::engine_client::EngineClientConfig;
+use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::protocol::{
     decode, encode, EngineStats, FinishReason, HealthResult, KvCacheSnapshot, Message, Outputs,
     Ready, RequestOutput, TokenLogprobs, UtilityMethod, UtilityResult, UtilityValue,
@@ -48,6 +49,7 @@ fn config() -> ServerConfig {
         max_waiting_requests: 64,
         max_body_bytes: 1 << 20,
         tokenizer_workers: 2,
+        metrics_prefix: MetricsPrefix::Sluice,
     }
 }
 
@@ -341,6 +343,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         stop_reason: None,
                         num_cached_tokens: 0,
                         error: None,
+                        first_scheduled_time: Some(request.arrival_time),
                     }])
                 })
                 .collect()
@@ -357,6 +360,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                     stop_reason: None,
                     num_cached_tokens: 0,
                     error: None,
+                    first_scheduled_time: None,
                 })
                 .collect(),
         )],

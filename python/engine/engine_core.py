@@ -15,10 +15,11 @@ from engine.executor import make_executor
 from engine.kv_events_publisher import KVEventPublisher
 from engine.request import Request
 from engine.request_validation import validate_request
-from engine.scheduler import Scheduler, SchedulerStats
+from engine.scheduler import Scheduler
 from sluice.config import SluiceConfig
 from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
+from sluice.frontend_seam import EngineStats
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
 from sluice.step_timing import PhaseTimes
@@ -150,5 +151,5 @@ class EngineCore:
             "block_hashes": sorted(block_hash.hex() for block_hash in pool.cached_block_hash_to_block),
         }
 
-    def stats(self) -> SchedulerStats:
+    def stats(self) -> EngineStats:
         return self.scheduler.make_stats()

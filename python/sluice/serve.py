@@ -35,8 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import get_args
 
 from sluice.binaries import FRONTEND, ROUTER, rust_binary
+from sluice.config import MetricsPrefix
 from sluice.config_checks import check_engine_config
 from sluice.cpu_binding import cores_per_replica, usable_cores
 from sluice.engine_args import add_engine_arguments, at_least, config_from_args, model_path_from_args
@@ -91,6 +93,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="how long the frontend keeps answering after the engine core died (default: the frontend's)",
+    )
+    group.add_argument(
+        "--metrics-prefix",
+        choices=get_args(MetricsPrefix),
+        default=None,
+        help="the namespace of /metrics' names; vllm renders vLLM's exact names, so that its Grafana "
+        "dashboards work unchanged (default: the frontend's, sluice)",
     )
     group.add_argument(
         "--data-parallel-size",
@@ -148,6 +157,7 @@ def frontend_argv(
         "max_body_bytes",
         "tokenizer_workers",
         "exit_grace_seconds",
+        "metrics_prefix",
     ):
         value = getattr(args, option)
         if value is not None:

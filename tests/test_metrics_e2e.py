@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from serve_fixtures import Server, running_server
+from serve_fixtures import SLUICE, Server, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
@@ -213,3 +214,15 @@ def test_vllm_prefix_renders_every_name_vllms_dashboard_queries(vllm_named_serve
         assert any(s.startswith(f'{name}{{model_name="{MODEL}"') for s in rendered), name
     assert not [s for s in rendered if s.startswith("sluice:")]
     assert rendered[f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}}'] == 1
+
+
+def test_an_unknown_metrics_prefix_is_refused_naming_the_choices() -> None:
+    done = subprocess.run(
+        [str(SLUICE), "serve", "--metrics-prefix", "prometheus"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--metrics-prefix" in done.stderr and "'sluice', 'vllm'" in done.stderr, done.stderr

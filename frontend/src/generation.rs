@@ -106,17 +106,11 @@ pub fn start(
         .map(|_| all.split(1).expect("one permit per choice"))
         .collect();
     permits.push(all);
-    let mut prompts = HashMap::new();
-    for choice in &choices {
-        let entry = prompts
-            .entry(choice.prompt_index)
-            .or_insert((choice.prompt_ids.len() as u64, 0));
-        entry.1 += 1;
-    }
-    let prompts: HashMap<u32, _> = prompts
-        .into_iter()
-        .map(|(index, (tokens, count))| (index, state.metrics.prompt(tokens, count)))
-        .collect();
+    let prompts = state.metrics.prompt_shares(
+        choices
+            .iter()
+            .map(|choice| (choice.prompt_index, choice.prompt_ids.len() as u64)),
+    );
     let mut streams = Vec::with_capacity(choices.len());
     for (choice, permit) in choices.into_iter().zip(permits) {
         let prompt = prompts[&choice.prompt_index].clone();

@@ -5,6 +5,7 @@
 //! outputs arrive; the engine's own gauges, counters and the `iteration_tokens` histogram arrive
 //! with its output batches as [`EngineStats`], and are rendered as they were last reported.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -148,7 +149,7 @@ impl Metrics {
     }
 
     /// What the `choices` engine requests of one prompt share: `prompt_tokens` counts once.
-    pub fn prompt(&self, prompt_tokens: u64, choices: usize) -> Arc<PromptShare> {
+    fn prompt(&self, prompt_tokens: u64, choices: usize) -> Arc<PromptShare> {
         assert!(choices > 0, "a prompt has at least one choice");
         Arc::new(PromptShare {
             prompt_tokens,
@@ -156,6 +157,21 @@ impl Metrics {
             choices_left: AtomicUsize::new(choices),
             max_generation_tokens: AtomicU64::new(0),
         })
+    }
+
+    /// One [`PromptShare`] per prompt of a request, from each choice's prompt index and length.
+    pub fn prompt_shares(
+        &self,
+        choices: impl IntoIterator<Item = (u32, u64)>,
+    ) -> HashMap<u32, Arc<PromptShare>> {
+        let mut prompts: HashMap<u32, (u64, usize)> = HashMap::new();
+        for (prompt_index, prompt_tokens) in choices {
+            prompts.entry(prompt_index).or_insert((prompt_tokens, 0)).1 += 1;
+        }
+        prompts
+            .into_iter()
+            .map(|(index, (tokens, choices))| (index, self.prompt(tokens, choices)))
+            .collect()
     }
 
     /// The Prometheus text exposition of every metric, with the engine's as `engine` reported them.
@@ -518,7 +534,9 @@ mod tests {
     #[test]
     fn tokens_count_as_they_arrive_and_the_prompt_once_per_prompt() {
         let metrics = metrics();
-        let prompt = metrics.prompt(10, 3);
+        let shares = metrics.prompt_shares([(0, 10), (0, 10), (0, 10), (1, 4)]);
+        assert_eq!(shares.len(), 2);
+        let prompt = shares[&0].clone();
         let arrival = Instant::now();
         let mut choices: Vec<RequestMetrics> = (0..3)
             .map(|_| RequestMetrics::new(metrics.clone(), prompt.clone(), arrival, 100.0))

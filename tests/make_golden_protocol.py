@@ -44,6 +44,9 @@ _STATS = EngineStats(
     prefix_cache_hits=4096,
     num_preemptions=0,
     num_eager_fallbacks=300,
+    # One count per ITERATION_TOKENS_BOUNDS entry, then the steps above them.
+    iteration_tokens=[0, 1, 127, 128, 255, 256, 65535, 65536, 0, 0, 0, 0, 0, 2],
+    iteration_tokens_sum=70000000,
 )
 
 # file stem -> message; the order here is the order of index.json.
@@ -93,6 +96,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 stop_reason=None,
                 num_cached_tokens=64,
                 error=None,
+                first_scheduled_time=1732190000.5,
             ),
             EngineOutput(
                 request_id="cmpl-8f14e45f-1",
@@ -100,6 +104,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 finish_reason="stop",
                 stop_reason=49152,
                 num_cached_tokens=0,
+                first_scheduled_time=1732190001.0,
             ),
             EngineOutput(
                 request_id="cmpl-c9f0f895-1", new_token_ids=[], finish_reason="length", num_cached_tokens=16

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import zmq
 
-from engine.engine_core_output import SchedulerStats
 from engine.engine_core_server import EngineCoreServer, check_bind_address
 from sluice.frontend_seam import (
     Abort,
@@ -285,6 +284,8 @@ def test_utility_calls_answer_health_and_stats(client):
         "prefix_cache_hits",
         "num_preemptions",
         "num_eager_fallbacks",
+        "iteration_tokens",
+        "iteration_tokens_sum",
     ]
     unknown = client.call(13, "reboot")
     assert unknown.result is None and "reboot" in unknown.error
@@ -415,8 +416,8 @@ class _FailingEngine:
     def sentinels(self) -> list[int]:
         return []
 
-    def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.requests), 0, 0.5, 0, 0, 0, 0)
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.requests), kv_cache_usage=0.5)
 
 
 class _Namespace:

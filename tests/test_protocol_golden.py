@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from make_golden_protocol import GOLDEN_DIR, GOLDEN_MESSAGES, golden_files, render_index
 from sluice.errors import SluiceError
 from sluice.frontend_seam import (
+    ITERATION_TOKENS_BOUNDS,
     Abort,
     AddRequest,
     EngineOutput,
@@ -60,6 +61,7 @@ OUTPUT_KEYS = [
     "stop_reason",
     "num_cached_tokens",
     "error",
+    "first_scheduled_time",
 ]
 STATS_KEYS = [
     "num_running",
@@ -69,6 +71,8 @@ STATS_KEYS = [
     "prefix_cache_hits",
     "num_preemptions",
     "num_eager_fallbacks",
+    "iteration_tokens",
+    "iteration_tokens_sum",
 ]
 
 
@@ -215,7 +219,18 @@ _params = st.builds(
 _logprobs = st.builds(
     Logprobs, token_ids=_tokens, logprobs=st.lists(_floats, max_size=4), sampled_rank=_small
 )
-_stats = st.builds(EngineStats, _small, _small, _floats, _ints, _ints, _ints, _ints)
+_stats = st.builds(
+    EngineStats,
+    _small,
+    _small,
+    _floats,
+    _ints,
+    _ints,
+    _ints,
+    _ints,
+    st.lists(_small, min_size=len(ITERATION_TOKENS_BOUNDS) + 1, max_size=len(ITERATION_TOKENS_BOUNDS) + 1),
+    _ints,
+)
 _output = st.builds(
     EngineOutput,
     request_id=_text,
@@ -225,6 +240,7 @@ _output = st.builds(
     stop_reason=st.none() | _ints,
     num_cached_tokens=_small,
     error=st.none() | _text,
+    first_scheduled_time=st.none() | _floats,
 )
 _scalar = st.none() | st.booleans() | _ints | _floats | _text
 _messages = st.one_of(

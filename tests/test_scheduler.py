@@ -269,3 +269,36 @@ def test_async_frame_for_a_preempted_request_is_dropped_and_resume_says_what_was
     cached = third.scheduled_cached_reqs
     assert third.finished_req_ids == ["a"] and cached.req_ids == ["b"] and cached.resumed == [True]
     assert cached.num_output_tokens == [0] and third.num_scheduled_tokens == {"b": 4}
+
+
+def test_iteration_tokens_count_each_step_in_its_bucket():
+    # Bounds 1, 8, 16, 32...: a 20-token prompt in a 16-token budget is steps of 16 and 4, then
+    # decode steps of 1 (2 requests: 2 tokens) until both end.
+    scheduler = make_scheduler(budget=16)
+    scheduler.add_request(make_request("a", 20, max_tokens=2))
+    step(scheduler)
+    step(scheduler)
+    scheduler.add_request(make_request("b", 3, max_tokens=2))
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    stats = scheduler.make_stats()
+    assert stats.iteration_tokens[:4] == [1, 2, 1, 0] and sum(stats.iteration_tokens) == 4
+    assert stats.iteration_tokens_sum == 16 + 4 + (1 + 3) + 1
+
+
+def test_first_scheduled_time_is_set_once_and_kept_across_preemption():
+    scheduler = make_scheduler(num_blocks=3, caching=False)
+    scheduler.add_request(make_request("a", 4, max_tokens=3))
+    scheduler.add_request(make_request("b", 4, max_tokens=3))
+    assert scheduler.requests["b"].first_scheduled_time is None
+    _, outputs = step(scheduler, token=11)
+    first = scheduler.requests["b"].first_scheduled_time
+    assert first is not None and all(o.first_scheduled_time is not None for o in outputs)
+    scheduler.add_request(make_request("c", 4, max_tokens=3))
+    step(scheduler, token=12)
+    assert scheduler.requests["b"].status == RequestStatus.PREEMPTED
+    while scheduler.has_unfinished_requests():
+        _, outputs = step(scheduler, token=13)
+        for output in outputs:
+            if output.request_id == "b":
+                assert output.first_scheduled_time == first

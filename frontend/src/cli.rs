@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::api::routes;
 use crate::engine::client::EngineClientConfig;
+use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, ServerConfig};
 use clap::Parser;
 use tokio::net::TcpListener;
@@ -52,6 +53,9 @@ struct Args {
     /// the engine core its supervisor restarts on the same addresses, instead of exiting.
     #[arg(long)]
     reconnect_engine: bool,
+    /// The namespace of /metrics' names: `vllm` renders vLLM's exact names, for its dashboards.
+    #[arg(long, value_enum, default_value_t = MetricsPrefix::Sluice)]
+    metrics_prefix: MetricsPrefix,
 }
 
 impl Args {
@@ -63,6 +67,7 @@ impl Args {
             max_waiting_requests: self.max_waiting_requests,
             max_body_bytes: self.max_body_bytes,
             tokenizer_workers: self.tokenizer_workers,
+            metrics_prefix: self.metrics_prefix,
         }
     }
 }

@@ -1,12 +1,16 @@
-//! Prometheus metrics, named as vLLM names them with the prefix `sluice:`.
+//! Prometheus metrics, named as vLLM names them, under the prefix `sluice:` or, with
+//! `--metrics-prefix vllm`, `vllm:`, so that vLLM's Grafana dashboard works unchanged.
 //!
-//! Counters and histograms are atomics updated by request handlers; the engine's own gauges
-//! (running, waiting, KV usage, prefix cache, preemptions, eager fallbacks) arrive with its output batches and are
-//! rendered as they were last reported.
+//! Request metrics are atomics that each engine request's [`RequestMetrics`] updates as its
+//! outputs arrive; the engine's own gauges, counters and the `iteration_tokens` histogram arrive
+//! with its output batches as [`EngineStats`], and are rendered as they were last reported.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::engine::protocol::{EngineStats, ITERATION_TOKENS_BOUNDS};
 
 /// Latency buckets in seconds, from vLLM's choices for the same histograms.
 const TTFT_BUCKETS: &[f64] = &[
@@ -21,9 +25,31 @@ const REQUEST_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0,
 ];
+/// Token-count buckets, 1-2-5 steps as vLLM's.
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0,
+];
 
 /// Finish reasons a request can end with; each has its own success counter series.
 pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+
+/// The namespace of every metric name: ours, or vLLM's for dashboards built for vLLM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsPrefix {
+    #[default]
+    Sluice,
+    Vllm,
+}
+
+impl MetricsPrefix {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricsPrefix::Sluice => "sluice",
+            MetricsPrefix::Vllm => "vllm",
+        }
+    }
+}
 
 /// A cumulative histogram with fixed buckets. The sum is kept under a small lock: f64 has no atomic add.
 pub struct Histogram {
@@ -51,47 +77,60 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-        }
         let (sum, count) = *self.sum_and_count.lock().expect("histogram lock poisoned");
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+        let buckets = self.bounds.iter().copied().zip(
+            self.counts
+                .iter()
+                .map(|count| count.load(Ordering::Relaxed)),
+        );
+        render_histogram(out, name, help, labels, buckets, sum, count);
     }
 }
 
-/// The engine's gauges and running totals, as its last output batch reported them.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineGauges {
-    pub num_running: u64,
-    pub num_waiting: u64,
-    pub kv_cache_usage: f64,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    pub num_preemptions: u64,
-    pub num_eager_fallbacks: u64,
-    /// Engine cores that took over after one was lost, as the frontend's engine client counts them.
-    pub engine_restarts: u64,
+/// One histogram in the text exposition, from its per-bucket (not cumulative) counts; `count`
+/// includes the observations above the last bound.
+fn render_histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    labels: &str,
+    buckets: impl Iterator<Item = (f64, u64)>,
+    sum: f64,
+    count: u64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (bound, in_bucket) in buckets {
+        cumulative += in_bucket;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+    }
+    debug_assert!(cumulative <= count);
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
 }
 
 pub struct Metrics {
+    prefix: MetricsPrefix,
     model_name: String,
     request_success: [AtomicU64; FINISH_REASONS.len()],
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
-    pub time_to_first_token: Histogram,
-    pub inter_token_latency: Histogram,
-    pub e2e_request_latency: Histogram,
-    pub request_queue_time: Histogram,
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    e2e_request_latency: Histogram,
+    request_queue_time: Histogram,
+    request_prefill_time: Histogram,
+    request_decode_time: Histogram,
+    request_prompt_tokens: Histogram,
+    request_generation_tokens: Histogram,
+    request_max_num_generation_tokens: Histogram,
 }
 
 impl Metrics {
-    pub fn new(model_name: impl Into<String>) -> Self {
+    pub fn new(model_name: impl Into<String>, prefix: MetricsPrefix) -> Self {
         Metrics {
+            prefix,
             model_name: model_name.into(),
             request_success: Default::default(),
             prompt_tokens: AtomicU64::new(0),
@@ -100,93 +139,98 @@ impl Metrics {
             inter_token_latency: Histogram::new(ITL_BUCKETS),
             e2e_request_latency: Histogram::new(REQUEST_BUCKETS),
             request_queue_time: Histogram::new(REQUEST_BUCKETS),
+            request_prefill_time: Histogram::new(REQUEST_BUCKETS),
+            request_decode_time: Histogram::new(REQUEST_BUCKETS),
+            request_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
+            request_generation_tokens: Histogram::new(TOKEN_BUCKETS),
+            request_max_num_generation_tokens: Histogram::new(TOKEN_BUCKETS),
         }
     }
 
-    /// Counts one finished request; an unknown reason is a bug upstream, so it is counted as an error.
-    pub fn record_finished(&self, finish_reason: &str, prompt_tokens: u64, generation_tokens: u64) {
-        let index = FINISH_REASONS
-            .iter()
-            .position(|&r| r == finish_reason)
-            .unwrap_or(FINISH_REASONS.len() - 1);
-        self.request_success[index].fetch_add(1, Ordering::Relaxed);
-        self.prompt_tokens
-            .fetch_add(prompt_tokens, Ordering::Relaxed);
-        self.generation_tokens
-            .fetch_add(generation_tokens, Ordering::Relaxed);
+    /// What the `choices` engine requests of one prompt share: `prompt_tokens` counts once.
+    pub fn prompt(&self, prompt_tokens: u64, choices: usize) -> Arc<PromptShare> {
+        assert!(choices > 0, "a prompt has at least one choice");
+        Arc::new(PromptShare {
+            prompt_tokens,
+            counted: AtomicBool::new(false),
+            choices_left: AtomicUsize::new(choices),
+            max_generation_tokens: AtomicU64::new(0),
+        })
     }
 
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self, engine: &EngineGauges) -> String {
+    /// The Prometheus text exposition of every metric, with the engine's as `engine` reported them.
+    /// `engine_restarts` counts the engine cores that took over after one was lost.
+    pub fn render(&self, engine: &EngineStats, engine_restarts: u64) -> String {
+        let prefix = self.prefix.as_str();
         let labels = format!("model_name=\"{}\"", escape_label(&self.model_name));
-        let mut out = String::with_capacity(8192);
+        let mut out = String::with_capacity(16384);
         let mut metric = |name: &str, kind: &str, help: &str, value: String| {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
+                "# HELP {prefix}:{name} {help}\n# TYPE {prefix}:{name} {kind}\n{prefix}:{name}{{{labels}}} {value}"
             );
         };
         metric(
-            "sluice:num_requests_running",
+            "num_requests_running",
             "gauge",
             "Requests in the running batch.",
             engine.num_running.to_string(),
         );
         metric(
-            "sluice:num_requests_waiting",
+            "num_requests_waiting",
             "gauge",
             "Requests waiting to be scheduled.",
             engine.num_waiting.to_string(),
         );
         metric(
-            "sluice:kv_cache_usage_perc",
+            "kv_cache_usage_perc",
             "gauge",
             "Fraction of KV cache blocks in use (1 = full).",
             engine.kv_cache_usage.to_string(),
         );
         metric(
-            "sluice:prefix_cache_queries_total",
+            "prefix_cache_queries_total",
             "counter",
             "Prompt tokens looked up in the prefix cache.",
             engine.prefix_cache_queries.to_string(),
         );
         metric(
-            "sluice:prefix_cache_hits_total",
+            "prefix_cache_hits_total",
             "counter",
             "Prompt tokens served from the prefix cache.",
             engine.prefix_cache_hits.to_string(),
         );
         metric(
-            "sluice:num_preemptions_total",
+            "num_preemptions_total",
             "counter",
             "Requests preempted by the scheduler.",
             engine.num_preemptions.to_string(),
         );
         metric(
-            "sluice:graph_eager_fallbacks_total",
+            "graph_eager_fallbacks_total",
             "counter",
             "Engine steps that graphs were on for but that ran eagerly because no captured graph shape fit them.",
             engine.num_eager_fallbacks.to_string(),
         );
         metric(
-            "sluice:engine_restarts_total",
+            "engine_restarts_total",
             "counter",
             "Times a restarted engine core took over after the engine core was lost.",
-            engine.engine_restarts.to_string(),
+            engine_restarts.to_string(),
         );
         metric(
-            "sluice:prompt_tokens_total",
+            "prompt_tokens_total",
             "counter",
-            "Prompt tokens of finished requests.",
+            "Prompt tokens prefilled, once per prompt whatever its number of choices.",
             self.prompt_tokens.load(Ordering::Relaxed).to_string(),
         );
         metric(
-            "sluice:generation_tokens_total",
+            "generation_tokens_total",
             "counter",
-            "Generated tokens of finished requests.",
+            "Generated tokens, counted as they arrive from the engine.",
             self.generation_tokens.load(Ordering::Relaxed).to_string(),
         );
-        let name = "sluice:request_success_total";
+        let name = format!("{prefix}:request_success_total");
         let _ = writeln!(
             out,
             "# HELP {name} Finished requests by finish reason.\n# TYPE {name} counter"
@@ -198,31 +242,190 @@ impl Metrics {
                 count.load(Ordering::Relaxed)
             );
         }
-        self.time_to_first_token.render(
+        let histograms = [
+            (
+                &self.time_to_first_token,
+                "time_to_first_token_seconds",
+                "Time from arrival to the first token.",
+            ),
+            (
+                &self.inter_token_latency,
+                "inter_token_latency_seconds",
+                "Time between consecutive tokens of a request.",
+            ),
+            (
+                &self.e2e_request_latency,
+                "e2e_request_latency_seconds",
+                "Time from arrival to the end of the request.",
+            ),
+            (
+                &self.request_queue_time,
+                "request_queue_time_seconds",
+                "Time from arrival until the engine first scheduled the request.",
+            ),
+            (
+                &self.request_prefill_time,
+                "request_prefill_time_seconds",
+                "Time from the first schedule to the first token.",
+            ),
+            (
+                &self.request_decode_time,
+                "request_decode_time_seconds",
+                "Time from the first token to the end of the request.",
+            ),
+            (
+                &self.request_prompt_tokens,
+                "request_prompt_tokens",
+                "Prompt tokens per prompt, observed when its prefill is done.",
+            ),
+            (
+                &self.request_generation_tokens,
+                "request_generation_tokens",
+                "Generated tokens per finished engine request.",
+            ),
+            (
+                &self.request_max_num_generation_tokens,
+                "request_max_num_generation_tokens",
+                "The most tokens any choice of a prompt generated, once all its choices ended.",
+            ),
+        ];
+        for (histogram, name, help) in histograms {
+            histogram.render(&mut out, &format!("{prefix}:{name}"), help, &labels);
+        }
+        let counts = |i: usize| engine.iteration_tokens.get(i).copied().unwrap_or(0);
+        render_histogram(
             &mut out,
-            "sluice:time_to_first_token_seconds",
-            "Time from arrival to the first token.",
+            // vLLM's name, `_total` and all, although it is a histogram.
+            &format!("{prefix}:iteration_tokens_total"),
+            "Tokens computed per engine step.",
             &labels,
-        );
-        self.inter_token_latency.render(
-            &mut out,
-            "sluice:inter_token_latency_seconds",
-            "Time between consecutive tokens of a request.",
-            &labels,
-        );
-        self.e2e_request_latency.render(
-            &mut out,
-            "sluice:e2e_request_latency_seconds",
-            "Time from arrival to the last token.",
-            &labels,
-        );
-        self.request_queue_time.render(
-            &mut out,
-            "sluice:request_queue_time_seconds",
-            "Time from arrival until the request was handed to the engine.",
-            &labels,
+            ITERATION_TOKENS_BOUNDS
+                .iter()
+                .enumerate()
+                .map(|(i, &bound)| (bound as f64, counts(i))),
+            engine.iteration_tokens_sum as f64,
+            engine.iteration_tokens.iter().sum(),
         );
         out
+    }
+}
+
+/// What the choices of one prompt share: its prompt counts once, and its longest choice is
+/// observed once all of them have ended.
+pub struct PromptShare {
+    prompt_tokens: u64,
+    counted: AtomicBool,
+    choices_left: AtomicUsize,
+    max_generation_tokens: AtomicU64,
+}
+
+/// One engine request's timing and token counts, recorded into [`Metrics`] as its outputs arrive.
+pub struct RequestMetrics {
+    metrics: Arc<Metrics>,
+    prompt: Arc<PromptShare>,
+    arrival: Instant,
+    /// `arrival` on the wall clock that the engine's first-schedule time is read against.
+    arrival_time: f64,
+    queue_time: Option<f64>,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+    generation_tokens: u64,
+    finished: bool,
+}
+
+impl RequestMetrics {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        prompt: Arc<PromptShare>,
+        arrival: Instant,
+        arrival_time: f64,
+    ) -> Self {
+        RequestMetrics {
+            metrics,
+            prompt,
+            arrival,
+            arrival_time,
+            queue_time: None,
+            first_token_at: None,
+            last_token_at: None,
+            generation_tokens: 0,
+            finished: false,
+        }
+    }
+
+    /// Records one engine output: `new_tokens` tokens, and when the engine first scheduled it.
+    pub fn on_output(&mut self, new_tokens: usize, first_scheduled_time: Option<f64>) {
+        let now = Instant::now();
+        let since_arrival = (now - self.arrival).as_secs_f64();
+        let metrics = &self.metrics;
+        if let (None, Some(scheduled)) = (self.queue_time, first_scheduled_time) {
+            // Two clocks of one machine: clamped so that queue time never exceeds what we saw pass.
+            let queue = (scheduled - self.arrival_time).clamp(0.0, since_arrival);
+            metrics.request_queue_time.observe(queue);
+            self.queue_time = Some(queue);
+        }
+        if new_tokens == 0 {
+            return;
+        }
+        self.generation_tokens += new_tokens as u64;
+        metrics
+            .generation_tokens
+            .fetch_add(new_tokens as u64, Ordering::Relaxed);
+        match self.last_token_at {
+            None => {
+                metrics.time_to_first_token.observe(since_arrival);
+                if let Some(queue) = self.queue_time {
+                    metrics.request_prefill_time.observe(since_arrival - queue);
+                }
+                if !self.prompt.counted.swap(true, Ordering::Relaxed) {
+                    let prompt_tokens = self.prompt.prompt_tokens;
+                    metrics
+                        .prompt_tokens
+                        .fetch_add(prompt_tokens, Ordering::Relaxed);
+                    metrics.request_prompt_tokens.observe(prompt_tokens as f64);
+                }
+                self.first_token_at = Some(now);
+            }
+            Some(last) => metrics
+                .inter_token_latency
+                .observe((now - last).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+    }
+
+    /// Records the request's end; only the first call counts. An unknown reason is a bug
+    /// upstream, so it is counted as an error.
+    pub fn on_finish(&mut self, finish_reason: &str) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let metrics = &self.metrics;
+        let index = FINISH_REASONS
+            .iter()
+            .position(|&r| r == finish_reason)
+            .unwrap_or(FINISH_REASONS.len() - 1);
+        metrics.request_success[index].fetch_add(1, Ordering::Relaxed);
+        metrics
+            .e2e_request_latency
+            .observe(self.arrival.elapsed().as_secs_f64());
+        if let Some(first) = self.first_token_at {
+            metrics
+                .request_decode_time
+                .observe(first.elapsed().as_secs_f64());
+        }
+        metrics
+            .request_generation_tokens
+            .observe(self.generation_tokens as f64);
+        let prompt = &self.prompt;
+        prompt
+            .max_generation_tokens
+            .fetch_max(self.generation_tokens, Ordering::Relaxed);
+        if prompt.choices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let longest = prompt.max_generation_tokens.load(Ordering::Relaxed);
+            metrics
+                .request_max_num_generation_tokens
+                .observe(longest as f64);
+        }
     }
 }
 
@@ -243,16 +446,26 @@ mod tests {
             .unwrap_or_else(|| panic!("no line starting {prefix}"))
     }
 
+    fn value(text: &str, prefix: &str) -> f64 {
+        let found = line(text, prefix);
+        found[prefix.len()..].trim().parse().unwrap()
+    }
+
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new("m", MetricsPrefix::Sluice))
+    }
+
     #[test]
-    fn gauges_render_as_reported() {
-        let metrics = Metrics::new("smol");
-        let gauges = EngineGauges {
+    fn engine_stats_render_as_reported() {
+        let metrics = Metrics::new("smol", MetricsPrefix::Sluice);
+        let stats = EngineStats {
             num_running: 3,
             num_waiting: 2,
             kv_cache_usage: 0.25,
+            num_eager_fallbacks: 12,
             ..Default::default()
         };
-        let text = metrics.render(&gauges);
+        let text = metrics.render(&stats, 0);
         assert_eq!(
             line(&text, "sluice:num_requests_running{"),
             "sluice:num_requests_running{model_name=\"smol\"} 3"
@@ -262,15 +475,6 @@ mod tests {
             "sluice:kv_cache_usage_perc{model_name=\"smol\"} 0.25"
         );
         assert!(text.contains("# TYPE sluice:num_requests_waiting gauge"));
-    }
-
-    #[test]
-    fn eager_fallbacks_render_as_a_counter() {
-        let gauges = EngineGauges {
-            num_eager_fallbacks: 12,
-            ..Default::default()
-        };
-        let text = Metrics::new("smol").render(&gauges);
         assert!(text.contains("# TYPE sluice:graph_eager_fallbacks_total counter\n"));
         assert_eq!(
             line(&text, "sluice:graph_eager_fallbacks_total{"),
@@ -279,29 +483,127 @@ mod tests {
     }
 
     #[test]
-    fn finished_requests_count_by_reason_and_tokens() {
-        let metrics = Metrics::new("m");
-        metrics.record_finished("stop", 10, 4);
-        metrics.record_finished("length", 5, 16);
-        metrics.record_finished("length", 1, 1);
-        let text = metrics.render(&EngineGauges::default());
+    fn iteration_tokens_render_cumulatively_from_the_engine_buckets() {
+        let mut counts = vec![0; ITERATION_TOKENS_BOUNDS.len() + 1];
+        // Two steps of 1 token, three of 9..=16, one above 16384.
+        counts[0] = 2;
+        counts[2] = 3;
+        counts[ITERATION_TOKENS_BOUNDS.len()] = 1;
+        let stats = EngineStats {
+            iteration_tokens: counts,
+            iteration_tokens_sum: 20_050,
+            ..Default::default()
+        };
+        let text = metrics().render(&stats, 0);
+        let bucket = |le: &str| {
+            value(
+                &text,
+                &format!("sluice:iteration_tokens_total_bucket{{model_name=\"m\",le=\"{le}\"}} "),
+            )
+        };
+        assert_eq!(bucket("1"), 2.0);
+        assert_eq!(bucket("8"), 2.0);
+        assert_eq!(bucket("16"), 5.0);
+        assert_eq!(bucket("16384"), 5.0);
+        assert_eq!(bucket("+Inf"), 6.0);
+        assert_eq!(
+            value(
+                &text,
+                "sluice:iteration_tokens_total_count{model_name=\"m\"} "
+            ),
+            6.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "sluice:iteration_tokens_total_sum{model_name=\"m\"} "
+            ),
+            20050.0
+        );
+    }
+
+    #[test]
+    fn tokens_count_as_they_arrive_and_the_prompt_once_per_prompt() {
+        let metrics = metrics();
+        let prompt = metrics.prompt(10, 3);
+        let arrival = Instant::now();
+        let mut choices: Vec<RequestMetrics> = (0..3)
+            .map(|_| RequestMetrics::new(metrics.clone(), prompt.clone(), arrival, 100.0))
+            .collect();
+        let read = |name: &str| {
+            value(
+                &metrics.render(&EngineStats::default(), 0),
+                &format!("sluice:{name}{{model_name=\"m\"}} "),
+            )
+        };
+        choices[0].on_output(1, Some(100.0));
+        assert_eq!(read("generation_tokens_total"), 1.0);
+        assert_eq!(read("prompt_tokens_total"), 10.0);
+        for choice in &mut choices {
+            choice.on_output(2, Some(100.0));
+        }
+        assert_eq!(read("generation_tokens_total"), 7.0);
+        assert_eq!(read("prompt_tokens_total"), 10.0);
+        choices[0].on_finish("length");
+        choices[1].on_finish("stop");
+        assert_eq!(read("request_max_num_generation_tokens_count"), 0.0);
+        choices[2].on_finish("stop");
+        choices[2].on_finish("abort");
+        assert_eq!(read("request_max_num_generation_tokens_count"), 1.0);
+        assert_eq!(read("request_max_num_generation_tokens_sum"), 3.0);
+        assert_eq!(read("request_generation_tokens_count"), 3.0);
+        assert_eq!(read("request_prompt_tokens_count"), 1.0);
+        let text = metrics.render(&EngineStats::default(), 0);
         assert!(text.contains(
-            "sluice:request_success_total{model_name=\"m\",finished_reason=\"length\"} 2\n"
+            "sluice:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 2\n"
         ));
         assert!(text.contains(
-            "sluice:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 1\n"
+            "sluice:request_success_total{model_name=\"m\",finished_reason=\"abort\"} 0\n"
         ));
-        assert!(text.contains("sluice:prompt_tokens_total{model_name=\"m\"} 16\n"));
-        assert!(text.contains("sluice:generation_tokens_total{model_name=\"m\"} 21\n"));
+    }
+
+    #[test]
+    fn queue_and_prefill_split_the_time_to_first_token() {
+        let metrics = metrics();
+        let arrival = Instant::now() - std::time::Duration::from_millis(500);
+        let mut request =
+            RequestMetrics::new(metrics.clone(), metrics.prompt(4, 1), arrival, 1000.0);
+        // Scheduled 0.2 s after arrival; the first token arrives now, 0.5 s after it.
+        request.on_output(0, Some(1000.2));
+        request.on_output(1, Some(1000.2));
+        request.on_finish("stop");
+        let text = metrics.render(&EngineStats::default(), 0);
+        let read = |name: &str| value(&text, &format!("sluice:{name}{{model_name=\"m\"}} "));
+        assert_eq!(read("request_queue_time_seconds_count"), 1.0);
+        assert!((read("request_queue_time_seconds_sum") - 0.2).abs() < 1e-9);
+        let ttft = read("time_to_first_token_seconds_sum");
+        assert!(ttft >= 0.5);
+        assert!((read("request_prefill_time_seconds_sum") - (ttft - 0.2)).abs() < 1e-9);
+        assert_eq!(read("request_decode_time_seconds_count"), 1.0);
+    }
+
+    #[test]
+    fn queue_time_is_clamped_to_what_the_frontend_saw_pass() {
+        let metrics = metrics();
+        let mut request =
+            RequestMetrics::new(metrics.clone(), metrics.prompt(4, 1), Instant::now(), 50.0);
+        // An engine clock a minute ahead cannot make the queue longer than the request's life.
+        request.on_output(1, Some(110.0));
+        let text = metrics.render(&EngineStats::default(), 0);
+        let queue = value(
+            &text,
+            "sluice:request_queue_time_seconds_sum{model_name=\"m\"} ",
+        );
+        assert!((0.0..1.0).contains(&queue), "{queue}");
     }
 
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let metrics = Metrics::new("m");
+        let metrics = Metrics::new("m", MetricsPrefix::Sluice);
         for value in [0.003, 0.05, 0.05, 100.0] {
             metrics.time_to_first_token.observe(value);
         }
-        let text = metrics.render(&EngineGauges::default());
+        let text = metrics.render(&EngineStats::default(), 0);
         let bucket = |le: &str| {
             let prefix = format!(
                 "sluice:time_to_first_token_seconds_bucket{{model_name=\"m\",le=\"{le}\"}} "
@@ -317,8 +619,16 @@ mod tests {
     }
 
     #[test]
+    fn the_vllm_prefix_renames_every_metric() {
+        let sluice = Metrics::new("m", MetricsPrefix::Sluice).render(&EngineStats::default(), 0);
+        let vllm = Metrics::new("m", MetricsPrefix::Vllm).render(&EngineStats::default(), 0);
+        assert!(!vllm.contains("sluice:"));
+        assert_eq!(sluice.replace("sluice:", "vllm:"), vllm);
+    }
+
+    #[test]
     fn label_values_are_escaped() {
-        let text = Metrics::new("a\"b").render(&EngineGauges::default());
+        let text = Metrics::new("a\"b", MetricsPrefix::Sluice).render(&EngineStats::default(), 0);
         assert!(text.contains("model_name=\"a\\\"b\""));
     }
 }

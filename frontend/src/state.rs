@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 use crate::api::error::ApiError;
 use crate::engine::client::{EngineClient, EngineClientConfig, EngineError};
 use crate::engine::protocol::EngineStats;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsPrefix};
 use crate::text::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::text::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
 
@@ -27,6 +27,7 @@ pub struct ServerConfig {
     pub max_waiting_requests: usize,
     pub max_body_bytes: usize,
     pub tokenizer_workers: usize,
+    pub metrics_prefix: MetricsPrefix,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +72,10 @@ impl AppState {
                 TOKENIZER_QUEUE_DEPTH,
             ),
             chat_template,
-            metrics: Arc::new(Metrics::new(config.served_model_name.clone())),
+            metrics: Arc::new(Metrics::new(
+                config.served_model_name.clone(),
+                config.metrics_prefix,
+            )),
             permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
             vocab_size,
             engine: OnceLock::new(),

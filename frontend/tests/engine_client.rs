@@ -138,6 +138,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> EngineOutpu
         stop_reason: None,
         num_cached_tokens: 0,
         error: None,
+        first_scheduled_time: None,
     }
 }
 

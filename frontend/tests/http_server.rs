@@ -18,6 +18,7 @@ use sluice_frontend::engine::protocol::{
     decode, encode, EngineOutput, EngineStats, FinishReason, HealthResult, KvCacheSnapshot,
     Logprobs, Message, Outputs, Ready, UtilityMethod, UtilityResult, UtilityValue,
 };
+use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::state::{self, AppState, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
@@ -49,6 +50,7 @@ fn config() -> ServerConfig {
         max_waiting_requests: 64,
         max_body_bytes: 1 << 20,
         tokenizer_workers: 2,
+        metrics_prefix: MetricsPrefix::Sluice,
     }
 }
 
@@ -342,6 +344,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         stop_reason: None,
                         num_cached_tokens: 0,
                         error: None,
+                        first_scheduled_time: Some(request.arrival_time),
                     }])
                 })
                 .collect()
@@ -358,6 +361,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                     stop_reason: None,
                     num_cached_tokens: 0,
                     error: None,
+                    first_scheduled_time: None,
                 })
                 .collect(),
         )],

@@ -13,6 +13,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sluice_frontend::api::routes;
+use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::state::{AppState, ServerConfig};
 use tower::ServiceExt;
 
@@ -33,6 +34,7 @@ fn app() -> Router {
         max_waiting_requests: 8,
         max_body_bytes: 1 << 20,
         tokenizer_workers: 1,
+        metrics_prefix: MetricsPrefix::Sluice,
     })
     .expect("the default model's tokenizer loads");
     routes::router(Arc::new(state))

@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use sluice_frontend::api::routes;
+use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::state::{AppState, ServerConfig};
 use tower::ServiceExt;
 
@@ -70,6 +71,7 @@ fn app() -> Router {
             max_waiting_requests: 64,
             max_body_bytes: 1 << 20,
             tokenizer_workers: 1,
+            metrics_prefix: MetricsPrefix::Sluice,
         };
         Arc::new(AppState::load(config).expect("the default model's tokenizer loads"))
     });

@@ -16,10 +16,11 @@ from engine.executor import make_executor
 from engine.kv_events_publisher import KVEventPublisher
 from engine.request import Request
 from engine.request_validation import validate_request
-from engine.scheduler import Scheduler, SchedulerStats
+from engine.scheduler import Scheduler
 from sluice.config import SluiceConfig
 from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
+from sluice.frontend_seam import EngineStats
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
 from sluice.step_timing import PhaseTimes
@@ -155,5 +156,5 @@ class EngineCore:
         """Every KV block free or held by a live request, ref counts, free list and cached-block map agreeing."""
         return audit_block_pool(self.scheduler.kv_cache_manager, self.scheduler.requests.keys())
 
-    def stats(self) -> SchedulerStats:
+    def stats(self) -> EngineStats:
         return self.scheduler.make_stats()

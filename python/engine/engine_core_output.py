@@ -1,4 +1,4 @@
-"""What the engine core reports per request per step, and the scheduler's stats for metrics."""
+"""What the engine core reports per request per step (its stats are frontend_seam.EngineStats)."""
 
 from __future__ import annotations
 
@@ -17,22 +17,9 @@ class EngineCoreOutput:
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
+    # Seconds since the Unix epoch when the scheduler first scheduled the request; None if it never did.
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    # Fraction of KV blocks held by requests, in [0, 1].
-    kv_cache_usage: float
-    # Both in tokens, cumulative since start, as vLLM counts them.
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    # Cumulative since start.
-    num_preemptions: int
-    # Rank 0's count of steps that ran eagerly for want of a captured graph shape, cumulative since start.
-    num_eager_fallbacks: int

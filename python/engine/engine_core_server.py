@@ -288,16 +288,7 @@ class EngineCoreServer:
         self.last_stats = stats
 
     def _stats(self) -> EngineStats:
-        s = self.engine.stats()
-        return EngineStats(
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            kv_cache_usage=float(s.kv_cache_usage),
-            prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits,
-            num_preemptions=s.num_preemptions,
-            num_eager_fallbacks=s.num_eager_fallbacks,
-        )
+        return self.engine.stats()
 
     def _fail_unfinished(self, reason: str) -> None:
         """Best effort on the way out: end every accepted request with an error, never block."""
@@ -308,7 +299,7 @@ class EngineCoreServer:
         try:
             stats = self._stats()
         except Exception:  # noqa: BLE001 -- a broken engine may not even count; report it empty.
-            stats = EngineStats(0, 0, 0.0, 0, 0, 0, 0)
+            stats = EngineStats()
         message = Outputs(outputs=outputs, stats=stats, timestamp=time.time())
         try:
             self.output.send(encode(message), zmq.NOBLOCK)
@@ -325,6 +316,7 @@ def _to_wire_output(core_output: Any) -> EngineOutput:
         stop_reason=core_output.stop_reason,
         num_cached_tokens=core_output.num_cached_tokens,
         error=None,
+        first_scheduled_time=core_output.first_scheduled_time,
     )
 
 

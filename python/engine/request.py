@@ -54,6 +54,8 @@ class Request:
     num_output_placeholders: int = 0
     # Prompt tokens served by the prefix cache on the first schedule (not on resumptions).
     num_cached_tokens: int = 0
+    # Seconds since the Unix epoch when the scheduler first gave it tokens (kept across preemptions).
+    first_scheduled_time: float | None = None
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     # The stop token id that ended the request, if one did (EOS leaves it None).

@@ -15,13 +15,15 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterable
 
-from engine.engine_core_output import EngineCoreOutput, SchedulerStats
+from engine.engine_core_output import EngineCoreOutput
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from sluice.config import CacheConfig, SchedulerConfig
+from sluice.frontend_seam import ITERATION_TOKENS_BOUNDS, EngineStats
 from sluice.sampling_params import params_to_wire
 from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -117,6 +119,9 @@ class Scheduler:
         self.num_preemptions = 0
         # As the workers last reported it: they count their own eager fallbacks.
         self.num_eager_fallbacks = 0
+        # Steps per bucket of scheduled tokens (ITERATION_TOKENS_BOUNDS, then one above), and their tokens.
+        self.iteration_tokens = [0] * (len(ITERATION_TOKENS_BOUNDS) + 1)
+        self.iteration_tokens_sum = 0
 
     def add_request(self, request: Request) -> None:
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
@@ -187,6 +192,7 @@ class Scheduler:
                 self.waiting.pop()
                 if request.status == RequestStatus.WAITING:
                     request.num_cached_tokens = num_computed
+                    request.first_scheduled_time = time.time()
                     new_reqs.append(request)
                 else:
                     resumed_reqs.append(request)
@@ -222,12 +228,17 @@ class Scheduler:
             self.known_to_workers.add(request_id)
         finished_req_ids, self.finished_req_ids = self.finished_req_ids, []
         preempted_req_ids, self.preempted_req_ids = self.preempted_req_ids, []
+        total_num_scheduled_tokens = self.max_num_batched_tokens - token_budget
+        if total_num_scheduled_tokens:
+            bucket = bisect.bisect_left(ITERATION_TOKENS_BOUNDS, total_num_scheduled_tokens)
+            self.iteration_tokens[bucket] += 1
+            self.iteration_tokens_sum += total_num_scheduled_tokens
         return SchedulerOutput(
             step_id=next(self._step_ids),
             scheduled_new_reqs=new_reqs_data,
             scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
+            total_num_scheduled_tokens=total_num_scheduled_tokens,
             finished_req_ids=finished_req_ids,
             preempted_req_ids=preempted_req_ids,
         )
@@ -318,6 +329,7 @@ class Scheduler:
                     finish_reason=request.status.finish_reason,
                     stop_reason=request.stop_reason,
                     num_cached_tokens=request.num_cached_tokens,
+                    first_scheduled_time=request.first_scheduled_time,
                 )
             )
         if finished:
@@ -370,14 +382,15 @@ class Scheduler:
                     new_token_ids=[],
                     finish_reason="abort",
                     num_cached_tokens=request.num_cached_tokens,
+                    first_scheduled_time=request.first_scheduled_time,
                 )
             )
         if aborted_running:
             self._remove_running(aborted_running)
         return outputs
 
-    def make_stats(self) -> SchedulerStats:
-        return SchedulerStats(
+    def make_stats(self) -> EngineStats:
+        return EngineStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
@@ -385,4 +398,7 @@ class Scheduler:
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_eager_fallbacks=self.num_eager_fallbacks,
+            # A copy: the engine core compares each step's stats with the last ones it sent.
+            iteration_tokens=list(self.iteration_tokens),
+            iteration_tokens_sum=self.iteration_tokens_sum,
         )

@@ -14,6 +14,8 @@ Device = Literal["cpu", "cuda"]
 ExecutorBackend = Literal["mp", "inproc"]
 # Which captured forms the graph dispatcher may pick (vLLM's cudagraph_mode, lower-cased).
 GraphMode = Literal["full_and_piecewise", "full", "piecewise", "none"]
+# The namespace of the frontend's /metrics names: "vllm" renders vLLM's exact names, for its dashboards.
+MetricsPrefix = Literal["sluice", "vllm"]
 
 
 @dataclass(frozen=True, slots=True)

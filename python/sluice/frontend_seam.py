@@ -9,7 +9,7 @@ raises ProtocolError, never anything else, whatever the bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.sampling_params import PARAMS_RECORD, SamplingParams
@@ -33,6 +33,9 @@ from sluice.worker_seam import LOGPROBS_RECORD, Logprobs
 PROTOCOL_VERSION = 1
 FINISH_REASONS = ("stop", "length", "abort", "error")
 UTILITY_METHODS = ("health", "stats", "kv_cache", "block_pool_audit")
+# Upper bounds of the `iteration_tokens` buckets (tokens one engine step computed), vLLM's choice;
+# the stats carry one count per bound plus one for the steps above the largest.
+ITERATION_TOKENS_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 # frontend -> engine core
@@ -72,15 +75,23 @@ class Ready:
 
 @dataclass(slots=True)
 class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    # Tokens, running totals since start.
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    # Steps that graphs were on for but that ran eagerly (no captured shape fit), running total.
-    num_eager_fallbacks: int
+    """The engine's counters after a step: the one declaration of them on the Python side."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    # Fraction of KV blocks held by requests, in [0, 1].
+    kv_cache_usage: float = 0.0
+    # Tokens, running totals since start, as vLLM counts them.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    # Steps that graphs were on for but that ran eagerly (no captured shape fit), as rank 0 last
+    # reported it, running total.
+    num_eager_fallbacks: int = 0
+    # Steps per bucket of computed tokens (ITERATION_TOKENS_BOUNDS, then one above them), running totals.
+    iteration_tokens: list[int] = field(default_factory=lambda: [0] * (len(ITERATION_TOKENS_BOUNDS) + 1))
+    # Tokens computed by all steps, running total.
+    iteration_tokens_sum: int = 0
 
 
 @dataclass(slots=True)
@@ -93,6 +104,8 @@ class EngineOutput:
     num_cached_tokens: int = 0
     # Set exactly when finish_reason is "error".
     error: str | None = None
+    # Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
+    first_scheduled_time: float | None = None
 
 
 @dataclass(slots=True)
@@ -114,6 +127,15 @@ class UtilityResult:
 Message = AddRequest | Abort | UtilityCall | Ready | Outputs | UtilityResult
 
 
+def _check_iteration_tokens(value: Any) -> list[int]:
+    counts = INT_LIST.decode(value)
+    if len(counts) != len(ITERATION_TOKENS_BOUNDS) + 1:
+        raise Invalid(f"expected {len(ITERATION_TOKENS_BOUNDS) + 1} bucket counts, got {len(counts)}")
+    return counts
+
+
+_ITERATION_TOKENS = Codec(_check_iteration_tokens, _check_iteration_tokens)
+
 _STATS = Record(
     EngineStats,
     (
@@ -124,8 +146,12 @@ _STATS = Record(
         ("prefix_cache_hits", INT),
         ("num_preemptions", INT),
         ("num_eager_fallbacks", INT),
+        ("iteration_tokens", _ITERATION_TOKENS),
+        ("iteration_tokens_sum", INT),
     ),
 )
+# The same map as a stats utility call's `result`: a plain dict.
+_STATS_MAP = Record(dict, _STATS.fields)
 
 # The prefix cache as a router's snapshot: what GET /sluice/kv_cache serves.
 _KV_CACHE = Record(
@@ -139,14 +165,18 @@ _KV_CACHE = Record(
 )
 
 
-def _is_kv_cache(value: Any) -> bool:
-    # The kv_cache map is the only utility result with a list in it.
-    return type(value) is dict and "block_hashes" in value
+def _result_record(value: Any) -> Codec:
+    """The codec of a utility result: the kv_cache and stats maps by their keys, else a scalar map."""
+    if type(value) is dict and "block_hashes" in value:
+        return _KV_CACHE.codec
+    if type(value) is dict and "iteration_tokens" in value:
+        return _STATS_MAP.codec
+    return SCALAR_MAP
 
 
 _UTILITY_RESULT = Codec(
-    lambda v: _KV_CACHE.encode(v) if _is_kv_cache(v) else SCALAR_MAP.encode(v),
-    lambda v: _KV_CACHE.decode(v) if _is_kv_cache(v) else SCALAR_MAP.decode(v),
+    lambda v: _result_record(v).encode(v),
+    lambda v: _result_record(v).decode(v),
 )
 
 _OUTPUT = Record(
@@ -159,6 +189,7 @@ _OUTPUT = Record(
         ("stop_reason", optional(INT)),
         ("num_cached_tokens", INT),
         ("error", optional(STR)),
+        ("first_scheduled_time", optional(FLOAT)),
     ),
 )
 

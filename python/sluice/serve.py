@@ -42,9 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import get_args
 
 from sluice.binaries import FRONTEND, ROUTER, rust_binary
-from sluice.config import EngineRestartConfig
+from sluice.config import EngineRestartConfig, MetricsPrefix
 from sluice.config_checks import check_engine_config
 from sluice.cpu_binding import cores_per_replica, usable_cores
 from sluice.engine_args import (
@@ -127,6 +128,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=restart.window_s,
         metavar="S",
         help="the window, in seconds, over which --max-engine-restarts counts",
+    )
+    group.add_argument(
+        "--metrics-prefix",
+        choices=get_args(MetricsPrefix),
+        default=None,
+        help="the namespace of /metrics' names; vllm renders vLLM's exact names, so that its Grafana "
+        "dashboards work unchanged (default: the frontend's, sluice)",
     )
     group.add_argument(
         "--data-parallel-size",
@@ -213,6 +221,7 @@ def frontend_argv(
         "max_body_bytes",
         "tokenizer_workers",
         "exit_grace_seconds",
+        "metrics_prefix",
     ):
         value = getattr(args, option)
         if value is not None:

@@ -9,6 +9,7 @@ use crate::api::error::ApiError;
 use crate::api::validate::ValidRequest;
 use crate::engine::client::EngineClient;
 use crate::engine::protocol::AddRequest;
+use crate::metrics::RequestMetrics;
 use crate::state::{unix_time, AppState, Arrival};
 use crate::text::choice_stream::{
     ChoiceError, ChoiceSpec, ChoiceStream, ChoiceUpdate, TokenLogprob,
@@ -56,6 +57,10 @@ pub fn start(
     let id = state.request_id(id_kind);
     let mut streams = Vec::with_capacity(count as usize);
     for (prompt_index, prompt) in request.prompts.iter().enumerate() {
+        // The prompt's n choices count it once.
+        let prompt_share = state
+            .metrics
+            .prompt(prompt.token_ids.len() as u64, n as usize);
         for i in 0..n {
             let index = prompt_index as u32 * n + i;
             let mut params = prompt.params.clone();
@@ -72,15 +77,19 @@ pub fn start(
                 stop: request.stop.clone(),
                 prefix: prompt.echo.clone(),
                 wants_logprobs: request.logprobs,
-                prompt_tokens: prompt.token_ids.len() as u32,
-                arrival: arrival.instant,
             };
+            let metrics = RequestMetrics::new(
+                state.metrics.clone(),
+                prompt_share.clone(),
+                arrival.instant,
+                arrival.unix_seconds,
+            );
             let permit = permits.next().expect("one permit per choice");
             streams.push(ChoiceStream::new(
                 spec,
                 outputs,
                 state.pool.clone(),
-                state.metrics.clone(),
+                metrics,
                 permit,
             ));
         }

@@ -15,7 +15,6 @@ use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
 use crate::api::{chat, completions, openapi, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
-use crate::metrics::EngineGauges;
 use crate::state::{unix_time, AppState};
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -122,17 +121,10 @@ async fn version() -> Json<serde_json::Value> {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.latest_stats().unwrap_or_default();
-    let gauges = EngineGauges {
-        num_running: stats.num_running,
-        num_waiting: stats.num_waiting,
-        kv_cache_usage: stats.kv_cache_usage,
-        prefix_cache_queries: stats.prefix_cache_queries,
-        prefix_cache_hits: stats.prefix_cache_hits,
-        num_preemptions: stats.num_preemptions,
-        num_eager_fallbacks: stats.num_eager_fallbacks,
-        engine_restarts: state.engine_restarts(),
-    };
-    let mut response = state.metrics.render(&gauges).into_response();
+    let mut response = state
+        .metrics
+        .render(&stats, state.engine_restarts())
+        .into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -13,6 +13,12 @@ use thiserror::Error;
 /// The only protocol version this build speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
 
+/// Upper bounds of the `iteration_tokens` buckets (tokens one engine step computed), vLLM's
+/// choice; [`EngineStats::iteration_tokens`] has one count per bound plus one above the largest.
+pub const ITERATION_TOKENS_BOUNDS: [u64; 13] = [
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+];
+
 /// Why a frame could not be turned into a [`Message`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ProtocolError {
@@ -206,6 +212,8 @@ pub struct EngineOutput {
     pub stop_reason: Option<u32>,
     pub num_cached_tokens: u32,
     pub error: Option<String>,
+    /// Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
+    pub first_scheduled_time: Option<f64>,
 }
 
 impl EngineOutput {
@@ -219,6 +227,7 @@ impl EngineOutput {
             stop_reason: None,
             num_cached_tokens: 0,
             error: Some(reason.into()),
+            first_scheduled_time: None,
         }
     }
 
@@ -236,17 +245,24 @@ pub struct Logprobs {
     pub sampled_rank: u32,
 }
 
-/// The engine's counters after a step; the last four are running totals.
+/// The engine's counters after a step, the one declaration of them on the Rust side: /metrics
+/// renders this type directly. All but the first three are running totals.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
     pub num_running: u64,
     pub num_waiting: u64,
+    /// Fraction of KV blocks in use, in [0, 1].
     pub kv_cache_usage: f64,
+    /// Prompt tokens looked up in, and served from, the prefix cache.
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
     /// Steps that graphs were on for but that ran eagerly: no captured shape fit them.
     pub num_eager_fallbacks: u64,
+    /// Steps per bucket of computed tokens ([`ITERATION_TOKENS_BOUNDS`], then one above them).
+    pub iteration_tokens: Vec<u64>,
+    /// Tokens computed by all steps.
+    pub iteration_tokens_sum: u64,
 }
 
 /// What a utility call returned: `{"ok": true}` for health, the stats map for stats, the
@@ -393,6 +409,7 @@ mod tests {
                     stop_reason: None,
                     num_cached_tokens: 16,
                     error: None,
+                    first_scheduled_time: Some(1.25),
                 },
                 EngineOutput {
                     finish_reason: Some(FinishReason::Stop),
@@ -408,6 +425,8 @@ mod tests {
                 prefix_cache_hits: 16,
                 num_preemptions: 0,
                 num_eager_fallbacks: 3,
+                iteration_tokens: vec![0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4],
+                iteration_tokens_sum: 70000,
             },
             timestamp: 1.5,
         }

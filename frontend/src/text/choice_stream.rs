@@ -5,16 +5,13 @@
 //! A choice holds one waiting-queue permit; it frees it (and drops its engine outputs, which
 //! aborts an unfinished engine request) as soon as it ends, by finishing, failing or being dropped.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use futures::{Stream, StreamExt};
 use thiserror::Error;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::client::OutputStream;
 use crate::engine::protocol::{EngineOutput, FinishReason, Logprobs};
-use crate::metrics::Metrics;
+use crate::metrics::RequestMetrics;
 use crate::text::detokenizer::{DetokenizeError, IncrementalDetokenizer};
 use crate::text::stop_strings::{StopMatcher, StopStep};
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
@@ -71,8 +68,6 @@ pub struct ChoiceSpec {
     /// Text sent before the generated text (completions' `echo`).
     pub prefix: Option<String>,
     pub wants_logprobs: bool,
-    pub prompt_tokens: u32,
-    pub arrival: Instant,
 }
 
 /// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
@@ -84,11 +79,8 @@ pub struct ChoiceStream<O = OutputStream> {
     stop: StopMatcher,
     prefix: Option<String>,
     wants_logprobs: bool,
-    metrics: Arc<Metrics>,
+    metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
-    arrival: Instant,
-    last_token_at: Option<Instant>,
-    prompt_tokens: u32,
     completion_tokens: u32,
     finished: bool,
 }
@@ -98,7 +90,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         spec: ChoiceSpec,
         outputs: O,
         pool: TokenizerPool,
-        metrics: Arc<Metrics>,
+        metrics: RequestMetrics,
         permit: OwnedSemaphorePermit,
     ) -> Self {
         ChoiceStream {
@@ -111,9 +103,6 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             wants_logprobs: spec.wants_logprobs,
             metrics,
             permit: Some(permit),
-            arrival: spec.arrival,
-            last_token_at: None,
-            prompt_tokens: spec.prompt_tokens,
             completion_tokens: 0,
             finished: false,
         }
@@ -142,7 +131,8 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
     }
 
     async fn update(&mut self, output: EngineOutput) -> Result<Option<ChoiceUpdate>, ChoiceError> {
-        self.observe_timing(output.new_token_ids.len());
+        self.metrics
+            .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
         let logprobs = match (&output.new_logprobs, self.wants_logprobs) {
             (Some(entries), true) => self.logprob_texts(entries).await?,
@@ -243,25 +233,6 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
 }
 
 impl<O> ChoiceStream<O> {
-    fn observe_timing(&mut self, new_tokens: usize) {
-        if new_tokens == 0 {
-            return;
-        }
-        let now = Instant::now();
-        match self.last_token_at {
-            None => {
-                let since_arrival = (now - self.arrival).as_secs_f64();
-                self.metrics.time_to_first_token.observe(since_arrival);
-                self.metrics.request_queue_time.observe(since_arrival);
-            }
-            Some(last) => self
-                .metrics
-                .inter_token_latency
-                .observe((now - last).as_secs_f64()),
-        }
-        self.last_token_at = Some(now);
-    }
-
     /// Ends the choice: counts it, frees its permit, and drops its engine outputs, which aborts
     /// the engine request when the engine has not finished it (a stop string matched).
     fn finish(&mut self, reason: &'static str) {
@@ -271,14 +242,7 @@ impl<O> ChoiceStream<O> {
         self.finished = true;
         self.outputs = None;
         self.permit = None;
-        self.metrics.record_finished(
-            reason,
-            u64::from(self.prompt_tokens),
-            u64::from(self.completion_tokens),
-        );
-        self.metrics
-            .e2e_request_latency
-            .observe(self.arrival.elapsed().as_secs_f64());
+        self.metrics.on_finish(reason);
     }
 }
 
@@ -293,11 +257,14 @@ impl<O> Drop for ChoiceStream<O> {
 mod tests {
     use std::pin::Pin;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     use std::task::{Context, Poll};
+    use std::time::Instant;
 
     use tokio::sync::Semaphore;
 
     use super::*;
+    use crate::metrics::{Metrics, MetricsPrefix};
     use crate::text::tokenizer_pool::load_default_model_tokenizer;
 
     const TEXT: &str = "Hello world, this is a test of 日本語 👋🏽 text.";
@@ -332,6 +299,7 @@ mod tests {
             stop_reason: None,
             num_cached_tokens: 0,
             error: None,
+            first_scheduled_time: None,
         }
     }
 
@@ -364,14 +332,14 @@ mod tests {
             stop: stop.iter().map(|s| s.to_string()).collect(),
             prefix: prefix.map(str::to_owned),
             wants_logprobs: logprobs,
-            prompt_tokens: 5,
-            arrival: Instant::now(),
         };
         let scripted = Scripted {
             outputs: outputs.into_iter(),
             dropped: outputs_dropped.clone(),
         };
-        let metrics = Arc::new(Metrics::new("smol"));
+        let metrics = Arc::new(Metrics::new("smol", MetricsPrefix::Sluice));
+        let metrics =
+            RequestMetrics::new(metrics.clone(), metrics.prompt(5, 1), Instant::now(), 0.0);
         Choice {
             stream: ChoiceStream::new(spec, scripted, pool.clone(), metrics, permit),
             permits,

@@ -193,7 +193,7 @@ async def soak_traffic(
     first_errors: dict[str, str] = {}
     deadline = time.monotonic() + duration_s
     async with openai.AsyncOpenAI(
-        base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
 
         async def loop(index: int) -> None:

@@ -235,7 +235,13 @@ def run_soak(
     audit = block_pool_audit(base_url)
     growth = rss_growth(sampler, warmup_s, window_s)
     if png is not None:
-        plot_rss(sampler, warmup_s, png, f"sluice serve RSS, {duration_s:.0f} s soak, {concurrency} clients")
+        plot_rss(
+            sampler,
+            warmup_s,
+            window_s,
+            png,
+            f"sluice serve RSS, {duration_s:.0f} s soak, {concurrency} clients",
+        )
         log(f"wrote {png}")
     server_errors = {kind: count for kind, count in outcomes.items() if kind not in CLIENTS_OWN}
     grown = {role: g for role, g in growth.items() if g["growth"] >= MAX_RSS_GROWTH}

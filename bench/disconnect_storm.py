@@ -134,7 +134,10 @@ async def _read_events(reader: asyncio.StreamReader, events: int, timeout_s: flo
 
 async def run_leaver(host: str, port: int, leaver: Leaver, timeout_s: float) -> str:
     """Send one request and leave as planned; the outcome ("left", or for a control what it got)."""
-    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError as exc:
+        return f"cannot connect: {type(exc).__name__}"
     head, data = http_post(leaver.endpoint, leaver.body)
     try:
         if leaver.mode == "mid_request":

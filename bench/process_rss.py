@@ -165,23 +165,33 @@ def rss_growth(sampler: RssSampler, warmup_s: float, window_s: float) -> dict[st
     return growth
 
 
-def plot_rss(sampler: RssSampler, warmup_s: float, path: Path, title: str) -> None:
-    """The RSS curve of every role over time, warm-up shaded, as a PNG."""
+def plot_rss(sampler: RssSampler, warmup_s: float, window_s: float, path: Path, title: str) -> None:
+    """A PNG of every role's RSS over time (top, MiB) and of its change from the median of the window
+    after warm-up (bottom, %, with the 5% bound), warm-up shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(9, 5))
+    figure, (absolute, relative) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
     for role, points in sorted(sampler.series.items()):
-        axes.plot([t for t, _ in points], [value / MIB for _, value in points], label=role)
-    axes.axvspan(0, warmup_s, color="0.9", label="warm-up")
-    axes.set_xlabel("seconds")
-    axes.set_ylabel("RSS (MiB)")
-    axes.set_yscale("log")
-    axes.set_title(title)
-    axes.legend(loc="best")
-    axes.grid(True, which="both", alpha=0.3)
+        times = [t for t, _ in points]
+        (line,) = absolute.plot(times, [value / MIB for _, value in points], label=role)
+        baseline = window_median(points, warmup_s, warmup_s + window_s)
+        if baseline:
+            changes = [100 * (value / baseline - 1) for _, value in points]
+            relative.plot(times, changes, label=role, color=line.get_color())
+    for axes in (absolute, relative):
+        axes.axvspan(0, warmup_s, color="0.9")
+        axes.grid(True, which="both", alpha=0.3)
+    relative.axhline(5.0, color="red", linestyle="--", label="+5% bound")
+    absolute.set_yscale("log")
+    absolute.set_ylabel("RSS (MiB)")
+    absolute.set_title(title + " (warm-up shaded)")
+    absolute.legend(loc="best")
+    relative.set_ylabel("change from after warm-up (%)")
+    relative.set_xlabel("seconds")
+    relative.legend(loc="best")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)

@@ -40,6 +40,9 @@ from serve_checks import (
 )
 
 MAX_RSS_GROWTH = 0.05
+# The openai client's timeout: the whole answer of a non-streamed request, the gap between two
+# chunks of a stream. Generous: on two shared cores a 64-token, n=3 request can take minutes.
+REQUEST_TIMEOUT_S = 600.0
 PROMPTS = (
     "Write a haiku about the sea.",
     "What is the capital of France? Answer in one sentence.",
@@ -149,6 +152,11 @@ async def abort(
 async def one_request(client: openai.AsyncOpenAI, rng: random.Random, model: str) -> tuple[str, str]:
     """(outcome class, detail) of one drawn request."""
     endpoint, kwargs, plan = draw_request(rng, model)
+    started = time.monotonic()
+
+    def detail(what: object) -> str:
+        return f"{endpoint} {kwargs} after {time.monotonic() - started:.0f} s: {what}"
+
     try:
         if plan == "abort":
             await abort(client, endpoint, kwargs, rng)
@@ -159,21 +167,21 @@ async def one_request(client: openai.AsyncOpenAI, rng: random.Random, model: str
         shaped = {"message", "type", "param", "code"} <= body.keys()
         if plan == "invalid" and shaped:
             return REFUSED_AS_INVALID, ""
-        return "400 for a valid request" if plan != "invalid" else "400 not in OpenAI's shape", str(exc)
+        return "400 for a valid request" if plan != "invalid" else "400 not in OpenAI's shape", detail(exc)
     except openai.RateLimitError as exc:
         if exc.response.headers.get("retry-after", "").isdigit():
             return REFUSED_429, ""
-        return "429 without Retry-After", str(exc)
+        return "429 without Retry-After", detail(exc)
     except openai.APIStatusError as exc:
-        return f"HTTP {exc.status_code}", str(exc)
+        return f"HTTP {exc.status_code}", detail(exc)
     except openai.APITimeoutError as exc:
-        return "hang (client timeout)", str(exc)
+        return f"hang (nothing for {REQUEST_TIMEOUT_S:.0f} s)", detail(exc)
     except openai.APIConnectionError as exc:
-        return "connection error", repr(exc.__cause__ or exc)
+        return "connection error", detail(repr(exc.__cause__ or exc))
     except Malformed as exc:
-        return "malformed answer", f"{endpoint} {kwargs}: {exc}"
+        return "malformed answer", detail(exc)
     if plan == "invalid":
-        return "invalid request accepted", f"{endpoint} {kwargs}"
+        return "invalid request accepted", detail("200")
     return OK, ""
 
 
@@ -185,7 +193,7 @@ async def soak_traffic(
     first_errors: dict[str, str] = {}
     deadline = time.monotonic() + duration_s
     async with openai.AsyncOpenAI(
-        base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
     ) as client:
 
         async def loop(index: int) -> None:
@@ -227,7 +235,13 @@ def run_soak(
     audit = block_pool_audit(base_url)
     growth = rss_growth(sampler, warmup_s, window_s)
     if png is not None:
-        plot_rss(sampler, warmup_s, png, f"sluice serve RSS, {duration_s:.0f} s soak, {concurrency} clients")
+        plot_rss(
+            sampler,
+            warmup_s,
+            window_s,
+            png,
+            f"sluice serve RSS, {duration_s:.0f} s soak, {concurrency} clients",
+        )
         log(f"wrote {png}")
     server_errors = {kind: count for kind, count in outcomes.items() if kind not in CLIENTS_OWN}
     grown = {role: g for role, g in growth.items() if g["growth"] >= MAX_RSS_GROWTH}
@@ -272,7 +286,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration-s", type=float, default=600.0)
-    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--serve-arg", action="append", default=[], help="one more `sluice serve` argument")
     parser.add_argument("--json", type=Path, default=None)

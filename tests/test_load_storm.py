@@ -15,8 +15,8 @@ import load_storm
 CLIENTS = 200
 QUEUE_LIMIT = 48
 MIB = 1024 * 1024
-# "Bounded": after the burst, no process keeps more than half again its resident memory (plus
-# 64 MiB for allocator arenas that the first big batch creates).
+# "Bounded": during and after the burst, no process holds more than half again its resident memory
+# before it (plus 64 MiB for allocator arenas that the first big batch creates).
 MAX_GROWTH_RATIO = 1.5
 MAX_GROWTH_SLACK_MIB = 64
 
@@ -34,6 +34,6 @@ def test_a_burst_completes_or_gets_clean_429s_and_memory_stays_bounded(tmp_path:
     assert result["gauges_after"] == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0}
     assert {"serve", "frontend", "engine_core", "worker_0"} <= result["rss_before_mib"].keys()
     for role, before in result["rss_before_mib"].items():
-        after = result["rss_after_mib"][role]
-        assert after <= before * MAX_GROWTH_RATIO + MAX_GROWTH_SLACK_MIB, (role, before, after)
-        assert result["rss_peak_mib"][role] >= after
+        bound = before * MAX_GROWTH_RATIO + MAX_GROWTH_SLACK_MIB
+        assert result["rss_peak_mib"][role] <= bound, (role, before, result["rss_peak_mib"][role])
+        assert result["rss_after_mib"][role] <= bound, (role, before, result["rss_after_mib"][role])

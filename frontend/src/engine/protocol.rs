@@ -661,4 +661,32 @@ mod tests {
         // A map claiming 2^32-1 entries must fail, not allocate.
         assert!(decode(&[0xdf, 0xff, 0xff, 0xff, 0xff]).is_err());
     }
+
+    #[test]
+    fn an_audit_result_decodes_as_an_audit_not_as_another_utility_value() {
+        let audit = BlockPoolAudit {
+            consistent: false,
+            num_blocks: 8,
+            num_free_blocks: 6,
+            num_held_blocks: 1,
+            num_cached_blocks: 2,
+            num_live_requests: 0,
+            num_holding_requests: 1,
+            num_problems: 1,
+            problems: "finished request 'a-0' still holds 2 blocks".into(),
+        };
+        let sent: Message = UtilityResult {
+            call_id: 4,
+            result: Some(UtilityValue::BlockPoolAudit(audit.clone())),
+            error: None,
+        }
+        .into();
+        match decode(&encode(&sent)).unwrap() {
+            Message::UtilityResult(UtilityResult {
+                result: Some(UtilityValue::BlockPoolAudit(got)),
+                ..
+            }) => assert_eq!(got, audit),
+            other => panic!("decoded as {other:?}"),
+        }
+    }
 }

@@ -15,7 +15,7 @@ use sluice_frontend::engine::protocol::{
 };
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-const PATIENCE: Duration = Duration::from_secs(20);
+const PATIENCE: Duration = Duration::from_secs(5);
 
 struct FakeEngine {
     input: PullSocket,
@@ -30,6 +30,13 @@ impl Drop for FakeEngine {
 }
 
 impl FakeEngine {
+    /// Closes its sockets as a killed process's would. Dropping a socket stops its listener only
+    /// later, and a client reconnecting in between would connect to the dead engine's listener.
+    async fn die(mut self) {
+        self.input.unbind_all().await;
+        self.output.unbind_all().await;
+    }
+
     async fn recv(&mut self) -> Message {
         let frame = tokio::time::timeout(PATIENCE, self.input.recv())
             .await
@@ -408,8 +415,7 @@ async fn a_lost_engine_is_replaced_by_the_next_one_on_the_same_addresses() {
     let mut in_flight = client.add_request(request("in-flight")).unwrap();
     engine.recv_add().await;
     let dir = engine.dir.clone();
-    // Its sockets close as a killed process's would.
-    drop(engine);
+    engine.die().await;
 
     let last = next(&mut in_flight).await.expect("a final error output");
     assert_eq!(last.finish_reason, Some(FinishReason::Error));

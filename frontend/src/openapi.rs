@@ -188,12 +188,15 @@ fn success_response(success: &Success) -> ResponseBuilder {
     match success {
         Success::Json(schema) => ok.content("application/json", json(schema)),
         Success::JsonOrEvents(whole, chunk) => {
-            let events = ObjectBuilder::new()
+            // One server-sent event; `data` is a chunk's JSON, an error's, or `[DONE]`.
+            let data = ObjectBuilder::new()
                 .schema_type(Type::String)
+                .content_media_type("application/json")
                 .description(Some(format!(
-                    "Events `data: <{chunk} as JSON>`, then `data: [DONE]`; \
-                 an error mid-stream is `data: <ErrorResponse as JSON>` before `[DONE]`"
+                    "A {chunk} as JSON, then `[DONE]` after the last; an error mid-stream is an \
+                     ErrorResponse as JSON before `[DONE]`"
                 )));
+            let events = ObjectBuilder::new().property("data", data).required("data");
             ok.content("application/json", json(whole))
                 .content("text/event-stream", Content::new(Some(events)))
         }

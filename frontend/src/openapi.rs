@@ -395,6 +395,29 @@ mod tests {
         }
     }
 
+    /// The documented ranges are written as literals in `#[schema]` attributes; these are the
+    /// ones validation names as constants.
+    #[test]
+    fn documented_limits_are_validations() {
+        use crate::validation::{MAX_LOGPROBS, MAX_N};
+        let document = document_json();
+        let schemas = &document["components"]["schemas"];
+        assert_eq!(
+            schemas["SamplingFields"]["properties"]["n"]["maximum"],
+            MAX_N
+        );
+        // Each request is allOf [SamplingFields, its own fields] (serde's flatten).
+        let own = |request: &str| schemas[request]["allOf"][1]["properties"].clone();
+        assert_eq!(
+            own("CompletionRequest")["logprobs"]["maximum"],
+            MAX_LOGPROBS
+        );
+        assert_eq!(
+            own("ChatCompletionRequest")["top_logprobs"]["maximum"],
+            MAX_LOGPROBS
+        );
+    }
+
     #[test]
     fn generation_routes_document_both_bodies_and_every_error() {
         let document = document_json();

@@ -6,11 +6,13 @@ timeout. A case fails on a 5xx, a hang, a reset connection, any of schemathesis'
 documented, content type, response schema, negative data rejected), a 4xx that is not OpenAI's error shape,
 or an event stream that does not end with `[DONE]`.
 
-Generation is kept cheap, not narrowed: every generation request gets a small max_tokens and n (an absent
-max_tokens means the whole context in chat), a string `model` becomes the served one, a chat role outside
-the accepted ones becomes one of them (and null content ""), token ids fall inside the default model's
-vocabulary, /tokenize gets a prompt or messages, not both, and integral floats (5.0, an integer to JSON Schema) become ints, so
-most cases reach the engine instead of stopping at the first check. Shared by tests/test_openapi_fuzz.py (CI budget) and scripts/fuzz_api (longer runs).
+Generation is kept cheap, not narrowed, so that most cases reach the engine instead of stopping at the
+first check: every generation request gets a small max_tokens and n (an absent max_tokens means the whole
+context in chat), a string `model` becomes the served one, a chat role outside the accepted ones becomes
+one of them (and null content ""), token ids fall inside the default model's vocabulary, /tokenize gets a
+prompt or messages but not both, and integral floats (5.0 is an integer to JSON Schema) become ints.
+
+Shared by tests/test_openapi_fuzz.py (the CI budget) and scripts/fuzz_api (longer runs).
 """
 
 from __future__ import annotations

@@ -68,6 +68,10 @@ async fn chat(
     validation::check_messages(&request.messages)?;
     let sampling = &request.sampling;
     let max_tokens = request.max_completion_tokens.or(sampling.max_tokens);
+    // max_completion_tokens wins, but a max_tokens beside it is still a value to check.
+    if let Some(overridden) = sampling.max_tokens {
+        validation::check_max_tokens(overridden)?;
+    }
     let logprobs = match request.logprobs {
         Some(true) => {
             let top = request.top_logprobs.unwrap_or(0);

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
@@ -75,10 +75,8 @@ fn app() -> Router {
     server::router(state.clone())
 }
 
-/// Answers `body` POSTed to `path` with, and checks the answer is a 4xx in OpenAI's shape or the
-/// engine-not-ready 503.
-fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), TestCaseError> {
-    let (status, bytes) = runtime().block_on(async {
+fn post(path: &str, body: Vec<u8>) -> (StatusCode, Bytes) {
+    runtime().block_on(async {
         let request = Request::builder()
             .method("POST")
             .uri(path)
@@ -91,7 +89,13 @@ fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), T
             status,
             response.into_body().collect().await.unwrap().to_bytes(),
         )
-    });
+    })
+}
+
+/// POSTs `body` to `path` and checks the answer is a 4xx in OpenAI's shape or the engine-not-ready
+/// 503.
+fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), TestCaseError> {
+    let (status, bytes) = post(path, body);
     let text = String::from_utf8_lossy(&bytes);
     let answer: Value = serde_json::from_slice(&bytes)
         .map_err(|e| TestCaseError::fail(format!("{status} body is not JSON ({e}): {text}")))?;
@@ -248,4 +252,15 @@ proptest! {
     ) {
         assert_refused_cleanly_or_accepted(path, serde_json::to_vec(&body).unwrap())?;
     }
+}
+
+/// Found by schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` overrode it.
+#[test]
+fn chat_checks_max_tokens_beside_max_completion_tokens() {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 0, "max_completion_tokens": 2});
+    let (status, bytes) = post("/v1/chat/completions", body.to_string().into_bytes());
+    let answer: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["param"], "max_tokens", "{answer}");
 }

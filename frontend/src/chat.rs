@@ -72,12 +72,12 @@ async fn chat(
     if let Some(overridden) = sampling.max_tokens {
         validation::check_max_tokens(overridden)?;
     }
+    // top_logprobs is checked even when logprobs is off and it goes unused.
+    if let Some(top) = request.top_logprobs {
+        validation::check_logprobs("top_logprobs", top)?;
+    }
     let logprobs = match request.logprobs {
-        Some(true) => {
-            let top = request.top_logprobs.unwrap_or(0);
-            validation::check_logprobs("top_logprobs", top)?;
-            Some(top)
-        }
+        Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,
     };
     let params = validation::sampling_params(sampling, max_tokens, logprobs, state.vocab_size)?;

@@ -254,13 +254,30 @@ proptest! {
     }
 }
 
-/// Found by schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` overrode it.
+/// Found by schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` overrode it,
+/// and `top_logprobs` out of range when `logprobs` was off.
 #[test]
-fn chat_checks_max_tokens_beside_max_completion_tokens() {
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 0, "max_completion_tokens": 2});
-    let (status, bytes) = post("/v1/chat/completions", body.to_string().into_bytes());
-    let answer: Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
-    assert_eq!(answer["error"]["param"], "max_tokens", "{answer}");
+fn chat_checks_fields_that_another_overrides_or_disables() {
+    let message = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (
+            json!({"max_tokens": 0, "max_completion_tokens": 2}),
+            "max_tokens",
+        ),
+        (
+            json!({"top_logprobs": 21, "logprobs": false}),
+            "top_logprobs",
+        ),
+        (json!({"top_logprobs": 3_000_000_000u64}), "top_logprobs"),
+    ];
+    for (fields, param) in cases {
+        let mut body = json!({"model": MODEL, "messages": message});
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (status, bytes) = post("/v1/chat/completions", body.to_string().into_bytes());
+        let answer: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        assert_eq!(answer["error"]["param"], param, "{body} -> {answer}");
+    }
 }

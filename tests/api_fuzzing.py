@@ -6,10 +6,13 @@ timeout. A case fails on a 5xx, a hang, a reset connection, any of schemathesis'
 documented, content type, response schema, negative data rejected), a 4xx that is not OpenAI's error shape,
 or an event stream that does not end with `[DONE]`.
 
-Generation is kept cheap, not narrowed: every generation request gets a small max_tokens and n (an absent
-max_tokens means the whole context in chat), a string `model` becomes the served one, and a chat role
-outside the accepted ones becomes one of them, so most cases reach the engine instead of stopping at the
-first check. Shared by tests/test_openapi_fuzz.py (CI budget) and scripts/fuzz_api (longer runs).
+Generation is kept cheap, not narrowed, so that most cases reach the engine instead of stopping at the
+first check: every generation request gets a small max_tokens and n (an absent max_tokens means the whole
+context in chat), a string `model` becomes the served one, a chat role outside the accepted ones becomes
+one of them (and null content ""), token ids fall inside the default model's vocabulary, /tokenize gets a
+prompt or messages but not both, and integral floats (5.0 is an integer to JSON Schema) become ints.
+
+Shared by tests/test_openapi_fuzz.py (the CI budget) and scripts/fuzz_api (longer runs).
 """
 
 from __future__ import annotations
@@ -39,14 +42,16 @@ from schemathesis.specs.openapi.checks import (
 )
 
 REQUEST_TIMEOUT_S = 30.0
-MAX_TOKENS_CAP = 3
+MAX_TOKENS_CAP = 2
 N_CAP = 2
+# Below the vocabulary of the default model (49,152), so that most generated token ids are real ones.
+TOKEN_ID_LIMIT = 49_152
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 CHAT_ROLES = ("user", "assistant", "system")
 ERROR_FIELDS = {"message", "type", "param", "code"}
 FAILURE_EXAMPLES_KEPT = 20
 # Operations fuzzed at once: the server overlaps tokenization, validation and engine steps across them.
-CONCURRENT_RUNS = 4
+CONCURRENT_RUNS = 8
 MAX_ROUNDS = 3
 
 
@@ -92,10 +97,30 @@ def _capped(value: Any, cap: int) -> Any:
     return value
 
 
+def _integers_as_ints(value: Any) -> Any:
+    """JSON Schema counts 5.0 as an integer and hypothesis generates it; serde (like OpenAI's API) wants 5."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integers_as_ints(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _integers_as_ints(item) for key, item in value.items()}
+    return value
+
+
+def _token_ids_in_vocabulary(value: Any) -> Any:
+    """Token ids (lists of ints, or lists of them) folded below TOKEN_ID_LIMIT; anything else stays."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value % TOKEN_ID_LIMIT
+    if isinstance(value, list):
+        return [_token_ids_in_vocabulary(item) for item in value]
+    return value
+
+
 def _cheapen(case: Case, served_model: str) -> None:
-    body = case.body
-    if not isinstance(body, dict):
+    if not isinstance(case.body, dict):
         return
+    case.body = body = _integers_as_ints(case.body)
     if isinstance(body.get("model"), str):
         body["model"] = served_model
     messages = body.get("messages")
@@ -104,6 +129,14 @@ def _cheapen(case: Case, served_model: str) -> None:
             role = message["role"]
             if role not in CHAT_ROLES:
                 message["role"] = CHAT_ROLES[zlib.crc32(role.encode()) % len(CHAT_ROLES)]
+            # The default template concatenates content, so a null one is a 400 on every message.
+            if message.get("content", None) is None:
+                message["content"] = ""
+    for key in ("prompt", "tokens", "stop_token_ids"):
+        if key in body:
+            body[key] = _token_ids_in_vocabulary(body[key])
+    if case.operation.path == "/tokenize" and "prompt" in body and "messages" in body:
+        del body["messages"]
     if case.operation.path in GENERATION_PATHS:
         body["max_tokens"] = _capped(body.get("max_tokens"), MAX_TOKENS_CAP)
         if case.operation.path == "/v1/chat/completions" or "max_completion_tokens" in body:
@@ -201,6 +234,8 @@ def _fuzz_operation(
     """One operation in one mode, in a process of its own (hypothesis and schemathesis are not
     thread-safe), loading the document itself."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    # Reproducing curl lines must show max_tokens, which the default sanitization takes for a secret.
+    schema.config.output.sanitization.enabled = False
     (operation,) = [
         result.ok()
         for result in schema.get_all_operations()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from api_fuzzing import fuzz
+from api_fuzzing import fuzz, openai_error_shape_problem
 from serve_fixtures import Server, running_server
 
 CI_CASES = 2000
@@ -60,3 +60,24 @@ def test_schemathesis_finds_no_5xx_hang_reset_or_malformed_error(
     assert report.server_errors == 0 and report.hangs == 0 and report.resets == 0, report.failures
     assert not report.failures, "\n".join(report.failures)
     assert server.health() == 200, server.log_tail()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "accepted"),
+    [
+        (
+            400,
+            '{"error": {"message": "m", "type": "invalid_request_error", "param": null, "code": null}}',
+            True,
+        ),
+        (404, '{"error": {"message": "m", "type": "t", "param": "model", "code": "model_not_found"}}', True),
+        (405, "", False),
+        (404, "Not Found", False),
+        (400, '{"error": {"message": "m", "type": "t"}}', False),
+        (400, '{"error": {"message": "", "type": "t", "param": null, "code": null}}', False),
+        (400, '{"error": {"message": "m", "type": "t", "param": 3, "code": null}}', False),
+        (400, '{"detail": "m"}', False),
+    ],
+)
+def test_the_error_shape_check_refuses_what_is_not_openais(status: int, body: str, accepted: bool) -> None:
+    assert (openai_error_shape_problem(status, body) is None) == accepted

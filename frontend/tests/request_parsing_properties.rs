@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
@@ -78,10 +78,8 @@ fn app() -> Router {
     routes::router(state.clone())
 }
 
-/// Answers `body` POSTed to `path` with, and checks the answer is a 4xx in OpenAI's shape or the
-/// engine-not-ready 503.
-fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), TestCaseError> {
-    let (status, bytes) = runtime().block_on(async {
+fn post(path: &str, body: Vec<u8>) -> (StatusCode, Bytes) {
+    runtime().block_on(async {
         let request = Request::builder()
             .method("POST")
             .uri(path)
@@ -94,7 +92,13 @@ fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), T
             status,
             response.into_body().collect().await.unwrap().to_bytes(),
         )
-    });
+    })
+}
+
+/// POSTs `body` to `path` and checks the answer is a 4xx in OpenAI's shape or the engine-not-ready
+/// 503.
+fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), TestCaseError> {
+    let (status, bytes) = post(path, body);
     let text = String::from_utf8_lossy(&bytes);
     let answer: Value = serde_json::from_slice(&bytes)
         .map_err(|e| TestCaseError::fail(format!("{status} body is not JSON ({e}): {text}")))?;
@@ -250,5 +254,33 @@ proptest! {
         path in prop::sample::select(&PATHS[..]),
     ) {
         assert_refused_cleanly_or_accepted(path, serde_json::to_vec(&body).unwrap())?;
+    }
+}
+
+/// Found by schemathesis: `max_tokens: 0` was accepted when `max_completion_tokens` overrode it,
+/// and `top_logprobs` out of range when `logprobs` was off.
+#[test]
+fn chat_checks_fields_that_another_overrides_or_disables() {
+    let message = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (
+            json!({"max_tokens": 0, "max_completion_tokens": 2}),
+            "max_tokens",
+        ),
+        (
+            json!({"top_logprobs": 21, "logprobs": false}),
+            "top_logprobs",
+        ),
+        (json!({"top_logprobs": 3_000_000_000u64}), "top_logprobs"),
+    ];
+    for (fields, param) in cases {
+        let mut body = json!({"model": MODEL, "messages": message});
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (status, bytes) = post("/v1/chat/completions", body.to_string().into_bytes());
+        let answer: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        assert_eq!(answer["error"]["param"], param, "{body} -> {answer}");
     }
 }

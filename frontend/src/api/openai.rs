@@ -96,6 +96,7 @@ pub enum MessageContent {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
+    #[schema(pattern = "^text$")]
     pub kind: String,
     pub text: Option<String>,
 }
@@ -111,6 +112,7 @@ pub struct ChatMessage {
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: String,
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -197,12 +197,15 @@ fn success_response(success: &Success) -> ResponseBuilder {
     match success {
         Success::Json(schema) => ok.content("application/json", json(schema)),
         Success::JsonOrEvents(whole, chunk) => {
-            let events = ObjectBuilder::new()
+            // One server-sent event; `data` is a chunk's JSON, an error's, or `[DONE]`.
+            let data = ObjectBuilder::new()
                 .schema_type(Type::String)
+                .content_media_type("application/json")
                 .description(Some(format!(
-                    "Events `data: <{chunk} as JSON>`, then `data: [DONE]`; \
-                 an error mid-stream is `data: <ErrorResponse as JSON>` before `[DONE]`"
+                    "A {chunk} as JSON, then `[DONE]` after the last; an error mid-stream is an \
+                     ErrorResponse as JSON before `[DONE]`"
                 )));
+            let events = ObjectBuilder::new().property("data", data).required("data");
             ok.content("application/json", json(whole))
                 .content("text/event-stream", Content::new(Some(events)))
         }
@@ -399,6 +402,29 @@ mod tests {
                 "ChatCompletionRequest lacks {field}: {chat}"
             );
         }
+    }
+
+    /// The documented ranges are written as literals in `#[schema]` attributes; these are the
+    /// ones validation names as constants.
+    #[test]
+    fn documented_limits_are_validations() {
+        use crate::api::validate::{MAX_LOGPROBS, MAX_N};
+        let document = document_json();
+        let schemas = &document["components"]["schemas"];
+        assert_eq!(
+            schemas["SamplingFields"]["properties"]["n"]["maximum"],
+            MAX_N
+        );
+        // Each request is allOf [SamplingFields, its own fields] (serde's flatten).
+        let own = |request: &str| schemas[request]["allOf"][1]["properties"].clone();
+        assert_eq!(
+            own("CompletionRequest")["logprobs"]["maximum"],
+            MAX_LOGPROBS
+        );
+        assert_eq!(
+            own("ChatCompletionRequest")["top_logprobs"]["maximum"],
+            MAX_LOGPROBS
+        );
     }
 
     #[test]

@@ -483,12 +483,16 @@ pub async fn chat(
     let max_tokens = request
         .max_completion_tokens
         .or(request.sampling.max_tokens);
+    // max_completion_tokens wins, but a max_tokens beside it is still a value to check.
+    if let Some(overridden) = request.sampling.max_tokens {
+        check_max_tokens(overridden)?;
+    }
+    // top_logprobs is checked even when logprobs is off and it goes unused.
+    if let Some(top) = request.top_logprobs {
+        check_logprobs("top_logprobs", top)?;
+    }
     let logprobs = match request.logprobs {
-        Some(true) => {
-            let top = request.top_logprobs.unwrap_or(0);
-            check_logprobs("top_logprobs", top)?;
-            Some(top)
-        }
+        Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,
     };
     let sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;

@@ -31,6 +31,14 @@ pub enum ApiError {
     EmptyMessages,
     #[error("request body is too large")]
     PayloadTooLarge,
+    #[error("the request body did not arrive within {0:?}")]
+    BodyReadTimeout(std::time::Duration),
+    #[error("too many large request bodies are in flight, retry later")]
+    BodiesInFlight,
+    #[error("no route {0}")]
+    NoSuchRoute(String),
+    #[error("method {0} is not allowed on this route")]
+    MethodNotAllowed(String),
     #[error("missing or incorrect API key")]
     InvalidApiKey,
     #[error("the waiting queue is full, retry later")]
@@ -65,6 +73,10 @@ impl ApiError {
             | ApiError::EmptyMessages => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::BodiesInFlight => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NoSuchRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ApiError::EngineUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -75,7 +87,7 @@ impl ApiError {
     /// OpenAI's `type`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApiError::QueueFull => "rate_limit_error",
+            ApiError::QueueFull | ApiError::BodiesInFlight => "rate_limit_error",
             ApiError::EngineUnavailable(_) | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -97,7 +109,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model_not_found"),
             ApiError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             ApiError::InvalidApiKey => Some("invalid_api_key"),
-            ApiError::QueueFull => Some("rate_limit_exceeded"),
+            ApiError::QueueFull | ApiError::BodiesInFlight => Some("rate_limit_exceeded"),
             ApiError::PayloadTooLarge => Some("request_too_large"),
             ApiError::EngineUnavailable(_) => Some("engine_unavailable"),
             _ => None,
@@ -118,9 +130,24 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let status = self.status();
+        let mut response = (status, Json(self.body())).into_response();
+        // Every 429 and 503 says when to come back.
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
+
+/// What a 429 or 503 asks a client to wait: admission frees within a step or two.
+const RETRY_AFTER_SECONDS: &str = "1";
 
 /// Lets a handler take `Result<Json<T>, JsonRejection>` and answer with `?`,
 /// keeping axum's own plain-text rejections out of the API.

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::future::try_join_all;
 
+use crate::admission;
 use crate::api_error::ApiError;
 use crate::generation::{
     self, chunk_event, sse_events, unix_seconds, ChoiceResult, ChoiceSpec, ChoiceUpdate,
@@ -89,6 +90,7 @@ async fn complete(
         .map(StopSequences::into_vec)
         .unwrap_or_default();
 
+    admission::check_fits(state, admission::prompt_count(&request.prompt) * n as usize)?;
     let prompts = prompt_inputs(state, request.prompt.clone()).await?;
     if prompts.is_empty() {
         validation::check_prompt_not_empty(&[])?;

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::admission;
 use crate::api_error::ApiError;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_client::{EngineClient, EngineError, OutputStream};
@@ -95,12 +96,8 @@ pub fn start(
     arrival_time: f64,
 ) -> Result<Vec<ChoiceStream>, ApiError> {
     let engine = state.engine()?;
-    let count = u32::try_from(choices.len()).map_err(|_| ApiError::QueueFull)?;
-    let mut all = state
-        .permits
-        .clone()
-        .try_acquire_many_owned(count)
-        .map_err(|_| ApiError::QueueFull)?;
+    let mut all = admission::admit(state, choices.len())?;
+    let count = choices.len() as u32;
     let mut permits: Vec<OwnedSemaphorePermit> = (1..count)
         .map(|_| all.split(1).expect("one permit per choice"))
         .collect();
@@ -225,6 +222,8 @@ impl ChoiceStream {
     }
 
     async fn update(&mut self, output: RequestOutput) -> Result<Option<ChoiceUpdate>, ApiError> {
+        // Its first output means the engine has scheduled it: it no longer waits.
+        self.permit = None;
         self.observe_timing(output.new_token_ids.len());
         self.completion_tokens += output.new_token_ids.len() as u32;
         let logprobs = match (&output.new_logprobs, self.wants_logprobs) {

@@ -1,15 +1,19 @@
 //! Sluice's frontend: everything that touches text and HTTP.
+pub mod admission;
 pub mod api_error;
+pub mod auth;
 pub mod chat;
 pub mod chat_template;
 pub mod cli;
 pub mod completions;
+pub mod connections;
 pub mod detokenizer;
 pub mod engine_client;
 pub mod generation;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
+pub mod request_body;
 pub mod server;
 pub mod sse;
 pub mod stop_strings;

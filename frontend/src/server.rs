@@ -1,4 +1,4 @@
-//! The HTTP server: shared state, the router, API-key checks, and the small endpoints
+//! The HTTP server: shared state, the router, and the small endpoints
 //! (models, tokenize, detokenize, health, version, metrics). Completions and chat have their
 //! own modules. Handlers are thin: parse, call one function, map the result.
 
@@ -8,15 +8,17 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::sync::Semaphore;
 
+use crate::admission;
 use crate::api_error::ApiError;
+use crate::auth;
 use crate::chat;
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::completions;
@@ -27,6 +29,7 @@ use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 };
 use crate::protocol::{KvCacheSnapshot, UtilityMethod, UtilityValue};
+use crate::request_body::{self, BodyLimits};
 use crate::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
 use crate::validation;
 
@@ -38,8 +41,14 @@ pub struct ServerConfig {
     pub model_dir: PathBuf,
     pub served_model_name: String,
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key (Prometheus scrapers often carry none).
+    pub metrics_without_auth: bool,
     pub max_waiting_requests: usize,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive.
+    pub body_read_timeout: std::time::Duration,
+    /// Body bytes that all requests being read or handled may hold together.
+    pub max_body_bytes_in_flight: usize,
     pub tokenizer_workers: usize,
 }
 
@@ -139,56 +148,48 @@ pub async fn connect_engine(
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    let body_limits = Arc::new(BodyLimits::new(
+        state.config.max_body_bytes,
+        state.config.body_read_timeout,
+        state.config.max_body_bytes_in_flight,
+    ));
+    Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    Router::new()
-        .merge(v1)
+        .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/sluice/kv_cache", get(kv_cache))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            body_limits,
+            request_body::read_body,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ))
         .with_state(state)
+}
+
+async fn no_such_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::NoSuchRoute(format!("{method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
 }
 
 pub fn unix_time() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-async fn require_api_key(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match check_api_key(state.config.api_key.as_deref(), &request) {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
-    }
-}
-
-fn check_api_key(expected: Option<&str>, request: &Request) -> Result<(), ApiError> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    match given {
-        Some(given) if given.trim() == expected => Ok(()),
-        _ => Err(ApiError::InvalidApiKey),
-    }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
@@ -198,13 +199,26 @@ async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, A
 fn model_list(state: &AppState) -> Result<ModelList, ApiError> {
     Ok(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: state.config.served_model_name.clone(),
-            object: "model".into(),
-            created: unix_time(),
-            owned_by: "sluice".into(),
-            max_model_len: state.max_model_len()?,
-        }],
+        data: vec![model_card(state)?],
+    })
+}
+
+/// `GET /v1/models/{model}`: the served model's card, or a 404 in OpenAI's shape.
+async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    state.check_model(&model)?;
+    Ok(Json(model_card(&state)?))
+}
+
+fn model_card(state: &AppState) -> Result<ModelCard, ApiError> {
+    Ok(ModelCard {
+        id: state.config.served_model_name.clone(),
+        object: "model".into(),
+        created: unix_time(),
+        owned_by: "sluice".into(),
+        max_model_len: state.max_model_len()?,
     })
 }
 
@@ -225,6 +239,7 @@ async fn tokenized(
     if let Some(model) = &request.model {
         state.check_model(model)?;
     }
+    let _waiting = admission::admit(state, 1)?;
     let tokens = match (request.prompt, request.messages) {
         (Some(prompt), None) => {
             let add_special_tokens = request.add_special_tokens.unwrap_or(true);
@@ -266,6 +281,7 @@ async fn detokenized(
         state.check_model(model)?;
     }
     validation::check_token_ids("tokens", &request.tokens, state.vocab_size)?;
+    let _waiting = admission::admit(state, 1)?;
     Ok(DetokenizeResponse {
         prompt: state.pool.decode(request.tokens, true).await?,
     })
@@ -315,31 +331,4 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::body::Body;
-
-    fn request(authorization: Option<&str>) -> Request {
-        let mut builder = Request::builder().uri("/v1/models");
-        if let Some(value) = authorization {
-            builder = builder.header(header::AUTHORIZATION, value);
-        }
-        builder.body(Body::empty()).unwrap()
-    }
-
-    #[test]
-    fn api_key_is_checked_only_when_set() {
-        assert_eq!(check_api_key(None, &request(None)), Ok(()));
-        assert_eq!(check_api_key(Some("k"), &request(Some("Bearer k"))), Ok(()));
-        for bad in [None, Some("Bearer x"), Some("k"), Some("Basic k")] {
-            assert_eq!(
-                check_api_key(Some("k"), &request(bad)),
-                Err(ApiError::InvalidApiKey),
-                "{bad:?}"
-            );
-        }
-    }
 }

@@ -45,8 +45,11 @@ fn config() -> ServerConfig {
         model_dir: model_dir(),
         served_model_name: MODEL.into(),
         api_key: None,
+        metrics_without_auth: false,
         max_waiting_requests: 64,
         max_body_bytes: 1 << 20,
+        body_read_timeout: Duration::from_secs(10),
+        max_body_bytes_in_flight: 1 << 24,
         tokenizer_workers: 2,
     }
 }
@@ -715,7 +718,7 @@ async fn body_over_the_limit_is_413() {
 }
 
 #[tokio::test]
-async fn api_key_guards_v1_but_not_health_or_metrics() {
+async fn api_key_guards_every_route_but_health() {
     let server = started(ServerConfig {
         api_key: Some("secret".into()),
         ..config()
@@ -740,8 +743,28 @@ async fn api_key_guards_v1_but_not_health_or_metrics() {
         .insert("authorization", "Bearer secret".parse().unwrap());
     assert_eq!(server.call(right).await.status(), StatusCode::OK);
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
-    assert_eq!(server.get("/metrics").await.0, StatusCode::OK);
-    assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
+    for path in [
+        "/metrics",
+        "/v1/models",
+        "/v1/models/x",
+        "/version",
+        "/sluice/kv_cache",
+        "/nowhere",
+    ] {
+        assert_eq!(server.get(path).await.0, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    for path in ["/tokenize", "/detokenize"] {
+        let status = server.call(post(path, "{}".into())).await.status();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let open = started(ServerConfig {
+        api_key: Some("secret".into()),
+        metrics_without_auth: true,
+        ..config()
+    })
+    .await;
+    assert_eq!(open.get("/metrics").await.0, StatusCode::OK);
+    assert_eq!(open.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]

@@ -810,6 +810,92 @@ async fn full_waiting_queue_is_429_at_once() {
 }
 
 #[tokio::test]
+async fn a_request_stops_counting_as_waiting_at_its_first_token() {
+    let server = started(ServerConfig {
+        max_waiting_requests: 2,
+        ..config()
+    })
+    .await;
+    server.script(Script::Open);
+    let response = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "n": 2, "max_tokens": 100, "stream": true})
+                .to_string(),
+        ))
+        .await;
+    let mut body = response.into_body();
+    let mut seen = String::new();
+    while !(seen.contains("\"index\":0") && seen.contains("\"index\":1")) {
+        let frame = tokio::time::timeout(PATIENCE, body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+    }
+    // Both choices are generating, so nothing waits: the whole queue is free again.
+    assert_eq!(server.state.permits.available_permits(), 2);
+    drop(body);
+}
+
+#[tokio::test]
+async fn tokenize_waits_in_the_queue_and_a_request_that_can_never_fit_is_400() {
+    let server = started(ServerConfig {
+        max_waiting_requests: 2,
+        ..config()
+    })
+    .await;
+    server.script(Script::Silent);
+    let held = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "n": 2, "stream": true}).to_string(),
+        ))
+        .await;
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = server
+        .call(post("/tokenize", json!({"prompt": "x"}).to_string()))
+        .await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    drop(held);
+    let (status, _) = server.post("/tokenize", json!({"prompt": "x"})).await;
+    assert_eq!(status, StatusCode::OK);
+    for body in [
+        json!({"model": MODEL, "prompt": ["a", "b"], "n": 2}),
+        json!({"model": MODEL, "prompt": [[1], [2], [3]]}),
+    ] {
+        let (status, answer) = server.post("/v1/completions", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["param"], "n");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("--max-waiting-requests"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_openai_errors_and_the_model_card_is_served() {
+    let server = started(config()).await;
+    let (status, text) = server.get("/v2/nothing").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let (status, text) = server.get("/v1/completions").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["error"]["message"].is_string());
+    let (status, text) = server.get(&format!("/v1/models/{MODEL}")).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["id"], MODEL);
+    let (status, text) = server.get("/v1/models/gpt-9").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error"]["code"],
+        "model_not_found"
+    );
+}
+
+#[tokio::test]
 async fn health_follows_the_engine_and_its_death_fails_in_flight_requests() {
     let mut server = unready(config()).await;
     assert_eq!(

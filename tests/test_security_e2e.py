@@ -285,6 +285,34 @@ def test_the_engine_sockets_are_ipc_in_a_private_folder(server: Server) -> None:
     assert addresses and all(a.startswith(f"ipc://{server.socket_dir}/") for a in addresses), addresses
 
 
+def rss_mib(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_frontend_memory_returns_near_its_baseline_after_a_burst_of_large_requests(server: Server) -> None:
+    [frontend] = [pid for pid in descendants(server.process.pid) if "sluice-frontend" in cmdline(pid)]
+    before = rss_mib(frontend)
+    words = [f"w{i % 997}x{i % 13}" for i in range(300_000)]
+    body = {"prompt": " ".join(words)[: 2 * 2**20]}
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: statuses.append(call(server, "POST", "/tokenize", body, bearer())[0]))
+        for _ in range(6)
+    ]
+    for thread in threads:
+        thread.start()
+    peak = before
+    while any(thread.is_alive() for thread in threads):
+        peak = max(peak, rss_mib(frontend))
+        time.sleep(0.02)
+    time.sleep(2.0)
+    after = rss_mib(frontend)
+    assert statuses == [200] * 6, statuses
+    # The burst did grow the frontend, and what it took was given back.
+    assert peak - before > 64, (before, peak, after)
+    assert after - before < 0.25 * (peak - before), (before, peak, after)
+
+
 def test_sigint_stops_serve_despite_a_half_sent_request(server: Server) -> None:
     children = descendants(server.process.pid)
     with socket.create_connection(("127.0.0.1", server.port)) as sock:

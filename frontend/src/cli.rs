@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, default_value_t = 8_388_608)]
     max_body_bytes: usize,
     /// Body bytes that all requests being read or handled may hold together; more wait.
-    #[arg(long, default_value_t = 67_108_864)]
+    #[arg(long, default_value_t = 134_217_728)]
     max_body_bytes_in_flight: usize,
     /// Seconds a client may take to send a request's headers; also how long an idle
     /// keep-alive connection stays open.

@@ -98,8 +98,10 @@ impl TokenizerPool {
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerPoolError> {
         self.run(move |tokenizer| {
+            // encode_fast: the same ids, without the offsets nobody reads (a large share of a long
+            // prompt's transient memory).
             tokenizer
-                .encode(text, add_special_tokens)
+                .encode_fast(text, add_special_tokens)
                 .map(|encoding| encoding.get_ids().to_vec())
                 .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
         })

@@ -125,7 +125,7 @@ class Router:
 
     def counter(self, name: str, **labels: str) -> float:
         """The sum of `sluice_router:NAME` over the series whose labels include `labels`."""
-        status, _, body = self.call("GET", "/metrics", key=None)
+        status, _, body = self.call("GET", "/metrics")
         assert status == 200
         total = 0.0
         for line in body.decode().splitlines():
@@ -139,7 +139,7 @@ class Router:
         return total
 
     def in_flight(self) -> dict[str, float]:
-        status, _, body = self.call("GET", "/metrics", key=None)
+        status, _, body = self.call("GET", "/metrics")
         assert status == 200
         prefix = 'sluice_router:requests_in_flight{replica="'
         return {
@@ -220,6 +220,32 @@ def test_models_are_aggregated_and_the_api_key_is_checked_first(fleet: Fleet, tm
         # The replicas require the key too: the router passes it on.
         assert complete(client_of(router))
         assert router.counter("requests_total") == 1
+
+
+def test_every_router_route_but_health_needs_one_key_and_errors_are_openai_shaped(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        assert router.call("GET", "/health", key=None)[0] == 200
+        for path in ("/metrics", "/sluice/kv_index", "/v1/models", "/no/such/route"):
+            status, _, body = router.call("GET", path, key=None)
+            assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", (path, body)
+        for method, path, expected in (("GET", "/no/such/route", 404), ("GET", "/v1/completions", 405)):
+            status, _, body = router.call(method, path)
+            error = json.loads(body)["error"]
+            assert status == expected and set(error) == {"message", "type", "param", "code"}, (path, body)
+        for pair in ([API_KEY, "wrong"], ["wrong", API_KEY]):
+            connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
+            try:
+                connection.putrequest("GET", "/v1/models")
+                for key in pair:
+                    connection.putheader("Authorization", f"Bearer {key}")
+                connection.endheaders()
+                response = connection.getresponse()
+                assert response.status == 400, response.read()
+                assert json.loads(response.read())["error"]["code"] == "duplicate_authorization"
+            finally:
+                connection.close()
 
 
 def test_other_v1_paths_pass_through_to_a_replica(fleet: Fleet, tmp_path: Path) -> None:
@@ -502,6 +528,6 @@ def test_sluice_router_refuses_bad_cache_aware_settings() -> None:
 
 def test_a_router_without_a_kv_index_says_so_at_its_kv_index_route(fleet: Fleet, tmp_path: Path) -> None:
     with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
-        status, _, body = router.call("GET", "/sluice/kv_index", key=None)
+        status, _, body = router.call("GET", "/sluice/kv_index")
         assert status == 404, body
         assert json.loads(body)["error"]["code"] == "no_kv_index"

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::auth::load_api_key;
+use crate::api::connections::{self, ConnectionLimits};
 use crate::api::routes;
 use crate::engine::client::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
@@ -33,13 +35,36 @@ struct Args {
     /// The engine core's output socket (it binds PUSH; we connect PULL).
     #[arg(long)]
     engine_output: String,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on every route but /health. Prefer SLUICE_API_KEY or
+    /// --api-key-file: a command line is visible to every user of the machine.
+    #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A file holding the API key (one trailing newline is ignored).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Serve /metrics without the API key.
+    #[arg(long)]
+    metrics_without_auth: bool,
+    /// Engine requests (one per choice: prompts x n) and tokenizer calls that may wait at once;
+    /// a request waits until its first token. Beyond it, 429; a request larger than it, 400.
     #[arg(long, default_value_t = 512)]
     max_waiting_requests: usize,
+    /// The largest request body (413 beyond it).
     #[arg(long, default_value_t = 8_388_608)]
     max_body_bytes: usize,
+    /// Body bytes that all requests being read or handled may hold together; more wait.
+    #[arg(long, default_value_t = 134_217_728)]
+    max_body_bytes_in_flight: usize,
+    /// Seconds a client may take to send a request's headers; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, default_value_t = 10.0)]
+    header_read_timeout_s: f64,
+    /// Seconds a client may take to send a request's body (408 beyond it).
+    #[arg(long, default_value_t = 60.0)]
+    body_read_timeout_s: f64,
+    /// Seconds requests in flight get to finish after SIGINT or SIGTERM.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout_s: f64,
     #[arg(long, default_value_t = 2)]
     tokenizer_workers: usize,
     /// Seconds between engine death and exiting with code 3.
@@ -59,16 +84,36 @@ struct Args {
 }
 
 impl Args {
-    fn server_config(&self) -> ServerConfig {
-        ServerConfig {
+    fn server_config(&self) -> Result<ServerConfig, String> {
+        Ok(ServerConfig {
             model_dir: self.model_dir.clone(),
             served_model_name: self.served_model_name.clone(),
-            api_key: self.api_key.clone(),
+            api_key: load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?,
+            metrics_without_auth: self.metrics_without_auth,
             max_waiting_requests: self.max_waiting_requests,
             max_body_bytes: self.max_body_bytes,
+            body_read_timeout: seconds("--body-read-timeout-s", self.body_read_timeout_s)?,
+            max_body_bytes_in_flight: self.max_body_bytes_in_flight,
             tokenizer_workers: self.tokenizer_workers,
             metrics_prefix: self.metrics_prefix,
-        }
+        })
+    }
+
+    fn connection_limits(&self) -> Result<ConnectionLimits, String> {
+        Ok(ConnectionLimits {
+            header_read_timeout: seconds("--header-read-timeout-s", self.header_read_timeout_s)?,
+            drain_timeout: seconds("--drain-timeout-s", self.drain_timeout_s)?,
+        })
+    }
+}
+
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if value.is_finite() && value > 0.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(format!(
+            "{flag} must be a positive number of seconds, got {value}"
+        ))
     }
 }
 
@@ -81,7 +126,17 @@ const EXIT_STARTUP: u8 = 2;
 #[tokio::main]
 pub async fn main() -> ExitCode {
     let args = Args::parse();
-    let state = match AppState::load(args.server_config()) {
+    let (config, limits) = match args
+        .server_config()
+        .and_then(|config| Ok((config, args.connection_limits()?)))
+    {
+        Ok(both) => both,
+        Err(error) => {
+            eprintln!("sluice-frontend: {error}");
+            return ExitCode::from(EXIT_STARTUP);
+        }
+    };
+    let state = match AppState::load(config) {
         Ok(state) => Arc::new(state),
         Err(error) => {
             eprintln!("sluice-frontend: {error}");
@@ -125,15 +180,8 @@ pub async fn main() -> ExitCode {
     });
 
     let app = routes::router(state);
-    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
     tokio::select! {
-        served = serving => match served {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("sluice-frontend: server error: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        () = connections::serve(listener, app, limits, shutdown_signal()) => ExitCode::SUCCESS,
         Some(()) = engine_exited.recv() => ExitCode::from(EXIT_ENGINE_DEAD),
     }
 }

@@ -24,8 +24,14 @@ pub struct ServerConfig {
     pub model_dir: PathBuf,
     pub served_model_name: String,
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key (Prometheus scrapers often carry none).
+    pub metrics_without_auth: bool,
     pub max_waiting_requests: usize,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive.
+    pub body_read_timeout: std::time::Duration,
+    /// Body bytes that all requests being read or handled may hold together.
+    pub max_body_bytes_in_flight: usize,
     pub tokenizer_workers: usize,
     pub metrics_prefix: MetricsPrefix,
 }

@@ -2,20 +2,18 @@
 //! with the default model's tokenizer: never a panic, and the streamed deltas joined equal the
 //! whole sequence decoded at once (or both fail).
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
 use sluice_frontend::text::detokenizer::IncrementalDetokenizer;
-use sluice_frontend::text::tokenizer_pool::load_tokenizer;
+use sluice_frontend::text::tokenizer_pool::{default_model_dir, load_tokenizer};
 use tokenizers::Tokenizer;
 
 fn tokenizer() -> Arc<Tokenizer> {
     static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     TOKENIZER
         .get_or_init(|| {
-            Arc::new(load_tokenizer(&common::model_dir()).expect("the tokenizer loads"))
+            Arc::new(load_tokenizer(&default_model_dir()).expect("the tokenizer loads"))
         })
         .clone()
 }

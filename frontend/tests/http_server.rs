@@ -2,6 +2,8 @@
 //! a task bound on the engine's side of the seam (ipc:// in a temporary directory) that answers
 //! each add_request with scripted tokens and records every message it receives.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,8 +20,8 @@ use sluice_frontend::engine::protocol::{
     decode, encode, EngineOutput, EngineStats, FinishReason, HealthResult, KvCacheSnapshot,
     Logprobs, Message, Outputs, Ready, UtilityMethod, UtilityResult, UtilityValue,
 };
-use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::state::{self, AppState, ServerConfig};
+use sluice_frontend::text::tokenizer_pool::default_model_dir;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -30,28 +32,8 @@ const MAX_MODEL_LEN: u32 = 2048;
 /// What the fake engine generates: multi-byte characters make tokens that split them.
 const TEXT: &str = "Hello there! 日本語 👋🏽 and more.";
 
-fn model_dir() -> PathBuf {
-    const NAME: &str = "SmolLM2-135M-Instruct";
-    if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
-        return PathBuf::from(cache).join("models").join(NAME);
-    }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache/sluice/models").join(NAME)
-}
-
 fn config() -> ServerConfig {
-    ServerConfig {
-        model_dir: model_dir(),
-        served_model_name: MODEL.into(),
-        api_key: None,
-        max_waiting_requests: 64,
-        max_body_bytes: 1 << 20,
-        tokenizer_workers: 2,
-        metrics_prefix: MetricsPrefix::Sluice,
-    }
+    common::server_config(MODEL)
 }
 
 /// How the fake engine answers each add_request.
@@ -720,7 +702,7 @@ async fn body_over_the_limit_is_413() {
 }
 
 #[tokio::test]
-async fn api_key_guards_v1_but_not_health_or_metrics() {
+async fn api_key_guards_every_route_but_health() {
     let server = started(ServerConfig {
         api_key: Some("secret".into()),
         ..config()
@@ -745,8 +727,28 @@ async fn api_key_guards_v1_but_not_health_or_metrics() {
         .insert("authorization", "Bearer secret".parse().unwrap());
     assert_eq!(server.call(right).await.status(), StatusCode::OK);
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
-    assert_eq!(server.get("/metrics").await.0, StatusCode::OK);
-    assert_eq!(server.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
+    for path in [
+        "/metrics",
+        "/v1/models",
+        "/v1/models/x",
+        "/version",
+        "/sluice/kv_cache",
+        "/nowhere",
+    ] {
+        assert_eq!(server.get(path).await.0, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    for path in ["/tokenize", "/detokenize"] {
+        let status = server.call(post(path, "{}".into())).await.status();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let open = started(ServerConfig {
+        api_key: Some("secret".into()),
+        metrics_without_auth: true,
+        ..config()
+    })
+    .await;
+    assert_eq!(open.get("/metrics").await.0, StatusCode::OK);
+    assert_eq!(open.get("/v1/models").await.0, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
@@ -789,6 +791,92 @@ async fn full_waiting_queue_is_429_at_once() {
     .await;
     drop(held);
     assert_eq!(server.state.permits.available_permits(), 2);
+}
+
+#[tokio::test]
+async fn a_request_stops_counting_as_waiting_at_its_first_token() {
+    let server = started(ServerConfig {
+        max_waiting_requests: 2,
+        ..config()
+    })
+    .await;
+    server.script(Script::Open);
+    let response = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "n": 2, "max_tokens": 100, "stream": true})
+                .to_string(),
+        ))
+        .await;
+    let mut body = response.into_body();
+    let mut seen = String::new();
+    while !(seen.contains("\"index\":0") && seen.contains("\"index\":1")) {
+        let frame = tokio::time::timeout(PATIENCE, body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+    }
+    // Both choices are generating, so nothing waits: the whole queue is free again.
+    assert_eq!(server.state.permits.available_permits(), 2);
+    drop(body);
+}
+
+#[tokio::test]
+async fn tokenize_waits_in_the_queue_and_a_request_that_can_never_fit_is_400() {
+    let server = started(ServerConfig {
+        max_waiting_requests: 2,
+        ..config()
+    })
+    .await;
+    server.script(Script::Silent);
+    let held = server
+        .call(post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "n": 2, "stream": true}).to_string(),
+        ))
+        .await;
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = server
+        .call(post("/tokenize", json!({"prompt": "x"}).to_string()))
+        .await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    drop(held);
+    let (status, _) = server.post("/tokenize", json!({"prompt": "x"})).await;
+    assert_eq!(status, StatusCode::OK);
+    for body in [
+        json!({"model": MODEL, "prompt": ["a", "b"], "n": 2}),
+        json!({"model": MODEL, "prompt": [[1], [2], [3]]}),
+    ] {
+        let (status, answer) = server.post("/v1/completions", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["param"], "n");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("--max-waiting-requests"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_openai_errors_and_the_model_card_is_served() {
+    let server = started(config()).await;
+    let (status, text) = server.get("/v2/nothing").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let (status, text) = server.get("/v1/completions").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["error"]["message"].is_string());
+    let (status, text) = server.get(&format!("/v1/models/{MODEL}")).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["id"], MODEL);
+    let (status, text) = server.get("/v1/models/gpt-9").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error"]["code"],
+        "model_not_found"
+    );
 }
 
 #[tokio::test]
@@ -1009,7 +1097,7 @@ async fn binary_turns_unhealthy_and_exits_3_when_the_engine_dies() {
         .spawn()
         .unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-frontend"))
-        .args(["--model-dir".as_ref(), model_dir().as_os_str()])
+        .args(["--model-dir".as_ref(), default_model_dir().as_os_str()])
         .args(["--served-model-name", MODEL, "--host", "127.0.0.1"])
         .args(["--port", &port.to_string()])
         .args(["--engine-input", &input_address])

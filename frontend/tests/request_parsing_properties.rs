@@ -14,8 +14,7 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use sluice_frontend::api::routes;
-use sluice_frontend::metrics::MetricsPrefix;
-use sluice_frontend::state::{AppState, ServerConfig};
+use sluice_frontend::state::AppState;
 use tower::ServiceExt;
 
 const MODEL: &str = "smol";
@@ -64,15 +63,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 fn app() -> Router {
     static STATE: OnceLock<Arc<AppState>> = OnceLock::new();
     let state = STATE.get_or_init(|| {
-        let config = ServerConfig {
-            model_dir: common::model_dir(),
-            served_model_name: MODEL.into(),
-            api_key: None,
-            max_waiting_requests: 64,
-            max_body_bytes: 1 << 20,
-            tokenizer_workers: 1,
-            metrics_prefix: MetricsPrefix::Sluice,
-        };
+        let config = common::server_config(MODEL);
         Arc::new(AppState::load(config).expect("the default model's tokenizer loads"))
     });
     routes::router(state.clone())

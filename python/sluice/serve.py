@@ -69,6 +69,7 @@ _ENGINE_STOP_S = 15.0
 _HEALTH_POLL_S = 0.25
 _TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1
+API_KEY_ENV = "SLUICE_API_KEY"
 
 
 class ServeError(SluiceError):
@@ -84,19 +85,57 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the model name clients send and /v1/models lists (default: the model folder's name)",
     )
-    group.add_argument(
+    key = group.add_mutually_exclusive_group()
+    key.add_argument(
         "--api-key",
-        default=os.environ.get("SLUICE_API_KEY"),
-        help="require `Authorization: Bearer KEY` on /v1 endpoints (default: $SLUICE_API_KEY, else none)",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route but /health (default: $SLUICE_API_KEY, "
+        "else none); prefer $SLUICE_API_KEY or --api-key-file, as a command line is visible to all users",
+    )
+    key.add_argument(
+        "--api-key-file", default=None, help="a file holding the API key (one trailing newline ignored)"
+    )
+    group.add_argument(
+        "--metrics-without-auth", action="store_true", help="serve /metrics without the API key"
     )
     group.add_argument(
         "--max-waiting-requests",
         type=int,
         default=None,
-        help="answer 429 once this many requests wait (default: the frontend's)",
+        help="engine requests (one per choice: prompts x n) and tokenizer calls that may wait for the engine "
+        "at once; a request waits until its first token, running ones do not count. Beyond it 429, and a "
+        "request with more choices than it 400 (default: the frontend's, 512)",
     )
     group.add_argument(
-        "--max-body-bytes", type=int, default=None, help="largest request body (default: the frontend's)"
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body, 413 beyond (default: the frontend's)",
+    )
+    group.add_argument(
+        "--max-body-bytes-in-flight",
+        type=int,
+        default=None,
+        help="body bytes all requests being read or handled may hold together; more wait (default: the frontend's)",
+    )
+    group.add_argument(
+        "--header-read-timeout-s",
+        type=float,
+        default=None,
+        help="seconds a client may take to send a request's headers, and an idle keep-alive connection "
+        "stays open (default: the frontend's)",
+    )
+    group.add_argument(
+        "--body-read-timeout-s",
+        type=float,
+        default=None,
+        help="seconds a client may take to send a request's body, 408 beyond (default: the frontend's)",
+    )
+    group.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=None,
+        help="seconds requests in flight get to finish on SIGINT or SIGTERM (default: the frontend's)",
     )
     group.add_argument(
         "--tokenizer-workers", type=int, default=None, help="tokenizer threads (default: the frontend's)"
@@ -216,9 +255,13 @@ def frontend_argv(
         f"ipc://{socket_dir}/output",
     ]
     for option in (
-        "api_key",
+        "api_key_file",
         "max_waiting_requests",
         "max_body_bytes",
+        "max_body_bytes_in_flight",
+        "header_read_timeout_s",
+        "body_read_timeout_s",
+        "drain_timeout_s",
         "tokenizer_workers",
         "exit_grace_seconds",
         "metrics_prefix",
@@ -228,6 +271,8 @@ def frontend_argv(
             argv += ["--" + option.replace("_", "-"), str(value)]
     if args.restart_engine:
         argv.append("--reconnect-engine")
+    if args.metrics_without_auth:
+        argv.append("--metrics-without-auth")
     return argv
 
 
@@ -243,9 +288,27 @@ def router_argv(args: argparse.Namespace, model_dir: Path, replica_urls: Sequenc
     argv += ["--policy", "cache-aware", "--model", str(model_dir)]
     for url in replica_urls:
         argv += ["--replica", url]
-    if args.api_key is not None:
-        argv += ["--api-key", args.api_key]
+    for option in ("api_key_file", "header_read_timeout_s", "drain_timeout_s"):
+        value = getattr(args, option)
+        if value is not None:
+            argv += ["--" + option.replace("_", "-"), str(value)]
+    if args.metrics_without_auth:
+        argv.append("--metrics-without-auth")
     return argv
+
+
+def child_environment(args: argparse.Namespace, with_key: bool) -> dict[str, str]:
+    """Our environment for a child. With `with_key` (the frontends and the router), SLUICE_API_KEY
+    holds the key given by --api-key or our own SLUICE_API_KEY, so that it never appears on a command
+    line; it is removed otherwise, and when --api-key-file names the key."""
+    env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+    if not with_key:
+        return env
+    if args.api_key is not None:
+        env[API_KEY_ENV] = args.api_key
+    elif args.api_key_file is None and os.environ.get(API_KEY_ENV):
+        env[API_KEY_ENV] = os.environ[API_KEY_ENV]
+    return env
 
 
 def _die_with_parent(cores: Sequence[int] | None) -> None:
@@ -269,9 +332,12 @@ class Child:
     forwarder: threading.Thread | None = None
 
     @classmethod
-    def start(cls, name: str, argv: Sequence[str], cores: Sequence[int] | None = None) -> Child:
+    def start(
+        cls, name: str, argv: Sequence[str], env: dict[str, str], cores: Sequence[int] | None = None
+    ) -> Child:
         process = subprocess.Popen(
             argv,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -446,10 +512,14 @@ class Replica:
         if args.restart_engine:
             engine_command.append("--restarted-on-failure")
         engine_command += engine_argv(args, model_dir)
-        engine = _start_engine(supervisor, label, engine_command, cores)
+        engine = _start_engine(
+            supervisor, label, engine_command, child_environment(args, with_key=False), cores
+        )
         # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.
         frontend_command += ["--engine-pid", str(engine.process.pid)]
-        frontend = Child.start(f"{label}frontend", frontend_command, cores)
+        frontend = Child.start(
+            f"{label}frontend", frontend_command, child_environment(args, with_key=True), cores
+        )
         supervisor.children.append(frontend)
         frontend.forward_output()
         restarts = RestartBudget(restart_config_from_args(args)) if args.restart_engine else None
@@ -488,14 +558,24 @@ class Replica:
             return _own_exit_status(self.frontend)
         if self.restart_at is not None and time.monotonic() >= self.restart_at:
             self.restart_at = None
-            self.engine = _start_engine(supervisor, self.label, self.engine_command, self.cores)
+            self.engine = _start_engine(
+                supervisor,
+                self.label,
+                self.engine_command,
+                child_environment(args, with_key=False),
+                self.cores,
+            )
         return None
 
 
 def _start_engine(
-    supervisor: Supervisor, label: str, command: Sequence[str], cores: Sequence[int] | None
+    supervisor: Supervisor,
+    label: str,
+    command: Sequence[str],
+    env: dict[str, str],
+    cores: Sequence[int] | None,
 ) -> Child:
-    engine = Child.start(f"{label}engine core", command, cores)
+    engine = Child.start(f"{label}engine core", command, env, cores)
     supervisor.children.append(engine)
     engine.forward_output()
     return engine
@@ -577,7 +657,11 @@ def serve(args: argparse.Namespace) -> int:
         replicas = _start_replicas(supervisor, args, model_dir, name, size, socket_dir)
         router = None
         if size > 1:
-            router = Child.start("router", router_argv(args, model_dir, replica_urls(replicas)))
+            router = Child.start(
+                "router",
+                router_argv(args, model_dir, replica_urls(replicas)),
+                child_environment(args, with_key=True),
+            )
             supervisor.children.append(router)
             router.forward_output()
         return _supervise(supervisor, replicas, router, args, name)

@@ -13,6 +13,12 @@ use thiserror::Error;
 pub enum RouterError {
     #[error("missing or incorrect API key")]
     InvalidApiKey,
+    #[error("send exactly one Authorization header")]
+    DuplicateAuthorization,
+    #[error("no route {0}")]
+    NoSuchRoute(String),
+    #[error("method {0} is not allowed on this route")]
+    MethodNotAllowed(String),
     #[error("the request body is not valid JSON: {0}")]
     InvalidJson(String),
     #[error("request body is too large")]
@@ -31,6 +37,9 @@ impl RouterError {
     pub fn status(&self) -> StatusCode {
         match self {
             RouterError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            RouterError::DuplicateAuthorization => StatusCode::BAD_REQUEST,
+            RouterError::NoSuchRoute(_) => StatusCode::NOT_FOUND,
+            RouterError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             RouterError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             RouterError::NoKvIndex => StatusCode::NOT_FOUND,
@@ -41,6 +50,11 @@ impl RouterError {
     fn kind_and_code(&self) -> (&'static str, &'static str) {
         match self {
             RouterError::InvalidApiKey => ("invalid_request_error", "invalid_api_key"),
+            RouterError::DuplicateAuthorization => {
+                ("invalid_request_error", "duplicate_authorization")
+            }
+            RouterError::NoSuchRoute(_) => ("invalid_request_error", "not_found"),
+            RouterError::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
             RouterError::InvalidJson(_) => ("invalid_request_error", "invalid_json"),
             RouterError::PayloadTooLarge => ("invalid_request_error", "payload_too_large"),
             RouterError::NoKvIndex => ("invalid_request_error", "no_kv_index"),

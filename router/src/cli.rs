@@ -18,6 +18,8 @@ use crate::replica_url::{parse_dns_target, parse_replica_url};
 use crate::replicas::ReplicaSet;
 use crate::state::{AppState, Settings};
 use crate::upstream::Upstream;
+use sluice_frontend::api::auth::load_api_key;
+use sluice_frontend::api::connections::{self, ConnectionLimits};
 
 /// Sluice's router: spreads OpenAI requests over Sluice replicas.
 #[derive(Parser, Debug)]
@@ -71,9 +73,23 @@ pub struct Args {
     /// The first retry's delay; each next one doubles, with jitter.
     #[arg(long, default_value_t = 25)]
     retry_backoff_ms: u64,
-    /// Require `Authorization: Bearer KEY` on /v1/*, and send it to the replicas.
+    /// Require `Authorization: Bearer KEY` on every route but /health, and send it to the
+    /// replicas. Prefer SLUICE_API_KEY or --api-key-file: a command line is visible to all.
     #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A file holding the API key (one trailing newline is ignored).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Serve /metrics without the API key.
+    #[arg(long)]
+    metrics_without_auth: bool,
+    /// Seconds a client may take to send a request's headers; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, default_value_t = 10.0)]
+    header_read_timeout_s: f64,
+    /// Seconds requests in flight get to finish after SIGINT or SIGTERM.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout_s: f64,
     #[arg(long, default_value_t = 8_388_608)]
     max_body_bytes: usize,
 }
@@ -133,6 +149,13 @@ impl Args {
         Ok(ReplicaSource::Static(ids))
     }
 
+    fn connection_limits(&self) -> Result<ConnectionLimits, String> {
+        Ok(ConnectionLimits {
+            header_read_timeout: seconds("header-read-timeout-s", self.header_read_timeout_s)?,
+            drain_timeout: seconds("drain-timeout-s", self.drain_timeout_s)?,
+        })
+    }
+
     fn state(&self) -> Result<AppState, String> {
         let health = HealthConfig {
             interval: seconds("health-interval-s", self.health_interval_s)?,
@@ -154,9 +177,11 @@ impl Args {
         };
         let policy = build_policy(self.policy, &cache_aware)
             .map_err(|error| format!("--policy: {error}"))?;
+        let api_key = load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?;
         Ok(AppState {
             settings: Settings {
-                api_key: self.api_key.clone(),
+                api_key: api_key.clone(),
+                metrics_without_auth: self.metrics_without_auth,
                 session_header: self.session_header.to_ascii_lowercase(),
                 health,
                 retry: RetryConfig {
@@ -169,7 +194,7 @@ impl Args {
             replicas: ReplicaSet::new(breaker),
             policy,
             metrics: Default::default(),
-            upstream: Upstream::new(self.api_key.as_deref())?,
+            upstream: Upstream::new(api_key.as_deref())?,
         })
     }
 }
@@ -185,9 +210,9 @@ pub fn main() -> ExitCode {
     runtime.block_on(async {
         let setup = args
             .replica_source()
-            .and_then(|source| Ok((source, args.state()?)));
+            .and_then(|source| Ok((source, args.state()?, args.connection_limits()?)));
         match setup {
-            Ok((source, state)) => serve(args, source, Arc::new(state)).await,
+            Ok((source, state, limits)) => serve(args, source, Arc::new(state), limits).await,
             Err(error) => {
                 eprintln!("sluice-router: error: {error}");
                 ExitCode::from(EXIT_STARTUP)
@@ -196,7 +221,12 @@ pub fn main() -> ExitCode {
     })
 }
 
-async fn serve(args: Args, source: ReplicaSource, state: Arc<AppState>) -> ExitCode {
+async fn serve(
+    args: Args,
+    source: ReplicaSource,
+    state: Arc<AppState>,
+    limits: ConnectionLimits,
+) -> ExitCode {
     match source {
         ReplicaSource::Static(ids) => state.set_replicas(ids),
         ReplicaSource::Dns { name, port } => {
@@ -231,16 +261,8 @@ async fn serve(args: Args, source: ReplicaSource, state: Arc<AppState>) -> ExitC
         args.host, args.port
     );
     let app = crate::server::router(state);
-    match axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("sluice-router: server error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    connections::serve(listener, app, limits, shutdown_signal()).await;
+    ExitCode::SUCCESS
 }
 
 /// Resolves on SIGINT or SIGTERM; axum then stops accepting and drains in-flight requests.

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::Value;
+use sluice_frontend::api::auth::{authorize, AuthFailure};
 
 use crate::api_error::RouterError;
 use crate::policy::RouteRequest;
@@ -18,40 +19,50 @@ use crate::proxy::{forward, Expect, Forward};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> axum::Router {
-    let api = axum::Router::new()
+    axum::Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(completion))
         .route("/v1/completions", post(completion))
         .route("/v1/{*rest}", any(pass_through))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    axum::Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/sluice/kv_index", get(kv_index))
-        .merge(api)
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .with_state(state)
 }
 
-/// Before anything else on /v1/*: `Authorization: Bearer KEY` when the router has a key.
+/// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` on
+/// every route but /health (and /metrics with --metrics-without-auth), checked as the frontend does.
 async fn require_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &state.settings.api_key {
-        let sent = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        if sent != Some(key.as_str()) {
-            return RouterError::InvalidApiKey.into_response();
-        }
+    let Some(key) = &state.settings.api_key else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    if path == "/health" || (path == "/metrics" && state.settings.metrics_without_auth) {
+        return next.run(request).await;
     }
-    next.run(request).await
+    match authorize(key, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(AuthFailure::Wrong) => RouterError::InvalidApiKey.into_response(),
+        Err(AuthFailure::Duplicate) => RouterError::DuplicateAuthorization.into_response(),
+    }
+}
+
+async fn no_such_route(method: Method, uri: Uri) -> RouterError {
+    RouterError::NoSuchRoute(format!("{method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method) -> RouterError {
+    RouterError::MethodNotAllowed(method.to_string())
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> StatusCode {

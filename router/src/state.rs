@@ -12,6 +12,8 @@ use crate::upstream::Upstream;
 
 pub struct Settings {
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key.
+    pub metrics_without_auth: bool,
     /// consistent-hash's key: this header's value, else the body's `user`.
     pub session_header: String,
     pub health: HealthConfig,

@@ -34,6 +34,14 @@ pub enum ApiError {
     EmptyMessages,
     #[error("request body is too large")]
     PayloadTooLarge,
+    #[error("the request body did not arrive within {0:?}")]
+    BodyReadTimeout(std::time::Duration),
+    #[error("too many large request bodies are in flight, retry later")]
+    BodiesInFlight,
+    #[error("no route {0}")]
+    NoSuchRoute(String),
+    #[error("method {0} is not allowed on this route")]
+    MethodNotAllowed(String),
     #[error("missing or incorrect API key")]
     InvalidApiKey,
     #[error("the waiting queue is full, retry later")]
@@ -70,6 +78,10 @@ impl ApiError {
             | ApiError::EmptyMessages => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::BodiesInFlight => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NoSuchRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ApiError::EngineUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -80,7 +92,7 @@ impl ApiError {
     /// OpenAI's `type`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApiError::QueueFull => "rate_limit_error",
+            ApiError::QueueFull | ApiError::BodiesInFlight => "rate_limit_error",
             ApiError::EngineUnavailable(_) | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -102,7 +114,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model_not_found"),
             ApiError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             ApiError::InvalidApiKey => Some("invalid_api_key"),
-            ApiError::QueueFull => Some("rate_limit_exceeded"),
+            ApiError::QueueFull | ApiError::BodiesInFlight => Some("rate_limit_exceeded"),
             ApiError::PayloadTooLarge => Some("request_too_large"),
             ApiError::EngineUnavailable(_) => Some("engine_unavailable"),
             _ => None,
@@ -121,9 +133,6 @@ impl ApiError {
     }
 }
 
-/// Seconds a client is told to wait before retrying a 429 or a 503.
-const RETRY_AFTER_SECONDS: &str = "1";
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -138,6 +147,9 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// What a 429 or 503 asks a client to wait: admission frees within a step or two.
+const RETRY_AFTER_SECONDS: &str = "1";
 
 /// Lets a handler take `Result<Json<T>, JsonRejection>` and answer with `?`,
 /// keeping axum's own plain-text rejections out of the API.

@@ -1,10 +1,11 @@
 //! One fan-out for completions and chat: a valid request's prompts × n choices admitted (one
-//! waiting-queue permit each, or an immediate 429), sent to the engine as one engine request
+//! waiting-queue permit each while it waits, or an immediate 429), sent to the engine as one engine request
 //! each, and read back as choice streams, interleaved or collected whole.
 
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::api::admission;
 use crate::api::error::ApiError;
 use crate::api::validate::ValidRequest;
 use crate::engine::client::EngineClient;
@@ -105,13 +106,9 @@ pub fn start(
     })
 }
 
-/// `count` waiting-queue permits, or a 429 when fewer are free.
+/// `count` waiting-queue permits, one per choice (see `admission`).
 fn permits(state: &AppState, count: u32) -> Result<Vec<OwnedSemaphorePermit>, ApiError> {
-    let mut all = state
-        .permits
-        .clone()
-        .try_acquire_many_owned(count)
-        .map_err(|_| ApiError::QueueFull)?;
+    let mut all = admission::admit(state, count as usize)?;
     let mut permits: Vec<OwnedSemaphorePermit> = (1..count)
         .map(|_| all.split(1).expect("one permit per choice"))
         .collect();

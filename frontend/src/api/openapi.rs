@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{
@@ -80,8 +80,8 @@ struct Route {
 
 /// A generation request's errors: bad input, a key, an unknown model, a body too large, a full
 /// waiting queue, a failure inside, an engine that is down.
-const GENERATION_ERRORS: &[u16] = &[400, 401, 404, 413, 429, 500, 503];
-const TOKENIZER_ERRORS: &[u16] = &[400, 404, 413, 500, 503];
+const GENERATION_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
+const TOKENIZER_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
 
 const ROUTES: &[Route] = &[
     Route {
@@ -106,7 +106,15 @@ const ROUTES: &[Route] = &[
         summary: "The served model",
         request: None,
         success: Success::Json("ModelList"),
-        errors: &[401, 503],
+        errors: &[503],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/v1/models/{model}",
+        summary: "The served model's card, if `model` names it",
+        request: None,
+        success: Success::Json("ModelCard"),
+        errors: &[404, 503],
     },
     Route {
         method: HttpMethod::Post,
@@ -177,8 +185,9 @@ const ROUTES: &[Route] = &[
 
 fn error_description(status: u16) -> &'static str {
     match status {
-        400 => "The request is malformed, has a wrong type, a value out of range, or does not fit the context",
+        400 => "The request is malformed, has a wrong type, a value out of range, does not fit the context, or carries two Authorization headers",
         401 => "The API key is missing or wrong (when the server has one)",
+        408 => "The request body did not arrive in time",
         404 => "The model does not exist",
         413 => "The request body is too large",
         429 => "The waiting queue is full; retry later",
@@ -239,7 +248,7 @@ fn responses(route: &Route) -> Responses {
             .responses
             .insert("503".into(), unavailable.build().into());
     }
-    for &status in route.errors {
+    for status in error_statuses(route) {
         let error = ResponseBuilder::new()
             .description(error_description(status))
             .content("application/json", json("ErrorResponse"));
@@ -248,6 +257,34 @@ fn responses(route: &Route) -> Responses {
             .insert(status.to_string(), error.build().into());
     }
     responses
+}
+
+/// The route's own errors, and those of the layers in front of every route: the API key on all
+/// but /health (a second Authorization header is a 400), and a body's deadline and byte budget.
+fn error_statuses(route: &Route) -> std::collections::BTreeSet<u16> {
+    let mut statuses: std::collections::BTreeSet<u16> = route.errors.iter().copied().collect();
+    if route.path != "/health" {
+        statuses.extend([400, 401]);
+    }
+    if route.request.is_some() {
+        statuses.extend([408, 413, 429]);
+    }
+    statuses
+}
+
+/// A path parameter for every `{name}` segment of `path`.
+fn path_parameters(path: &str) -> Vec<utoipa::openapi::path::Parameter> {
+    path.split('/')
+        .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+        .map(|name| {
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Path)
+                .required(Required::True)
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .build()
+        })
+        .collect()
 }
 
 fn paths() -> Paths {
@@ -261,6 +298,7 @@ fn paths() -> Paths {
         });
         let operation = OperationBuilder::new()
             .summary(Some(route.summary))
+            .parameters(Some(path_parameters(route.path)))
             .request_body(request)
             .responses(responses(route));
         paths.add_path_operation(route.path, vec![route.method.clone()], operation);

@@ -1,33 +1,35 @@
-//! The axum router: which handler serves which route, the API-key layer, and the small
-//! endpoints (models, health, kv_cache, version, metrics). Handlers are thin: parse, call one
+//! The axum router: which handler serves which route, its layers (the API key, the request
+//! body's limits), OpenAI-shaped 404 and 405, and the small endpoints (models, health,
+//! kv_cache, block_pool_audit, version, metrics). Handlers are thin: parse, call one
 //! function, map the result.
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
-use crate::api::{chat, completions, openapi, tokenize};
+use crate::api::request_body::{self, BodyLimits};
+use crate::api::{auth, chat, completions, openapi, tokenize, validate};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    let body_limits = Arc::new(BodyLimits::new(
+        state.config.max_body_bytes,
+        state.config.body_read_timeout,
+        state.config.max_body_bytes_in_flight,
+    ));
+    Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    Router::new()
-        .merge(v1)
+        .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health))
@@ -36,50 +38,51 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::serve))
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            body_limits,
+            request_body::read_body,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ))
         .with_state(state)
 }
 
-async fn require_api_key(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match check_api_key(state.config.api_key.as_deref(), &request) {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
-    }
+async fn no_such_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::NoSuchRoute(format!("{method} {}", uri.path()))
 }
 
-fn check_api_key(expected: Option<&str>, request: &Request) -> Result<(), ApiError> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    match given {
-        Some(given) if given.trim() == expected => Ok(()),
-        _ => Err(ApiError::InvalidApiKey),
-    }
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
-    Ok(Json(model_list(&state)?))
+    Ok(Json(ModelList {
+        object: "list".into(),
+        data: vec![model_card(&state)?],
+    }))
 }
 
-fn model_list(state: &AppState) -> Result<ModelList, ApiError> {
-    Ok(ModelList {
-        object: "list".into(),
-        data: vec![ModelCard {
-            id: state.config.served_model_name.clone(),
-            object: "model".into(),
-            created: unix_time(),
-            owned_by: "sluice".into(),
-            max_model_len: state.max_model_len()?,
-        }],
+/// `GET /v1/models/{model}`: the served model's card, or a 404 in OpenAI's shape.
+async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    validate::check_model(&state, &model)?;
+    Ok(Json(model_card(&state)?))
+}
+
+fn model_card(state: &AppState) -> Result<ModelCard, ApiError> {
+    Ok(ModelCard {
+        id: state.config.served_model_name.clone(),
+        object: "model".into(),
+        created: unix_time(),
+        owned_by: "sluice".into(),
+        max_model_len: state.max_model_len()?,
     })
 }
 
@@ -130,31 +133,4 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::body::Body;
-
-    fn request(authorization: Option<&str>) -> Request {
-        let mut builder = Request::builder().uri("/v1/models");
-        if let Some(value) = authorization {
-            builder = builder.header(header::AUTHORIZATION, value);
-        }
-        builder.body(Body::empty()).unwrap()
-    }
-
-    #[test]
-    fn api_key_is_checked_only_when_set() {
-        assert_eq!(check_api_key(None, &request(None)), Ok(()));
-        assert_eq!(check_api_key(Some("k"), &request(Some("Bearer k"))), Ok(()));
-        for bad in [None, Some("Bearer x"), Some("k"), Some("Basic k")] {
-            assert_eq!(
-                check_api_key(Some("k"), &request(bad)),
-                Err(ApiError::InvalidApiKey),
-                "{bad:?}"
-            );
-        }
-    }
 }

@@ -10,7 +10,7 @@ use crate::api::error::ApiError;
 use crate::api::openai::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::api::validate;
+use crate::api::{admission, validate};
 use crate::state::AppState;
 
 pub async fn tokenize(
@@ -30,6 +30,7 @@ async fn tokenized(
     if let Some(model) = &request.model {
         validate::check_model(state, model)?;
     }
+    let _waiting = admission::admit(state, 1)?;
     let tokens = match (request.prompt, request.messages) {
         (Some(prompt), None) => {
             let add_special_tokens = request.add_special_tokens.unwrap_or(true);
@@ -70,6 +71,7 @@ async fn detokenized(
         validate::check_model(state, model)?;
     }
     validate::check_token_ids("tokens", &request.tokens, state.vocab_size)?;
+    let _waiting = admission::admit(state, 1)?;
     Ok(DetokenizeResponse {
         prompt: state.pool.decode(request.tokens, true).await?,
     })

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use futures::future::try_join_all;
 
+use crate::api::admission;
 use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
@@ -398,6 +399,11 @@ pub async fn completion(
 ) -> Result<ValidRequest, ApiError> {
     check_model(state, &request.model)?;
     let sampling = check_completion_fields(&request, state.vocab_size)?;
+    // Before any prompt is tokenized: a request that can never be admitted is refused at once.
+    admission::check_fits(
+        state,
+        admission::prompt_count(&request.prompt) * sampling.n() as usize,
+    )?;
     let echo = request.echo.unwrap_or(false);
     let max_model_len = state.max_model_len()?;
     let inputs = prompt_inputs(state, request.prompt.clone()).await?;

@@ -2,8 +2,9 @@
 //! tokenizer pool, stop strings, logprob token texts, the echo prefix, and the choice's timing
 //! and finish metrics.
 //!
-//! A choice holds one waiting-queue permit; it frees it (and drops its engine outputs, which
-//! aborts an unfinished engine request) as soon as it ends, by finishing, failing or being dropped.
+//! A choice holds one waiting-queue permit while it waits: it frees it at its first engine output
+//! (it has been scheduled) or when it ends, by finishing, failing or being dropped; ending also
+//! drops its engine outputs, which aborts an unfinished engine request.
 
 use futures::{Stream, StreamExt};
 use thiserror::Error;
@@ -131,6 +132,8 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
     }
 
     async fn update(&mut self, output: EngineOutput) -> Result<Option<ChoiceUpdate>, ChoiceError> {
+        // Its first output means the engine has scheduled it: it no longer waits.
+        self.permit = None;
         self.metrics
             .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
@@ -479,10 +482,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dropping_an_unfinished_choice_frees_its_permit_and_its_engine_request() {
+    async fn a_waiting_choice_holds_its_permit_until_its_first_output() {
         let ids = token_ids(TEXT);
         let mut choice = choice(outputs_of(&ids, FinishReason::Length), &[], None, false);
+        assert_eq!(choice.permits.available_permits(), 0);
         assert!(choice.stream.next().await.unwrap().is_ok());
+        // Scheduled: it no longer waits, although it has not finished.
+        assert_eq!(choice.permits.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn dropping_a_waiting_choice_frees_its_permit_and_its_engine_request() {
+        let ids = token_ids(TEXT);
+        let choice = choice(outputs_of(&ids, FinishReason::Length), &[], None, false);
         assert_eq!(choice.permits.available_permits(), 0);
         drop(choice.stream);
         assert!(choice.outputs_dropped.load(Ordering::SeqCst));

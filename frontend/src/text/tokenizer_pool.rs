@@ -98,8 +98,10 @@ impl TokenizerPool {
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerPoolError> {
         self.run(move |tokenizer| {
+            // encode_fast: the same ids, without the offsets nobody reads (a large share of a long
+            // prompt's transient memory).
             tokenizer
-                .encode(text, add_special_tokens)
+                .encode_fast(text, add_special_tokens)
                 .map(|encoding| encoding.get_ids().to_vec())
                 .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
         })
@@ -152,9 +154,9 @@ fn run_worker(tokenizer: &Tokenizer, receiver: &Mutex<mpsc::Receiver<Job>>) {
 }
 
 /// The default model's folder: `$SLUICE_MODEL_DIR`, else
-/// `$SLUICE_CACHE/models/SmolLM2-135M-Instruct`, else `~/.cache/sluice/models/...`.
-#[cfg(test)]
-pub(crate) fn default_model_dir() -> std::path::PathBuf {
+/// `$SLUICE_CACHE/models/SmolLM2-135M-Instruct`, else `~/.cache/sluice/models/...` (where
+/// `sluice model prepare` puts it). The tests of this crate and its integration tests read it.
+pub fn default_model_dir() -> std::path::PathBuf {
     use std::path::PathBuf;
     const MODEL: &str = "SmolLM2-135M-Instruct";
     if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {

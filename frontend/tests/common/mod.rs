@@ -1,14 +1,23 @@
 //! What the integration tests of this folder share.
 
-use std::path::PathBuf;
+use std::time::Duration;
 
-/// The default model's folder: SLUICE_MODEL_DIR, else where `sluice model prepare` puts it.
-pub fn model_dir() -> PathBuf {
-    std::env::var_os("SLUICE_MODEL_DIR").map_or_else(
-        || {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            PathBuf::from(home).join(".cache/sluice/models/SmolLM2-135M-Instruct")
-        },
-        PathBuf::from,
-    )
+use sluice_frontend::metrics::MetricsPrefix;
+use sluice_frontend::state::ServerConfig;
+use sluice_frontend::text::tokenizer_pool::default_model_dir;
+
+/// A server of the default model serving it as `served_model_name`, without an API key.
+pub fn server_config(served_model_name: &str) -> ServerConfig {
+    ServerConfig {
+        model_dir: default_model_dir(),
+        served_model_name: served_model_name.into(),
+        api_key: None,
+        metrics_without_auth: false,
+        max_waiting_requests: 64,
+        max_body_bytes: 1 << 20,
+        body_read_timeout: Duration::from_secs(10),
+        max_body_bytes_in_flight: 1 << 24,
+        tokenizer_workers: 2,
+        metrics_prefix: MetricsPrefix::Sluice,
+    }
 }

@@ -17,12 +17,14 @@ ROUTES = {
     "/v1/completions": {"post"},
     "/v1/chat/completions": {"post"},
     "/v1/models": {"get"},
+    "/v1/models/{model}": {"get"},
     "/tokenize": {"post"},
     "/detokenize": {"post"},
     "/health": {"get"},
     "/version": {"get"},
     "/metrics": {"get"},
     "/sluice/kv_cache": {"get"},
+    "/sluice/block_pool_audit": {"get"},
     "/openapi.json": {"get"},
 }
 

@@ -166,8 +166,10 @@ impl Args {
             failures_to_open: at_least_one("breaker-failures", self.breaker_failures)?,
             cooldown: seconds("breaker-cooldown-s", self.breaker_cooldown_s)?,
         };
+        let api_key = load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?;
         let cache_aware = CacheAwareConfig {
             model_dir: self.model_dir.clone(),
+            api_key: api_key.clone(),
             balance_abs: self.cache_aware_balance_abs,
             balance_rel: self.cache_aware_balance_rel,
             pending_window: non_negative_seconds(
@@ -177,7 +179,6 @@ impl Args {
         };
         let policy = build_policy(self.policy, &cache_aware)
             .map_err(|error| format!("--policy: {error}"))?;
-        let api_key = load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?;
         Ok(AppState {
             settings: Settings {
                 api_key: api_key.clone(),

@@ -58,15 +58,25 @@ impl FakeEngine {
     }
 }
 
-async fn snapshot(State(state): State<(Arc<Mutex<EngineState>>, u16)>) -> Json<Value> {
+/// The replica's API key: like a real one started with --api-key, it answers only with it.
+const API_KEY: &str = "replica-key";
+
+async fn snapshot(
+    State(state): State<(Arc<Mutex<EngineState>>, u16)>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<Value>, axum::http::StatusCode> {
+    let authorization = headers.get(axum::http::header::AUTHORIZATION);
+    if authorization.and_then(|value| value.to_str().ok()) != Some(&format!("Bearer {API_KEY}")) {
+        return Err(axum::http::StatusCode::UNAUTHORIZED);
+    }
     let (engine, port) = state;
     let engine = engine.lock().unwrap();
-    Json(json!({
+    Ok(Json(json!({
         "seq": engine.seq,
         "block_size": 16,
         "kv_events_port": port,
         "block_hashes": engine.hashes.iter().collect::<Vec<_>>(),
-    }))
+    })))
 }
 
 /// A fake replica; returns it and its base URL.
@@ -131,6 +141,7 @@ async fn the_index_follows_the_engine_through_events_gaps_and_clears() {
         balance_abs: 8,
         balance_rel: 1.5,
         model_dir: Some(model_dir()),
+        api_key: Some(API_KEY.into()),
         pending_window: std::time::Duration::ZERO,
     })
     .unwrap();

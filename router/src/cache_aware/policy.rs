@@ -33,6 +33,8 @@ pub struct CacheAwareConfig {
     pub balance_rel: f64,
     /// The served model's folder (tokenizer.json, chat template): needed for exact KV matching.
     pub model_dir: Option<PathBuf>,
+    /// The key the replicas require (the router's own): their KV-cache snapshots need it too.
+    pub api_key: Option<String>,
     /// How long the blocks of a prompt routed to a replica count as held there before its KV
     /// events confirm them (`PendingBlocks`); zero matches on confirmed blocks only.
     pub pending_window: Duration,
@@ -233,7 +235,7 @@ impl Policy for CacheAwarePolicy {
         for id in replicas {
             let state = known.entry(id.clone()).or_insert_with(|| self.new_state());
             if let (None, Some(runtime)) = (&state.subscription, &runtime) {
-                let subscription = subscribe(runtime, &id.0);
+                let subscription = subscribe(runtime, &id.0, self.config.api_key.as_deref());
                 state.index = Some(subscription.index.clone());
                 state.subscription = Some(subscription);
             }
@@ -319,6 +321,7 @@ mod tests {
             balance_abs: 8,
             balance_rel: 1.5,
             model_dir: model.then(model_dir),
+            api_key: None,
             pending_window,
         })
         .unwrap()
@@ -513,6 +516,7 @@ mod tests {
             balance_abs: 8,
             balance_rel: 0.5,
             model_dir: None,
+            api_key: None,
             pending_window: Duration::ZERO,
         };
         assert!(CacheAwarePolicy::new(config).is_err());
@@ -520,6 +524,7 @@ mod tests {
             balance_abs: 8,
             balance_rel: 1.5,
             model_dir: Some(PathBuf::from("/nonexistent/model")),
+            api_key: None,
             pending_window: Duration::ZERO,
         };
         assert!(CacheAwarePolicy::new(missing).is_err());

@@ -11,7 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::{BodyExt, Empty};
-use hyper::Uri;
+use hyper::header::AUTHORIZATION;
+use hyper::{Request, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -43,17 +44,36 @@ impl Drop for Subscription {
 }
 
 /// Starts following the replica at `base_url` (`http://host:port`) on the current tokio runtime.
-pub fn subscribe(runtime: &tokio::runtime::Handle, base_url: &str) -> Subscription {
+/// `api_key` is sent with the snapshot requests, for replicas that require one.
+pub fn subscribe(
+    runtime: &tokio::runtime::Handle,
+    base_url: &str,
+    api_key: Option<&str>,
+) -> Subscription {
     let index = Arc::new(RwLock::new(KvIndex::default()));
+    let authorization = api_key.map(|key| format!("Bearer {key}"));
     let task = runtime.spawn(follow(
         base_url.trim_end_matches('/').to_owned(),
+        authorization,
         index.clone(),
     ));
     Subscription { index, task }
 }
 
-async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+/// A replica's HTTP side, where its snapshots come from.
+struct SnapshotSource {
+    client: HttpClient,
+    base_url: String,
+    /// `Bearer KEY`, for replicas that require a key.
+    authorization: Option<String>,
+}
+
+async fn follow(base_url: String, authorization: Option<String>, index: Arc<RwLock<KvIndex>>) {
+    let source = SnapshotSource {
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        base_url: base_url.clone(),
+        authorization,
+    };
     let host = match base_url
         .parse::<Uri>()
         .ok()
@@ -67,11 +87,11 @@ async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
     };
     let mut reported = String::new();
     loop {
-        let outcome = match snapshot(&client, &base_url).await {
+        let outcome = match source.snapshot().await {
             Ok(Snapshot {
                 kv_events_port: Some(port),
                 ..
-            }) => follow_events(&client, &base_url, &host, port, &index).await,
+            }) => follow_events(&source, &host, port, &index).await,
             Ok(_) => Err("it publishes no KV events (no --kv-events-port)".to_owned()),
             Err(err) => Err(err),
         };
@@ -91,8 +111,7 @@ async fn follow(base_url: String, index: Arc<RwLock<KvIndex>>) {
 
 /// Subscribes, then follows the events until something breaks; returns why.
 async fn follow_events(
-    client: &HttpClient,
-    base_url: &str,
+    source: &SnapshotSource,
     host: &str,
     port: u16,
     index: &RwLock<KvIndex>,
@@ -109,7 +128,7 @@ async fn follow_events(
         .await
         .map_err(|err| format!("cannot subscribe to {endpoint}: {err}"))?;
     tokio::time::sleep(SUBSCRIBE_SETTLE).await;
-    resync(client, base_url, port, index).await?;
+    resync(source, port, index).await?;
     loop {
         tokio::select! {
             frame = socket.recv() => {
@@ -118,20 +137,20 @@ async fn follow_events(
                     Some(Ok(message)) if frame.len() == 1 => message,
                     _ => {
                         eprintln!("sluice-router: cache-aware: {endpoint} sent an undecodable message; resyncing");
-                        resync(client, base_url, port, index).await?;
+                        resync(source, port, index).await?;
                         continue;
                     }
                 };
                 let applied = index.write().expect("the index lock is never poisoned").apply(&message);
                 if let Applied::Gap { expected, got } = applied {
                     eprintln!("sluice-router: cache-aware: {endpoint}: seq {got} after a gap (expected {expected}); resyncing");
-                    resync(client, base_url, port, index).await?;
+                    resync(source, port, index).await?;
                 }
             }
             event = monitor.next() => match event {
                 Some(SocketEvent::Disconnected(_)) => unsync(index),
                 // The socket reconnects by itself; the engine behind it may be a new one.
-                Some(SocketEvent::Connected(..)) => resync(client, base_url, port, index).await?,
+                Some(SocketEvent::Connected(..)) => resync(source, port, index).await?,
                 Some(_) => {}
                 None => return Err(format!("{endpoint}: the socket monitor closed")),
             },
@@ -140,14 +159,9 @@ async fn follow_events(
 }
 
 /// Resets the index from a fresh snapshot; an error when the replica no longer publishes there.
-async fn resync(
-    client: &HttpClient,
-    base_url: &str,
-    port: u16,
-    index: &RwLock<KvIndex>,
-) -> Result<(), String> {
+async fn resync(source: &SnapshotSource, port: u16, index: &RwLock<KvIndex>) -> Result<(), String> {
     unsync(index);
-    let snapshot = snapshot(client, base_url).await?;
+    let snapshot = source.snapshot().await?;
     if snapshot.kv_events_port != Some(port) {
         return Err(format!(
             "its KV-events port changed from {port} to {:?}",
@@ -168,26 +182,40 @@ fn unsync(index: &RwLock<KvIndex>) {
         .unsync();
 }
 
-/// `GET {base_url}/sluice/kv_cache`.
-async fn snapshot(client: &HttpClient, base_url: &str) -> Result<Snapshot, String> {
-    let url = format!("{base_url}/sluice/kv_cache");
-    let uri: Uri = url.parse().map_err(|err| format!("{url}: {err}"))?;
-    let fetch = async {
-        let response = client.get(uri).await.map_err(|err| err.to_string())?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|err| err.to_string())?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!("HTTP {status}"));
+impl SnapshotSource {
+    /// `GET {base_url}/sluice/kv_cache`.
+    async fn snapshot(&self) -> Result<Snapshot, String> {
+        let (client, base_url) = (&self.client, &self.base_url);
+        let url = format!("{base_url}/sluice/kv_cache");
+        let uri: Uri = url.parse().map_err(|err| format!("{url}: {err}"))?;
+        let mut request = Request::get(uri);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization);
         }
-        serde_json::from_slice::<Snapshot>(&body).map_err(|err| format!("not a snapshot: {err}"))
-    };
-    match tokio::time::timeout(SNAPSHOT_TIMEOUT, fetch).await {
-        Ok(result) => result.map_err(|err| format!("GET {url}: {err}")),
-        Err(_) => Err(format!("GET {url}: no answer within {SNAPSHOT_TIMEOUT:?}")),
+        let request = request
+            .body(Empty::new())
+            .map_err(|err| format!("{url}: {err}"))?;
+        let fetch = async {
+            let response = client
+                .request(request)
+                .await
+                .map_err(|err| err.to_string())?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|err| err.to_string())?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(format!("HTTP {status}"));
+            }
+            serde_json::from_slice::<Snapshot>(&body)
+                .map_err(|err| format!("not a snapshot: {err}"))
+        };
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, fetch).await {
+            Ok(result) => result.map_err(|err| format!("GET {url}: {err}")),
+            Err(_) => Err(format!("GET {url}: no answer within {SNAPSHOT_TIMEOUT:?}")),
+        }
     }
 }

@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -109,9 +110,16 @@ class EngineCoreServer:
     """The loop between the sockets and the engine. `engine` is an EngineCore (or a stand-in)."""
 
     def __init__(
-        self, engine: Any, input_socket: zmq.Socket, output_socket: zmq.Socket, restarted: bool = False
+        self,
+        engine: Any,
+        input_socket: zmq.Socket,
+        output_socket: zmq.Socket,
+        restarted: bool = False,
+        signal_wakeup: socket.socket | None = None,
     ) -> None:
         self.engine = engine
+        # The read end of signal.set_wakeup_fd's socket: readable once a signal arrived.
+        self.signal_wakeup = signal_wakeup
         # Whether a supervisor restarts this process when it fails: the failed requests' errors say so.
         self.failure_note = "; the engine core is being restarted" if restarted else ""
         self.input = input_socket
@@ -168,14 +176,24 @@ class EngineCoreServer:
         poller.register(self.input, zmq.POLLIN)
         for fd in self.engine.sentinels():
             poller.register(fd, zmq.POLLIN)
+        # A signal that lands after the check below but before the poll starts (or on another
+        # thread) would leave the poll blocked and its handler unrun; the wakeup fd ends the poll.
+        if self.signal_wakeup is not None:
+            poller.register(self.signal_wakeup, zmq.POLLIN)
         self.interruptible = True
         try:
-            # A signal that landed just before the flag was set would otherwise go unseen.
-            if self.stop_requested:
-                raise _Stop
-            if self.input not in dict(poller.poll()):
-                return None
-            return self.input.recv()
+            while True:
+                # A signal that landed just before the flag was set would otherwise go unseen.
+                if self.stop_requested:
+                    raise _Stop
+                ready = dict(poller.poll())
+                if self.signal_wakeup in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        self.signal_wakeup.recv(256)
+                    continue
+                if self.input not in ready:
+                    return None
+                return self.input.recv()
         finally:
             self.interruptible = False
 
@@ -341,15 +359,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bind(context: zmq.Context, kind: int, address: str) -> zmq.Socket:
-    socket = context.socket(kind)
-    socket.linger = _LINGER_MS
-    socket.ipv6 = "[" in address
+    bound = context.socket(kind)
+    bound.linger = _LINGER_MS
+    bound.ipv6 = "[" in address
     try:
-        socket.bind(address)
+        bound.bind(address)
     except zmq.ZMQError as exc:
-        socket.close(0)
+        bound.close(0)
         raise UnsafeAddressError(f"cannot bind {address}: {exc}") from None
-    return socket
+    return bound
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    wakeup_read, wakeup_write = socket.socketpair()
+    for end in (wakeup_read, wakeup_write):
+        end.setblocking(False)
+    signal.set_wakeup_fd(wakeup_write.fileno())
     try:
         sockets.append(_bind(context, zmq.PULL, args.input))
         sockets.append(_bind(context, zmq.PUSH, args.output))
@@ -387,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = EngineCore(config_from_args(args))
         try:
-            server = EngineCoreServer(engine, sockets[0], sockets[1], args.restarted_on_failure)
+            server = EngineCoreServer(
+                engine, sockets[0], sockets[1], args.restarted_on_failure, signal_wakeup=wakeup_read
+            )
             return server.run()
         finally:
             engine.shutdown()
@@ -395,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sluice engine core: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        for socket in sockets:
-            socket.close()
+        for bound in sockets:
+            bound.close()
+        signal.set_wakeup_fd(-1)
+        wakeup_read.close()
+        wakeup_write.close()
         context.term()
 
 

@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -378,6 +379,33 @@ def test_no_replica_up_is_a_503_with_retry_after(tmp_path: Path) -> None:
         assert int(raised.value.response.headers["retry-after"]) >= 1
         assert router.counter("requests_total") == attempts
         assert router.counter("ejections_total") >= 2
+
+
+def test_a_half_sent_body_gets_a_408_in_openai_shape(tmp_path: Path) -> None:
+    closed = f"--replica=http://127.0.0.1:{free_port()}"
+    with running_router(
+        [closed, "--body-read-timeout-s", "1"], tmp_path / "r.log", wait_healthy=False
+    ) as router:
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        started = time.monotonic()
+        received = b""
+        with socket.create_connection(("127.0.0.1", router.port)) as sock:
+            sock.sendall(head.encode() + b'{"model": "')
+            sock.settimeout(10)
+            with contextlib.suppress(TimeoutError):
+                while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    received += chunk
+        took = time.monotonic() - started
+        assert received.startswith(b"HTTP/1.1 408"), received
+        assert took < 5, took
+        error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "request_timeout"
 
 
 class _GarbageHandler(BaseHTTPRequestHandler):

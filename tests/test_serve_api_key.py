@@ -1,5 +1,6 @@
 """How `sluice serve` hands the API key on: through its children's environment (or the path of the
-key file), never on a command line, and to the frontends and the router only."""
+key file), never on a command line, and to the frontends and the router only; and that the
+slow-client timeouts reach both."""
 
 from __future__ import annotations
 
@@ -61,3 +62,11 @@ def test_a_key_file_is_passed_by_its_path(tmp_path: Path, monkeypatch: pytest.Mo
 def test_the_flag_and_the_file_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         serve_args("--api-key", KEY, "--api-key-file", str(tmp_path / "key"))
+
+
+def test_the_slow_client_timeouts_reach_the_frontend_and_the_router(tmp_path: Path) -> None:
+    args = serve_args("--header-read-timeout-s", "3", "--body-read-timeout-s", "7", "--drain-timeout-s", "9")
+    for argv in command_lines(args, tmp_path):
+        for flag, value in (("--header-read-timeout-s", "3"), ("--body-read-timeout-s", "7")):
+            assert float(argv[argv.index(flag) + 1]) == float(value), argv
+        assert float(argv[argv.index("--drain-timeout-s") + 1]) == 9.0, argv

@@ -288,7 +288,7 @@ def router_argv(args: argparse.Namespace, model_dir: Path, replica_urls: Sequenc
     argv += ["--policy", "cache-aware", "--model", str(model_dir)]
     for url in replica_urls:
         argv += ["--replica", url]
-    for option in ("api_key_file", "header_read_timeout_s", "drain_timeout_s"):
+    for option in ("api_key_file", "header_read_timeout_s", "body_read_timeout_s", "drain_timeout_s"):
         value = getattr(args, option)
         if value is not None:
             argv += ["--" + option.replace("_", "-"), str(value)]

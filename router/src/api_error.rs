@@ -23,6 +23,8 @@ pub enum RouterError {
     InvalidJson(String),
     #[error("request body is too large")]
     PayloadTooLarge,
+    #[error("the request body did not arrive within {}s", .0.as_secs_f64())]
+    BodyReadTimeout(Duration),
     #[error("this router keeps no KV index: only --policy cache-aware follows KV events")]
     NoKvIndex,
     /// No replica is healthy, or every attempt failed before the first byte.
@@ -42,6 +44,7 @@ impl RouterError {
             RouterError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             RouterError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RouterError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             RouterError::NoKvIndex => StatusCode::NOT_FOUND,
             RouterError::NoReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -57,6 +60,7 @@ impl RouterError {
             RouterError::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
             RouterError::InvalidJson(_) => ("invalid_request_error", "invalid_json"),
             RouterError::PayloadTooLarge => ("invalid_request_error", "payload_too_large"),
+            RouterError::BodyReadTimeout(_) => ("invalid_request_error", "request_timeout"),
             RouterError::NoKvIndex => ("invalid_request_error", "no_kv_index"),
             RouterError::NoReplica { .. } => ("server_error", "no_replica_available"),
         }

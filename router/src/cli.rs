@@ -92,6 +92,10 @@ pub struct Args {
     drain_timeout_s: f64,
     #[arg(long, default_value_t = 8_388_608)]
     max_body_bytes: usize,
+    /// Seconds a client may take to send a request's body; slower ones get a 408, so that a
+    /// client that sends half a body cannot hold a connection and its buffer.
+    #[arg(long, default_value_t = 60.0)]
+    body_read_timeout_s: f64,
 }
 
 /// Exit status for bad flags.
@@ -190,6 +194,7 @@ impl Args {
                     base: Duration::from_millis(self.retry_backoff_ms),
                 },
                 max_body_bytes: self.max_body_bytes,
+                body_read_timeout: seconds("body-read-timeout-s", self.body_read_timeout_s)?,
                 models_timeout: Duration::from_secs(5),
             },
             replicas: ReplicaSet::new(breaker),

@@ -91,10 +91,14 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     crate::models::aggregated_models(&state).await
 }
 
+/// The whole body, within the size cap (413) and the read timeout (408).
 async fn body_bytes(state: &AppState, body: Body) -> Result<Bytes, RouterError> {
-    axum::body::to_bytes(body, state.settings.max_body_bytes)
-        .await
-        .map_err(|_| RouterError::PayloadTooLarge)
+    let timeout = state.settings.body_read_timeout;
+    let read = axum::body::to_bytes(body, state.settings.max_body_bytes);
+    match tokio::time::timeout(timeout, read).await {
+        Ok(read) => read.map_err(|_| RouterError::PayloadTooLarge),
+        Err(_) => Err(RouterError::BodyReadTimeout(timeout)),
+    }
 }
 
 /// The session key consistent-hash routes on: the session header, else the body's `user`.

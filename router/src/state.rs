@@ -19,6 +19,8 @@ pub struct Settings {
     pub health: HealthConfig,
     pub retry: RetryConfig,
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's body.
+    pub body_read_timeout: Duration,
     /// How long `/v1/models` waits for each replica.
     pub models_timeout: Duration,
 }

@@ -223,11 +223,13 @@ def test_models_are_aggregated_and_the_api_key_is_checked_first(fleet: Fleet, tm
         assert router.counter("requests_total") == 1
 
 
-def test_every_router_route_but_health_needs_one_key_and_errors_are_openai_shaped(
+def test_every_router_route_but_health_and_the_playground_needs_one_key_and_errors_are_openai_shaped(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
         assert router.call("GET", "/health", key=None)[0] == 200
+        status, _, body = router.call("GET", "/", key=None)
+        assert status == 200 and b"<title>Sluice playground</title>" in body, body
         for path in ("/metrics", "/sluice/kv_index", "/v1/models", "/no/such/route"):
             status, _, body = router.call("GET", path, key=None)
             assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", (path, body)

@@ -727,7 +727,18 @@ async fn api_key_guards_every_route_but_health() {
         .insert("authorization", "Bearer secret".parse().unwrap());
     assert_eq!(server.call(right).await.status(), StatusCode::OK);
     assert_eq!(server.get("/health").await.0, StatusCode::OK);
+    // The playground's static page and assets: no data, and a browser cannot send the key.
     for path in [
+        "/",
+        "/playground/playground.js",
+        "/playground/playground.css",
+    ] {
+        assert_eq!(server.get(path).await.0, StatusCode::OK, "{path}");
+    }
+    for path in [
+        "/playground/",
+        "/playground/nothing.js",
+        "/index.html",
         "/metrics",
         "/v1/models",
         "/v1/models/x",

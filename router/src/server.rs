@@ -12,6 +12,7 @@ use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_frontend::api::auth::{authorize, AuthFailure};
+use sluice_frontend::api::playground;
 
 use crate::api_error::RouterError;
 use crate::policy::RouteRequest;
@@ -27,6 +28,8 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/sluice/kv_index", get(kv_index))
+        // The replicas' playground page, served here too, so that it talks to the router's API.
+        .merge(playground::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -37,7 +40,8 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
 }
 
 /// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` on
-/// every route but /health (and /metrics with --metrics-without-auth), checked as the frontend does.
+/// every route but /health, the playground's static page (see the frontend's api/playground.rs) and
+/// /metrics with --metrics-without-auth, checked as the frontend does.
 async fn require_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -47,7 +51,10 @@ async fn require_api_key(
         return next.run(request).await;
     };
     let path = request.uri().path();
-    if path == "/health" || (path == "/metrics" && state.settings.metrics_without_auth) {
+    if path == "/health"
+        || playground::is_playground_path(path)
+        || (path == "/metrics" && state.settings.metrics_without_auth)
+    {
         return next.run(request).await;
     }
     match authorize(key, request.headers()) {

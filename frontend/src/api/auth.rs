@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use crate::api::error::ApiError;
+use crate::api::playground;
 use crate::state::AppState;
 
 /// Routes a load balancer or orchestrator probes without credentials.
@@ -78,8 +79,9 @@ fn check_api_key_text(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Middleware on the whole app: with a key set, every route but /health (and /metrics with
-/// `--metrics-without-auth`) needs it; unknown routes too, so they cannot be told apart unseen.
+/// Middleware on the whole app: with a key set, every route but /health, the playground's page
+/// (static, no data: see api/playground.rs) and /metrics with `--metrics-without-auth` needs it;
+/// unknown routes too, so they cannot be told apart unseen.
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -89,8 +91,9 @@ pub async fn require_api_key(
         return next.run(request).await;
     };
     let path = request.uri().path();
-    let open =
-        OPEN_PATHS.contains(&path) || (path == "/metrics" && state.config.metrics_without_auth);
+    let open = OPEN_PATHS.contains(&path)
+        || playground::is_playground_path(path)
+        || (path == "/metrics" && state.config.metrics_without_auth);
     if open {
         return next.run(request).await;
     }

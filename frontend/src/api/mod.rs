@@ -8,6 +8,7 @@ pub mod error;
 pub mod fan_out;
 pub mod openai;
 pub mod openapi;
+pub mod playground;
 pub mod request_body;
 pub mod routes;
 pub mod sse;

@@ -1,6 +1,6 @@
 //! The axum router: which handler serves which route, its layers (the API key, the request
-//! body's limits), OpenAI-shaped 404 and 405, and the small endpoints (models, health,
-//! kv_cache, block_pool_audit, version, metrics). Handlers are thin: parse, call one
+//! body's limits), OpenAI-shaped 404 and 405, the small endpoints (models, health,
+//! kv_cache, block_pool_audit, version, metrics) and the playground's page. Handlers are thin: parse, call one
 //! function, map the result.
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, chat, completions, openapi, tokenize, validate};
+use crate::api::{auth, chat, completions, openapi, playground, tokenize, validate};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 
@@ -38,6 +38,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::serve))
+        .merge(playground::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

@@ -9,6 +9,7 @@ pub mod fan_out;
 pub mod openai;
 pub mod openapi;
 pub mod request_body;
+pub mod request_fields;
 pub mod routes;
 pub mod sse;
 pub mod tokenize;

@@ -3,9 +3,10 @@
 
 Each field of /v1/completions and /v1/chat/completions works, is refused with a 400 that names it, changes
 nothing by design (user, metadata, ...), or is unknown: accepted, logged once, and listed in the
-`x-sluice-ignored-fields` response header. One server (fcfs) serves most tests; a second one, with the
-priority policy, one sequence at a time and a chat template that reads extra variables, serves the tests
-of `priority` and `chat_template_kwargs`.
+`x-sluice-ignored-fields` response header. One server serves every test: the priority policy, one
+sequence at a time (so that requests wait in priority order), and the default model's chat template with
+a prefix that renders two extra variables (nothing when they are unset). The fcfs policy's refusal of a
+priority is checked by validate.rs's unit tests.
 """
 
 from __future__ import annotations
@@ -34,9 +35,24 @@ TEMPLATE_PREFIX = (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def template_model(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with a chat template that renders `system_note` and `reasoning_effort`."""
+    folder = tmp_path_factory.mktemp("templated") / "SmolLM2-templated"
+    folder.mkdir()
+    for file in default_model_path.iterdir():
+        if file.name != "chat_template.jinja":
+            (folder / file.name).symlink_to(file.resolve())
+    own = (default_model_path / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(TEMPLATE_PREFIX + own)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(template_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with running_server(["--max-model-len", "1024", "--kv-cache-memory", "1"], log) as running:
+    args = [str(template_model), "--served-model-name", MODEL, "--max-model-len", "1024"]
+    args += ["--kv-cache-memory", "1", "--scheduling-policy", "priority", "--max-num-seqs", "1"]
+    with running_server(args, log) as running:
         yield running
 
 
@@ -116,11 +132,9 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
         ("completions", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
         ("completions", {"extra_body": {"truncate_prompt_tokens": 4}}, "truncate_prompt_tokens"),
         ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
-        ("completions", {"extra_body": {"priority": 3}}, "priority"),
         ("chat", {"modalities": ["text", "audio"]}, "modalities"),
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
         ("chat", {"extra_body": {"chat_template": "{{ messages }}"}}, "chat_template"),
-        ("chat", {"extra_body": {"priority": -1}}, "priority"),
         ("chat", {"reasoning_effort": "extreme"}, "reasoning_effort"),
     ],
 )
@@ -202,74 +216,45 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(client: openai.OpenAI) 
         assert len(prompt_tokens) == 1 and prompt_tokens.pop() > 0
 
 
-@pytest.fixture(scope="module")
-def template_model(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model with a chat template that renders `system_note` and `reasoning_effort`."""
-    folder = tmp_path_factory.mktemp("templated") / "SmolLM2-templated"
-    folder.mkdir()
-    for file in default_model_path.iterdir():
-        if file.name != "chat_template.jinja":
-            (folder / file.name).symlink_to(file.resolve())
-    own = (default_model_path / "chat_template.jinja").read_text()
-    (folder / "chat_template.jinja").write_text(TEMPLATE_PREFIX + own)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def priority_server(template_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("serve-priority") / "serve.log"
-    args = [str(template_model), "--served-model-name", MODEL, "--max-model-len", "1024"]
-    args += ["--kv-cache-memory", "1", "--scheduling-policy", "priority", "--max-num-seqs", "1"]
-    with running_server(args, log) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def priority_client(priority_server: Server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=priority_server.url + "/v1", api_key="none", max_retries=0, timeout=120) as c:
-        yield c
-
-
-def test_priority_orders_the_waiting_requests(priority_client: openai.OpenAI) -> None:
+def test_priority_orders_the_waiting_requests(client: openai.OpenAI) -> None:
     finished: list[str] = []
     lock = threading.Lock()
 
-    def run(name: str, priority: int, max_tokens: int) -> None:
-        priority_client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
-            max_tokens=max_tokens,
-            extra_body={"priority": priority, "ignore_eos": True},
-        )
+    def run(name: str, priority: int) -> None:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body={"priority": priority})
         with lock:
             finished.append(name)
 
-    # One sequence at a time: the first runs long while the other two wait, the later-arriving but
-    # more urgent one (lower value) ahead of the earlier one.
+    # The server runs one sequence at a time: while this stream holds it, the other two wait.
+    running = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=512, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert next(iter(running)).choices
     threads = [
-        threading.Thread(target=run, args=("running", 0, 160)),
-        threading.Thread(target=run, args=("early but lax", 5, 2)),
-        threading.Thread(target=run, args=("late but urgent", -5, 2)),
+        threading.Thread(target=run, args=("early but lax", 5)),
+        threading.Thread(target=run, args=("late but urgent", -5)),
     ]
     for thread in threads:
         thread.start()
-        time.sleep(0.3)
+        time.sleep(0.5)
+    # Closing the stream aborts its request; the waiting ones then run, the more urgent (lower) first.
+    running.close()
     for thread in threads:
         thread.join(120)
-    assert finished == ["running", "late but urgent", "early but lax"]
+    assert finished == ["late but urgent", "early but lax"]
 
 
 def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(
-    priority_server: Server, priority_client: openai.OpenAI
+    server: Server, client: openai.OpenAI
 ) -> None:
     def prompt_tokens(**extra: Any) -> int:
-        reply = priority_client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1, **extra)
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1, **extra)
         assert reply.usage is not None
         return reply.usage.prompt_tokens
 
     def tokens_of(text: str) -> int:
         body = {"model": MODEL, "prompt": text, "add_special_tokens": False}
-        return len(priority_server.request("POST", "/tokenize", body).body["tokens"])
+        return len(server.request("POST", "/tokenize", body).body["tokens"])
 
     plain = prompt_tokens()
     note = "Always answer in French."

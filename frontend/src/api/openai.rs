@@ -367,6 +367,30 @@ mod tests {
     }
 
     #[test]
+    fn only_fields_no_struct_reads_are_other_fields() {
+        let body = r#"{"model":"m","prompt":"x","max_tokens":5,"priority":1,"user":"u",
+            "suffix":"","stream_options":{"include_usage":true,"colour":"red"},"frobnicate":1,
+            "guided_json":{}}"#;
+        let req: CompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            req.other_fields.keys().collect::<Vec<_>>(),
+            ["frobnicate", "guided_json"]
+        );
+        assert_eq!(req.sampling.priority, Some(1));
+        let options = req.sampling.stream_options.unwrap();
+        assert_eq!(options.other_fields.keys().collect::<Vec<_>>(), ["colour"]);
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"top_k":3,
+            "chat_template_kwargs":{"enable_thinking":false},"tools":[]}"#;
+        let req: ChatCompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.other_fields.keys().collect::<Vec<_>>(), ["tools"]);
+        assert_eq!(req.sampling.top_k, Some(3));
+        assert_eq!(
+            req.chat_template_kwargs.unwrap()["enable_thinking"],
+            serde_json::json!(false)
+        );
+    }
+
+    #[test]
     fn wrong_types_are_errors() {
         assert!(serde_json::from_str::<CompletionRequest>(
             r#"{"model":"m","prompt":"x","max_tokens":"5"}"#

@@ -440,10 +440,15 @@ mod tests {
         assert!(stream_options.contains_key("continuous_usage_stats"));
         let completion = serde_json::to_string(&schemas["CompletionRequest"]).unwrap();
         for field in ["suffix", "add_special_tokens"] {
-            assert!(completion.contains(field), "CompletionRequest lacks {field}");
+            assert!(
+                completion.contains(field),
+                "CompletionRequest lacks {field}"
+            );
         }
         // Unknown fields are collected, not documented as a field of their own.
-        assert!(!serde_json::to_string(schemas).unwrap().contains("other_fields"));
+        assert!(!serde_json::to_string(schemas)
+            .unwrap()
+            .contains("other_fields"));
         let chat = serde_json::to_string(&schemas["ChatCompletionRequest"]).unwrap();
         for field in [
             "messages",

@@ -10,7 +10,7 @@ use crate::api::connections::{self, ConnectionLimits};
 use crate::api::routes;
 use crate::engine::client::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
-use crate::state::{self, AppState, ServerConfig};
+use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -81,6 +81,9 @@ struct Args {
     /// The namespace of /metrics' names: `vllm` renders vLLM's exact names, for its dashboards.
     #[arg(long, value_enum, default_value_t = MetricsPrefix::Sluice)]
     metrics_prefix: MetricsPrefix,
+    /// The engine core's scheduling policy: a request's `priority` other than 0 needs `priority`.
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    scheduling_policy: SchedulingPolicy,
 }
 
 impl Args {
@@ -96,6 +99,7 @@ impl Args {
             max_body_bytes_in_flight: self.max_body_bytes_in_flight,
             tokenizer_workers: self.tokenizer_workers,
             metrics_prefix: self.metrics_prefix,
+            scheduling_policy: self.scheduling_policy,
         })
     }
 

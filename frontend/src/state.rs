@@ -34,6 +34,18 @@ pub struct ServerConfig {
     pub max_body_bytes_in_flight: usize,
     pub tokenizer_workers: usize,
     pub metrics_prefix: MetricsPrefix,
+    /// The engine core's scheduling policy, which decides whether a request may carry a priority.
+    pub scheduling_policy: SchedulingPolicy,
+}
+
+/// The engine core's `--scheduling-policy`, mirrored here: `sluice serve` passes the same value to both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulingPolicy {
+    /// First come, first served: every request has priority 0.
+    #[default]
+    Fcfs,
+    /// By (priority, arrival time), lower first.
+    Priority,
 }
 
 #[derive(Debug, thiserror::Error)]

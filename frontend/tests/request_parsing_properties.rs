@@ -47,6 +47,20 @@ const FIELDS: &[&str] = &[
     "top_logprobs",
     "echo",
     "add_generation_prompt",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "priority",
+    "metadata",
+    "store",
+    "service_tier",
+    "suffix",
+    "add_special_tokens",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "use_beam_search",
+    "modalities",
+    "an_unknown_field",
 ];
 
 fn runtime() -> &'static tokio::runtime::Runtime {

@@ -269,6 +269,11 @@ def frontend_argv(
         value = getattr(args, option)
         if value is not None:
             argv += ["--" + option.replace("_", "-"), str(value)]
+    # The engine core's policy, so that the frontend refuses a priority that fcfs would ignore (a
+    # parser without the engine's options has none: the frontend's default, fcfs, is the engine's).
+    policy = getattr(args, "scheduling_policy", None)
+    if policy is not None:
+        argv += ["--scheduling-policy", policy]
     if args.restart_engine:
         argv.append("--reconnect-engine")
     if args.metrics_without_auth:

@@ -14,8 +14,9 @@ use crate::api::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
 };
+use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
-use crate::api::validate;
+use crate::api::validate::{self, ValidRequest};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 
@@ -28,13 +29,14 @@ pub async fn create(
     let request = validate::chat(&state, request).await?;
     let choices = fan_out::start(&state, "chatcmpl", &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
-    if request.stream {
-        Ok(stream(choices, prompt_tokens, request.include_usage))
+    let response = if request.stream {
+        stream(choices, prompt_tokens, &request)
     } else {
         let header = choices.header.clone();
         let results = choices.collect().await?;
-        Ok(Json(whole(header, results, prompt_tokens, request.logprobs)).into_response())
-    }
+        Json(whole(header, results, prompt_tokens, request.logprobs)).into_response()
+    };
+    Ok(with_ignored_fields(response, &request.ignored_fields))
 }
 
 impl ResponseHeader {
@@ -80,7 +82,12 @@ fn whole(
     }
 }
 
-fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response {
+fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Response {
+    let include_usage = request.include_usage;
+    // vLLM's continuous usage: each chunk counts its choice's tokens so far.
+    let continuous = request.continuous_usage_stats;
+    let continuous_usage =
+        move |completion_tokens| continuous.then(|| Usage::new(prompt_tokens, completion_tokens));
     let header = choices.header.clone();
     // As OpenAI does, each choice opens with a delta that carries only the role.
     let opening = choices
@@ -97,7 +104,7 @@ fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response
                     logprobs: None,
                     finish_reason: None,
                 }],
-                None,
+                continuous_usage(0),
             ))
         })
         .collect();
@@ -117,7 +124,7 @@ fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response
                 logprobs,
                 finish_reason: update.finish_reason.map(str::to_owned),
             }],
-            None,
+            continuous_usage(update.completion_tokens),
         ))
     };
     let closing = move |completion_tokens| {

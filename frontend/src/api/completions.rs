@@ -13,8 +13,9 @@ use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::openai::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
+use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
-use crate::api::validate;
+use crate::api::validate::{self, ValidRequest};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 
@@ -27,13 +28,14 @@ pub async fn create(
     let request = validate::completion(&state, request).await?;
     let choices = fan_out::start(&state, "cmpl", &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
-    if request.stream {
-        Ok(stream(choices, prompt_tokens, request.include_usage))
+    let response = if request.stream {
+        stream(choices, prompt_tokens, &request)
     } else {
         let header = choices.header.clone();
         let results = choices.collect().await?;
-        Ok(Json(whole(header, results, prompt_tokens, request.logprobs)).into_response())
-    }
+        Json(whole(header, results, prompt_tokens, request.logprobs)).into_response()
+    };
+    Ok(with_ignored_fields(response, &request.ignored_fields))
 }
 
 impl ResponseHeader {
@@ -69,7 +71,15 @@ fn whole(
     header.response(choices, Some(Usage::new(prompt_tokens, completion_tokens)))
 }
 
-fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response {
+fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Response {
+    let include_usage = request.include_usage;
+    // vLLM's continuous usage: each chunk counts its own prompt and its choice's tokens so far.
+    let prompt_lens: Vec<u32> = request
+        .prompts
+        .iter()
+        .map(|prompt| prompt.token_ids.len() as u32)
+        .collect();
+    let (n, continuous) = (request.n, request.continuous_usage_stats);
     let header = Arc::new(choices.header.clone());
     let frame_header = header.clone();
     // Each choice's text offset so far, for its logprobs' text_offset.
@@ -79,6 +89,10 @@ fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response
         let logprobs =
             (!update.logprobs.is_empty()).then(|| completion_logprobs(&update.logprobs, *offset));
         *offset += update.text.chars().count() as u32;
+        let usage = continuous.then(|| {
+            let prompt_len = prompt_lens[(update.index / n) as usize];
+            Usage::new(prompt_len, update.completion_tokens)
+        });
         chunk_event(&frame_header.response(
             vec![CompletionChoice {
                 index: update.index,
@@ -86,7 +100,7 @@ fn stream(choices: Choices, prompt_tokens: u32, include_usage: bool) -> Response
                 logprobs,
                 finish_reason: update.finish_reason.map(str::to_owned),
             }],
-            None,
+            usage,
         ))
     };
     let closing = move |completion_tokens| {

@@ -71,13 +71,15 @@ pub fn start(
                 prompt_token_ids: prompt.token_ids.clone(),
                 params,
                 arrival_time: arrival.unix_seconds,
-                priority: 0,
+                priority: request.priority,
             })?;
             let spec = ChoiceSpec {
                 index,
                 stop: request.stop.clone(),
                 prefix: prompt.echo.clone(),
                 wants_logprobs: request.logprobs,
+                include_stop_str_in_output: request.include_stop_str_in_output,
+                skip_special_tokens: request.skip_special_tokens,
             };
             let metrics = RequestMetrics::new(
                 state.metrics.clone(),

@@ -10,6 +10,7 @@ pub mod openai;
 pub mod openapi;
 pub mod playground;
 pub mod request_body;
+pub mod request_fields;
 pub mod routes;
 pub mod sse;
 pub mod tokenize;

@@ -38,9 +38,19 @@ impl StopSequences {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's: usage (completion tokens of the chunk's choice so far) on every chunk.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+    /// Accepted and does nothing: events are not padded to hide the length of their text.
+    pub include_obfuscation: Option<bool>,
+    /// Fields this type does not know: ignored and reported (see `api::request_fields`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other_fields: BTreeMap<String, serde_json::Value>,
 }
 
-/// Sampling fields common to completions and chat, as OpenAI and vLLM name them.
+/// Fields common to completions and chat, as OpenAI and vLLM name them: sampling, output text,
+/// scheduling, and OpenAI's fields that change nothing here.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct SamplingFields {
     #[schema(minimum = 1)]
@@ -71,6 +81,21 @@ pub struct SamplingFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// vLLM's: keep the matched stop string, or the stop token's text, at the end of the output.
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM's: leave special tokens out of the output text (default true).
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM's: changes only a slow (Python) tokenizer's output, so it does nothing here, as in
+    /// vLLM with a fast tokenizer.
+    pub spaces_between_special_tokens: Option<bool>,
+    /// vLLM's: under `--scheduling-policy priority` a lower value runs earlier; under fcfs only 0.
+    pub priority: Option<i64>,
+    /// Accepted and does nothing, as OpenAI's storage, tiers and caching hints do not apply here.
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub store: Option<bool>,
+    pub service_tier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
@@ -83,6 +108,14 @@ pub struct CompletionRequest {
     #[schema(maximum = 20)]
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
+    /// Text after the completion (fill-in-the-middle): a 400 unless empty.
+    pub suffix: Option<String>,
+    /// vLLM's: whether a text prompt gets the tokenizer's special tokens (default true).
+    pub add_special_tokens: Option<bool>,
+    /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// A chat message's content: a string, or OpenAI's array of parts of which text parts are joined.
@@ -124,6 +157,19 @@ pub struct ChatCompletionRequest {
     #[schema(maximum = 20)]
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's: variables for the chat template (`enable_thinking`, ...); they cannot replace
+    /// `messages`, `add_generation_prompt` or the special tokens.
+    pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
+    /// Passed to the chat template as the variable `reasoning_effort`, as vLLM does.
+    #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
+    pub reasoning_effort: Option<String>,
+    /// vLLM's: whether the rendered prompt gets the tokenizer's special tokens (default false:
+    /// the template writes them).
+    pub add_special_tokens: Option<bool>,
+    /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other_fields: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -318,6 +364,30 @@ mod tests {
         assert_eq!(req.logprobs, Some(2));
         assert_eq!(req.sampling.logit_bias.unwrap()["17"], -100.0);
         assert!(req.sampling.stream_options.unwrap().include_usage);
+    }
+
+    #[test]
+    fn only_fields_no_struct_reads_are_other_fields() {
+        let body = r#"{"model":"m","prompt":"x","max_tokens":5,"priority":1,"user":"u",
+            "suffix":"","stream_options":{"include_usage":true,"colour":"red"},"frobnicate":1,
+            "guided_json":{}}"#;
+        let req: CompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            req.other_fields.keys().collect::<Vec<_>>(),
+            ["frobnicate", "guided_json"]
+        );
+        assert_eq!(req.sampling.priority, Some(1));
+        let options = req.sampling.stream_options.unwrap();
+        assert_eq!(options.other_fields.keys().collect::<Vec<_>>(), ["colour"]);
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"top_k":3,
+            "chat_template_kwargs":{"enable_thinking":false},"tools":[]}"#;
+        let req: ChatCompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.other_fields.keys().collect::<Vec<_>>(), ["tools"]);
+        assert_eq!(req.sampling.top_k, Some(3));
+        assert_eq!(
+            req.chat_template_kwargs.unwrap()["enable_thinking"],
+            serde_json::json!(false)
+        );
     }
 
     #[test]

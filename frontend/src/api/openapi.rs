@@ -424,9 +424,31 @@ mod tests {
             "stream",
             "stream_options",
             "user",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "priority",
+            "metadata",
+            "store",
+            "service_tier",
+            "prompt_cache_key",
+            "safety_identifier",
         ] {
             assert!(sampling.contains_key(field), "SamplingFields lacks {field}");
         }
+        let stream_options = schemas["StreamOptions"]["properties"].as_object().unwrap();
+        assert!(stream_options.contains_key("continuous_usage_stats"));
+        let completion = serde_json::to_string(&schemas["CompletionRequest"]).unwrap();
+        for field in ["suffix", "add_special_tokens"] {
+            assert!(
+                completion.contains(field),
+                "CompletionRequest lacks {field}"
+            );
+        }
+        // Unknown fields are collected, not documented as a field of their own.
+        assert!(!serde_json::to_string(schemas)
+            .unwrap()
+            .contains("other_fields"));
         let chat = serde_json::to_string(&schemas["ChatCompletionRequest"]).unwrap();
         for field in [
             "messages",
@@ -434,6 +456,9 @@ mod tests {
             "logprobs",
             "top_logprobs",
             "SamplingFields",
+            "chat_template_kwargs",
+            "reasoning_effort",
+            "add_special_tokens",
         ] {
             assert!(
                 chat.contains(field),

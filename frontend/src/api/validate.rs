@@ -14,8 +14,9 @@ use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
 };
+use crate::api::request_fields::{self, Endpoint};
 use crate::engine::protocol::SamplingParams;
-use crate::state::AppState;
+use crate::state::{AppState, SchedulingPolicy};
 
 pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
@@ -184,6 +185,81 @@ pub fn check_token_ids(param: &'static str, ids: &[u32], vocab_size: u32) -> Res
     }
 }
 
+/// `stream_options` only shapes a stream, so without `stream` it is a mistake (vLLM's rule).
+pub fn check_stream_options(fields: &SamplingFields) -> Result<(), ApiError> {
+    if fields.stream_options.is_some() && !fields.stream.unwrap_or(false) {
+        Err(out_of_range(
+            "stream_options",
+            "stream_options is only allowed when stream is true".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A priority other than 0 needs the engine's priority policy, as in vLLM: under fcfs it would
+/// have no effect.
+pub fn check_priority(priority: i64, policy: SchedulingPolicy) -> Result<(), ApiError> {
+    if priority == 0 || policy == SchedulingPolicy::Priority {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            "priority",
+            format!(
+                "priority {priority} needs priority scheduling; the server runs the fcfs policy \
+                 (start it with --scheduling-policy priority)"
+            ),
+        ))
+    }
+}
+
+/// Fill-in-the-middle needs a model trained for it; an empty suffix asks for nothing.
+pub fn check_suffix(suffix: Option<&str>) -> Result<(), ApiError> {
+    match suffix {
+        Some(suffix) if !suffix.is_empty() => Err(out_of_range(
+            "suffix",
+            "suffix is not supported: this server does not fill in the middle".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Chat's `top_logprobs` says how many alternatives `logprobs` returns: alone it would do nothing.
+pub fn check_top_logprobs(top_logprobs: Option<u32>, logprobs: bool) -> Result<(), ApiError> {
+    match top_logprobs {
+        Some(top) if top > 0 && !logprobs => Err(out_of_range(
+            "top_logprobs",
+            "top_logprobs needs logprobs set to true".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The values of `reasoning_effort` that OpenAI defines.
+pub const REASONING_EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+
+/// The chat template's extra variables: `chat_template_kwargs`, and `reasoning_effort` as one more.
+pub fn template_kwargs(
+    request: &ChatCompletionRequest,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let mut kwargs: serde_json::Map<String, serde_json::Value> = request
+        .chat_template_kwargs
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(effort) = &request.reasoning_effort {
+        if !REASONING_EFFORTS.contains(&effort.as_str()) {
+            return Err(out_of_range(
+                "reasoning_effort",
+                format!("reasoning_effort must be one of {REASONING_EFFORTS:?}, got {effort:?}"),
+            ));
+        }
+        kwargs.insert("reasoning_effort".into(), effort.clone().into());
+    }
+    Ok(kwargs)
+}
+
 /// Rejects echo with logprobs: the engine computes no prompt logprobs to echo.
 pub fn check_echo(echo: bool, logprobs: Option<u32>) -> Result<(), ApiError> {
     if echo && logprobs.is_some() {
@@ -295,6 +371,7 @@ pub fn check_sampling<'a>(
     if let Some(ids) = &fields.stop_token_ids {
         check_token_ids("stop_token_ids", ids, vocab_size)?;
     }
+    check_stream_options(fields)?;
     Ok(CheckedSampling {
         fields,
         logit_bias,
@@ -338,20 +415,42 @@ impl CheckedSampling<'_> {
             .unwrap_or_default()
     }
 
-    fn response(&self, model: String, prompts: Vec<ValidPrompt>) -> ValidRequest {
+    fn response(
+        &self,
+        model: String,
+        prompts: Vec<ValidPrompt>,
+        ignored_fields: Vec<String>,
+    ) -> ValidRequest {
+        let fields = self.fields;
+        let stream_options = fields.stream_options.clone().unwrap_or_default();
         ValidRequest {
             model,
             prompts,
             n: self.n(),
             stop: self.stop(),
             logprobs: self.logprobs.is_some(),
-            stream: self.fields.stream.unwrap_or(false),
-            include_usage: self
-                .fields
-                .stream_options
-                .as_ref()
-                .is_some_and(|options| options.include_usage),
+            stream: fields.stream.unwrap_or(false),
+            include_usage: stream_options.include_usage,
+            continuous_usage_stats: stream_options.continuous_usage_stats,
+            include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
+            skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
+            priority: fields.priority.unwrap_or(0),
+            ignored_fields,
         }
+    }
+
+    /// The request's fields that nothing reads, or the 400 for one that cannot be honoured.
+    fn ignored_fields(
+        &self,
+        endpoint: Endpoint,
+        other_fields: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Vec<String>, ApiError> {
+        let nested = self
+            .fields
+            .stream_options
+            .as_ref()
+            .map(|options| ("stream_options", &options.other_fields));
+        request_fields::ignored_fields(endpoint, other_fields, nested)
     }
 }
 
@@ -367,6 +466,15 @@ pub struct ValidRequest {
     pub logprobs: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Usage on every chunk of a stream.
+    pub continuous_usage_stats: bool,
+    /// Keep the stop string, or the stop token's text, at the end of the text.
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    /// The engine's scheduling priority (lower runs earlier); 0 unless the policy is priority.
+    pub priority: i64,
+    /// Fields the request carried that nothing reads, listed in a response header.
+    pub ignored_fields: Vec<String>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).
@@ -399,6 +507,11 @@ pub async fn completion(
 ) -> Result<ValidRequest, ApiError> {
     check_model(state, &request.model)?;
     let sampling = check_completion_fields(&request, state.vocab_size)?;
+    check_priority(
+        request.sampling.priority.unwrap_or(0),
+        state.config.scheduling_policy,
+    )?;
+    let ignored_fields = sampling.ignored_fields(Endpoint::Completions, &request.other_fields)?;
     // Before any prompt is tokenized: a request that can never be admitted is refused at once.
     admission::check_fits(
         state,
@@ -406,7 +519,8 @@ pub async fn completion(
     )?;
     let echo = request.echo.unwrap_or(false);
     let max_model_len = state.max_model_len()?;
-    let inputs = prompt_inputs(state, request.prompt.clone()).await?;
+    let add_special_tokens = request.add_special_tokens.unwrap_or(true);
+    let inputs = prompt_inputs(state, request.prompt.clone(), add_special_tokens).await?;
     if inputs.is_empty() {
         check_prompt_not_empty(&[])?;
     }
@@ -431,15 +545,16 @@ pub async fn completion(
             params: sampling.params(max_tokens),
         });
     }
-    Ok(sampling.response(request.model.clone(), prompts))
+    Ok(sampling.response(request.model.clone(), prompts, ignored_fields))
 }
 
-/// Checks every field of a completions request but its model and its prompt.
+/// Checks every field of a completions request but its model, its prompt and its priority.
 pub fn check_completion_fields(
     request: &CompletionRequest,
     vocab_size: u32,
 ) -> Result<CheckedSampling<'_>, ApiError> {
     check_echo(request.echo.unwrap_or(false), request.logprobs)?;
+    check_suffix(request.suffix.as_deref())?;
     if let Some(logprobs) = request.logprobs {
         check_logprobs("logprobs", logprobs)?;
     }
@@ -457,7 +572,11 @@ struct PromptInput {
     text: Option<String>,
 }
 
-async fn prompt_inputs(state: &AppState, prompt: Prompt) -> Result<Vec<PromptInput>, ApiError> {
+async fn prompt_inputs(
+    state: &AppState,
+    prompt: Prompt,
+    add_special_tokens: bool,
+) -> Result<Vec<PromptInput>, ApiError> {
     let texts = match prompt {
         Prompt::Text(text) => vec![text],
         Prompt::Texts(texts) => texts,
@@ -470,7 +589,7 @@ async fn prompt_inputs(state: &AppState, prompt: Prompt) -> Result<Vec<PromptInp
         }
     };
     try_join_all(texts.into_iter().map(|text| async move {
-        let ids = state.pool.encode(text.clone(), true).await?;
+        let ids = state.pool.encode(text.clone(), add_special_tokens).await?;
         Ok::<_, ApiError>(PromptInput {
             ids,
             text: Some(text),
@@ -493,24 +612,32 @@ pub async fn chat(
     if let Some(overridden) = request.sampling.max_tokens {
         check_max_tokens(overridden)?;
     }
-    // top_logprobs is checked even when logprobs is off and it goes unused.
     if let Some(top) = request.top_logprobs {
         check_logprobs("top_logprobs", top)?;
     }
+    check_top_logprobs(request.top_logprobs, request.logprobs.unwrap_or(false))?;
     let logprobs = match request.logprobs {
         Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,
     };
     let sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;
+    check_priority(
+        request.sampling.priority.unwrap_or(0),
+        state.config.scheduling_policy,
+    )?;
+    let kwargs = template_kwargs(&request)?;
+    let ignored_fields = sampling.ignored_fields(Endpoint::Chat, &request.other_fields)?;
     let max_model_len = state.max_model_len()?;
     let text = chat_text(
         state,
         request.messages.clone(),
         request.add_generation_prompt.unwrap_or(true),
+        kwargs,
     )
     .await?;
-    // The template already wrote the special tokens.
-    let token_ids = state.pool.encode(text, false).await?;
+    // By default none: the template already wrote the special tokens.
+    let add_special_tokens = request.add_special_tokens.unwrap_or(false);
+    let token_ids = state.pool.encode(text, add_special_tokens).await?;
     check_prompt_not_empty(&token_ids)?;
     let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
     let prompt = ValidPrompt {
@@ -518,21 +645,23 @@ pub async fn chat(
         echo: None,
         params: sampling.params(max_tokens),
     };
-    Ok(sampling.response(request.model.clone(), vec![prompt]))
+    Ok(sampling.response(request.model.clone(), vec![prompt], ignored_fields))
 }
 
-/// Renders checked `messages` with the model's chat template on the tokenizer pool.
+/// Renders checked `messages` with the model's chat template, given the extra variables `kwargs`,
+/// on the tokenizer pool.
 pub async fn chat_text(
     state: &AppState,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
+    kwargs: serde_json::Map<String, serde_json::Value>,
 ) -> Result<String, ApiError> {
     let template = state.chat_template.clone().ok_or_else(|| {
         ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
     })?;
     state
         .pool
-        .run(move |_| template.render(&messages, add_generation_prompt))
+        .run(move |_| template.render_with_kwargs(&messages, add_generation_prompt, &kwargs))
         .await?
         .map_err(|error| {
             if error.is_request_error() {

@@ -69,6 +69,9 @@ pub struct ChoiceSpec {
     /// Text sent before the generated text (completions' `echo`).
     pub prefix: Option<String>,
     pub wants_logprobs: bool,
+    /// Keep the stop string, or the stop token's text, at the end of the text (vLLM's field).
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
 }
 
 /// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
@@ -80,6 +83,7 @@ pub struct ChoiceStream<O = OutputStream> {
     stop: StopMatcher,
     prefix: Option<String>,
     wants_logprobs: bool,
+    include_stop_str_in_output: bool,
     metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
     completion_tokens: u32,
@@ -97,11 +101,15 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         ChoiceStream {
             index: spec.index,
             outputs: Some(outputs),
-            detokenizer: Some(IncrementalDetokenizer::new(pool.tokenizer().clone(), true)),
+            detokenizer: Some(IncrementalDetokenizer::new(
+                pool.tokenizer().clone(),
+                spec.skip_special_tokens,
+            )),
             pool,
             stop: StopMatcher::new(spec.stop),
             prefix: spec.prefix,
             wants_logprobs: spec.wants_logprobs,
+            include_stop_str_in_output: spec.include_stop_str_in_output,
             metrics,
             permit: Some(permit),
             completion_tokens: 0,
@@ -154,11 +162,23 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             }
         };
 
-        let delta = self
-            .detokenize(output.new_token_ids, finish.is_some())
-            .await?;
+        let mut new_token_ids = output.new_token_ids;
+        // The engine stops on a stop token (EOS or one of stop_token_ids), its last: as in vLLM,
+        // the token's text is not output unless asked for.
+        if output.finish_reason == Some(FinishReason::Stop) && !self.include_stop_str_in_output {
+            new_token_ids.pop();
+        }
+        let delta = self.detokenize(new_token_ids, finish.is_some()).await?;
         let (mut text, finish_reason) = match self.stop.push(&delta) {
-            StopStep::Stopped { text, .. } => (text, Some("stop")),
+            StopStep::Stopped {
+                mut text,
+                stop_index,
+            } => {
+                if self.include_stop_str_in_output {
+                    text.push_str(self.stop.stop_string(stop_index));
+                }
+                (text, Some("stop"))
+            }
             StopStep::Continue { mut text } => {
                 if finish.is_some() {
                     text.push_str(&self.stop.finish());
@@ -326,16 +346,24 @@ mod tests {
         prefix: Option<&str>,
         logprobs: bool,
     ) -> Choice {
+        choice_of(
+            outputs,
+            ChoiceSpec {
+                index: 3,
+                stop: stop.iter().map(|s| s.to_string()).collect(),
+                prefix: prefix.map(str::to_owned),
+                wants_logprobs: logprobs,
+                include_stop_str_in_output: false,
+                skip_special_tokens: true,
+            },
+        )
+    }
+
+    fn choice_of(outputs: Vec<EngineOutput>, spec: ChoiceSpec) -> Choice {
         let pool = TokenizerPool::new(Arc::new(load_default_model_tokenizer()), 1, 16);
         let permits = Arc::new(Semaphore::new(1));
         let permit = permits.clone().try_acquire_owned().unwrap();
         let outputs_dropped = Arc::new(AtomicBool::new(false));
-        let spec = ChoiceSpec {
-            index: 3,
-            stop: stop.iter().map(|s| s.to_string()).collect(),
-            prefix: prefix.map(str::to_owned),
-            wants_logprobs: logprobs,
-        };
         let scripted = Scripted {
             outputs: outputs.into_iter(),
             dropped: outputs_dropped.clone(),
@@ -413,6 +441,79 @@ mod tests {
         assert!(updates.last().unwrap().completion_tokens < ids.len() as u32);
         assert!(choice.outputs_dropped.load(Ordering::SeqCst));
         assert_eq!(choice.permits.available_permits(), 1);
+    }
+
+    fn spec(
+        stop: &[&str],
+        include_stop_str_in_output: bool,
+        skip_special_tokens: bool,
+    ) -> ChoiceSpec {
+        ChoiceSpec {
+            index: 0,
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            prefix: None,
+            wants_logprobs: false,
+            include_stop_str_in_output,
+            skip_special_tokens,
+        }
+    }
+
+    /// `ids` one token per output, the engine stopping on the last (a stop token).
+    fn stopped_on_last(ids: &[u32]) -> Vec<EngineOutput> {
+        let mut outputs: Vec<_> = ids.iter().map(|&id| output(&[id], None)).collect();
+        outputs.last_mut().unwrap().finish_reason = Some(FinishReason::Stop);
+        outputs
+    }
+
+    #[tokio::test]
+    async fn include_stop_str_in_output_keeps_the_matched_stop_string() {
+        let ids = token_ids(TEXT);
+        for (include, expected) in [(false, "Hello world"), (true, "Hello world, this")] {
+            let outputs = outputs_of(&ids, FinishReason::Length);
+            let mut choice = choice_of(outputs, spec(&["nothing", ", this"], include, true));
+            let (updates, error) = drain(&mut choice.stream).await;
+            assert_eq!(error, None);
+            assert_eq!(text_of(&updates), expected, "include={include}");
+            assert_eq!(updates.last().unwrap().finish_reason, Some("stop"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_token_has_no_text_unless_include_stop_str_in_output() {
+        // " text." ends TEXT: its last token stands for one of stop_token_ids.
+        let ids = token_ids(TEXT);
+        let last = load_default_model_tokenizer()
+            .decode(&ids[ids.len() - 1..], false)
+            .unwrap();
+        assert!(!last.is_empty());
+        for (include, expected) in [
+            (false, TEXT.strip_suffix(last.as_str()).unwrap()),
+            (true, TEXT),
+        ] {
+            let mut choice = choice_of(stopped_on_last(&ids), spec(&[], include, true));
+            let (updates, error) = drain(&mut choice.stream).await;
+            assert_eq!(error, None);
+            assert_eq!(text_of(&updates), expected, "include={include}");
+            let last_update = updates.last().unwrap();
+            assert_eq!(last_update.finish_reason, Some("stop"));
+            // The stop token counts as generated either way, as in vLLM's usage.
+            assert_eq!(last_update.completion_tokens, ids.len() as u32);
+        }
+    }
+
+    #[tokio::test]
+    async fn skip_special_tokens_false_keeps_special_tokens_in_the_text() {
+        let tokenizer = load_default_model_tokenizer();
+        let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+        let mut ids = token_ids("Hi");
+        ids.push(im_end);
+        ids.extend(token_ids(" there"));
+        for (skip, expected) in [(true, "Hi there"), (false, "Hi<|im_end|> there")] {
+            let outputs = outputs_of(&ids, FinishReason::Length);
+            let mut choice = choice_of(outputs, spec(&[], false, skip));
+            let (updates, _) = drain(&mut choice.stream).await;
+            assert_eq!(text_of(&updates), expected, "skip_special_tokens={skip}");
+        }
     }
 
     #[tokio::test]

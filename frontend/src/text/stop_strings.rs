@@ -48,6 +48,15 @@ impl StopMatcher {
         }
     }
 
+    /// The stop string at `stop_index` in the list given to [`StopMatcher::new`].
+    pub fn stop_string(&self, stop_index: usize) -> &str {
+        self.stops
+            .iter()
+            .find(|(index, _)| *index == stop_index)
+            .map(|(_, stop)| stop.as_str())
+            .expect("a stop index the matcher reported")
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }

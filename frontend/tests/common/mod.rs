@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sluice_frontend::metrics::MetricsPrefix;
-use sluice_frontend::state::ServerConfig;
+use sluice_frontend::state::{SchedulingPolicy, ServerConfig};
 use sluice_frontend::text::tokenizer_pool::default_model_dir;
 
 /// A server of the default model serving it as `served_model_name`, without an API key.
@@ -19,5 +19,6 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         max_body_bytes_in_flight: 1 << 24,
         tokenizer_workers: 2,
         metrics_prefix: MetricsPrefix::Sluice,
+        scheduling_policy: SchedulingPolicy::Fcfs,
     }
 }

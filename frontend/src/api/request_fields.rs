@@ -1,0 +1,332 @@
+//! The fields of a completions or chat request that its typed struct does not read.
+//!
+//! A field that OpenAI or vLLM defines but Sluice cannot honour is a 400 naming it, unless it holds
+//! the value that asks for nothing (`use_beam_search: false`, `modalities: ["text"]`). Any other
+//! field is unknown: accepted, as vLLM accepts it, logged once per name in the process, and listed in
+//! the response's `x-sluice-ignored-fields` header so that a client can see it had no effect.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+use serde_json::Value;
+
+use crate::api::error::ApiError;
+
+/// The response header that lists the request's ignored fields, comma-separated.
+pub const IGNORED_FIELDS_HEADER: &str = "x-sluice-ignored-fields";
+/// Field names logged once each; beyond this many, a client sending random names cannot grow the set.
+const MAX_LOGGED_NAMES: usize = 1024;
+/// The most names one header lists, and the longest name it carries whole.
+const MAX_LISTED_NAMES: usize = 32;
+const MAX_LISTED_NAME_CHARS: usize = 64;
+
+/// A field Sluice knows but cannot honour.
+pub struct Unsupported {
+    pub name: &'static str,
+    /// Completes "`name` is not supported: ...".
+    pub why: &'static str,
+    /// Whether a value asks for nothing, so that it may be accepted.
+    pub inert: fn(&Value) -> bool,
+}
+
+fn absent(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(text) => text.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => fields.is_empty(),
+        Value::Number(_) | Value::Bool(true) => false,
+    }
+}
+
+fn absent_or_one(value: &Value) -> bool {
+    absent(value) || value.as_f64() == Some(1.0)
+}
+
+fn absent_or_text_only(value: &Value) -> bool {
+    absent(value) || *value == serde_json::json!(["text"])
+}
+
+const fn unsupported(name: &'static str, why: &'static str) -> Unsupported {
+    Unsupported {
+        name,
+        why,
+        inert: absent,
+    }
+}
+
+/// Fields both endpoints refuse (vLLM's extensions this server does not implement).
+const COMMON: &[Unsupported] = &[
+    unsupported("use_beam_search", "beam search is not implemented"),
+    Unsupported {
+        name: "length_penalty",
+        why: "it applies to beam search, which is not implemented",
+        inert: absent_or_one,
+    },
+    unsupported(
+        "allowed_token_ids",
+        "restricting the vocabulary is not implemented",
+    ),
+    unsupported("bad_words", "banned word sequences are not implemented"),
+    unsupported(
+        "logits_processors",
+        "custom logits processors are not implemented",
+    ),
+    unsupported(
+        "truncate_prompt_tokens",
+        "prompts are never truncated; send a shorter one",
+    ),
+    unsupported(
+        "return_tokens_as_token_ids",
+        "logprob tokens are always text",
+    ),
+    unsupported(
+        "return_token_ids",
+        "responses do not carry token ids; /tokenize gives the prompt's",
+    ),
+    unsupported("cache_salt", "the prefix cache is shared by all requests"),
+    unsupported(
+        "kv_transfer_params",
+        "disaggregated prefill is not implemented",
+    ),
+    unsupported("vllm_xargs", "no extension reads extra arguments"),
+];
+
+/// Fields only completions refuse.
+const COMPLETIONS: &[Unsupported] = &[unsupported(
+    "prompt_embeds",
+    "prompts are text or token ids",
+)];
+
+/// Fields only chat refuses.
+const CHAT: &[Unsupported] = &[
+    unsupported("audio", "this model produces text only"),
+    Unsupported {
+        name: "modalities",
+        why: "this model produces text only",
+        inert: absent_or_text_only,
+    },
+    unsupported("web_search_options", "this server does not search the web"),
+    unsupported(
+        "verbosity",
+        "this model has no verbosity setting; ask for brevity in a message or limit max_tokens",
+    ),
+    unsupported("mm_processor_kwargs", "this model takes text only"),
+    unsupported(
+        "chat_template",
+        "the model's own chat template is used; chat_template_kwargs sets its variables",
+    ),
+    unsupported(
+        "continue_final_message",
+        "the last message is never continued; use /v1/completions with the rendered prompt",
+    ),
+    unsupported(
+        "echo",
+        "chat does not echo; /v1/completions echoes its prompt",
+    ),
+];
+
+/// Which endpoint a request came to, for the fields it refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+impl Endpoint {
+    fn unsupported(self) -> impl Iterator<Item = &'static Unsupported> {
+        let own = match self {
+            Endpoint::Completions => COMPLETIONS,
+            Endpoint::Chat => CHAT,
+        };
+        COMMON.iter().chain(own)
+    }
+}
+
+/// The names of `other_fields` (the top level's) and `nested` (a nested object's, named with their
+/// parent: `stream_options.x`) that are ignored, or the 400 for the first field that cannot be
+/// honoured. Every ignored name is logged, once per process.
+pub fn ignored_fields<'a>(
+    endpoint: Endpoint,
+    other_fields: &BTreeMap<String, Value>,
+    nested: impl IntoIterator<Item = (&'static str, &'a BTreeMap<String, Value>)>,
+) -> Result<Vec<String>, ApiError> {
+    let mut ignored = Vec::new();
+    for (name, value) in other_fields {
+        match endpoint.unsupported().find(|field| field.name == name) {
+            Some(field) if !(field.inert)(value) => {
+                return Err(ApiError::InvalidParameter {
+                    param: field.name,
+                    message: format!("{} is not supported: {}", field.name, field.why),
+                })
+            }
+            Some(_) => {}
+            None => ignored.push(name.clone()),
+        }
+    }
+    for (parent, fields) in nested {
+        ignored.extend(fields.keys().map(|name| format!("{parent}.{name}")));
+    }
+    log_once(&ignored);
+    Ok(ignored)
+}
+
+/// Logs each name the first time this process ignores it.
+fn log_once(names: &[String]) {
+    static LOGGED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    if names.is_empty() {
+        return;
+    }
+    let mut logged = LOGGED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for name in names {
+        if logged.len() < MAX_LOGGED_NAMES && !logged.contains(name) {
+            eprintln!(
+                "sluice-frontend: ignoring the unknown request field {:?} (logged once; the \
+                 {IGNORED_FIELDS_HEADER} response header lists it)",
+                listed_name(name)
+            );
+            logged.insert(name.clone());
+        }
+    }
+}
+
+/// The header value listing `names`: each cut to a bounded length, and escaped where a byte is
+/// not one a header may carry, so that any JSON key makes a valid header.
+pub fn header_value(names: &[String]) -> String {
+    let mut listed: Vec<String> = names
+        .iter()
+        .take(MAX_LISTED_NAMES)
+        .map(|name| listed_name(name))
+        .collect();
+    if names.len() > MAX_LISTED_NAMES {
+        listed.push(format!("(and {} more)", names.len() - MAX_LISTED_NAMES));
+    }
+    listed.join(", ")
+}
+
+/// `response` with the header that lists `names`, when there are any.
+pub fn with_ignored_fields(mut response: Response, names: &[String]) -> Response {
+    if !names.is_empty() {
+        let value = HeaderValue::from_str(&header_value(names))
+            .expect("header_value writes printable ASCII only");
+        response.headers_mut().insert(IGNORED_FIELDS_HEADER, value);
+    }
+    response
+}
+
+/// `name`, at most [`MAX_LISTED_NAME_CHARS`] characters, with every byte outside printable ASCII,
+/// the comma and the percent sign percent-encoded.
+fn listed_name(name: &str) -> String {
+    let cut: String = name.chars().take(MAX_LISTED_NAME_CHARS).collect();
+    let mut listed = String::with_capacity(cut.len());
+    for byte in cut.bytes() {
+        if byte.is_ascii_graphic() && byte != b',' && byte != b'%' {
+            listed.push(byte as char);
+        } else {
+            listed.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if name.chars().count() > MAX_LISTED_NAME_CHARS {
+        listed.push_str("...");
+    }
+    listed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(value: Value) -> BTreeMap<String, Value> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn refused(endpoint: Endpoint, value: Value) -> &'static str {
+        match ignored_fields(endpoint, &fields(value), []) {
+            Err(ApiError::InvalidParameter { param, message }) => {
+                assert!(message.contains("not supported"), "{message}");
+                param
+            }
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_listed() {
+        let ignored = ignored_fields(
+            Endpoint::Completions,
+            &fields(json!({"frobnicate": 1, "zeta": null})),
+            [("stream_options", &fields(json!({"colour": "red"})))],
+        )
+        .unwrap();
+        assert_eq!(ignored, ["frobnicate", "zeta", "stream_options.colour"]);
+    }
+
+    #[test]
+    fn fields_that_cannot_be_honoured_are_refused_by_name() {
+        assert_eq!(
+            refused(Endpoint::Completions, json!({"use_beam_search": true})),
+            "use_beam_search"
+        );
+        assert_eq!(
+            refused(Endpoint::Chat, json!({"length_penalty": 0.5})),
+            "length_penalty"
+        );
+        assert_eq!(
+            refused(Endpoint::Chat, json!({"modalities": ["text", "audio"]})),
+            "modalities"
+        );
+        assert_eq!(
+            refused(Endpoint::Chat, json!({"audio": {"voice": "alloy"}})),
+            "audio"
+        );
+        assert_eq!(
+            refused(Endpoint::Completions, json!({"prompt_embeds": "AAAA"})),
+            "prompt_embeds"
+        );
+    }
+
+    #[test]
+    fn values_that_ask_for_nothing_are_accepted_and_not_listed() {
+        let inert = json!({"use_beam_search": false, "length_penalty": 1.0, "modalities": ["text"],
+            "bad_words": [], "audio": null, "echo": false});
+        assert_eq!(
+            ignored_fields(Endpoint::Chat, &fields(inert), []),
+            Ok(Vec::new())
+        );
+    }
+
+    #[test]
+    fn a_field_is_refused_only_where_the_endpoint_defines_it() {
+        // Completions' echo works; chat's is refused.
+        assert_eq!(refused(Endpoint::Chat, json!({"echo": true})), "echo");
+        assert_eq!(
+            ignored_fields(Endpoint::Chat, &fields(json!({"prompt_embeds": "x"})), []),
+            Ok(vec!["prompt_embeds".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_header_value_is_bounded_and_always_a_valid_header() {
+        let names: Vec<String> = ["plain", "with space", "ünï,%", &"x".repeat(100)]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let value = header_value(&names);
+        assert_eq!(
+            value,
+            format!(
+                "plain, with%20space, %C3%BCn%C3%AF%2C%25, {}...",
+                "x".repeat(64)
+            )
+        );
+        assert!(axum::http::HeaderValue::from_str(&value).is_ok());
+        let many: Vec<String> = (0..40).map(|i| format!("f{i}")).collect();
+        let value = header_value(&many);
+        assert!(value.ends_with("f31, (and 8 more)"), "{value}");
+    }
+}

@@ -1,0 +1,266 @@
+"""No silently ignored field, end to end: `sluice serve` on the default model, driven with the official
+`openai` package.
+
+Each field of /v1/completions and /v1/chat/completions works, is refused with a 400 that names it, changes
+nothing by design (user, metadata, ...), or is unknown: accepted, logged once, and listed in the
+`x-sluice-ignored-fields` response header. One server serves every test: the priority policy, one
+sequence at a time (so that requests wait in priority order), and the default model's chat template with
+a prefix that renders two extra variables (nothing when they are unset). The fcfs policy's refusal of a
+priority is checked by validate.rs's unit tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from serve_fixtures import Server, running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+HEADER = "x-sluice-ignored-fields"
+PROMPT = "The capital of France is"
+MESSAGES: Any = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
+# The extra variables the second server's chat template reads, each as a system message of its own.
+TEMPLATE_PREFIX = (
+    "{% if system_note %}{{ '<|im_start|>system\\n' + system_note + '<|im_end|>\\n' }}{% endif %}"
+    "{% if reasoning_effort %}{{ '<|im_start|>system\\nReasoning: ' + reasoning_effort + '<|im_end|>\\n' }}"
+    "{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def template_model(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with a chat template that renders `system_note` and `reasoning_effort`."""
+    folder = tmp_path_factory.mktemp("templated") / "SmolLM2-templated"
+    folder.mkdir()
+    for file in default_model_path.iterdir():
+        if file.name != "chat_template.jinja":
+            (folder / file.name).symlink_to(file.resolve())
+    own = (default_model_path / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(TEMPLATE_PREFIX + own)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(template_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    args = [str(template_model), "--served-model-name", MODEL, "--max-model-len", "1024"]
+    args += ["--kv-cache-memory", "1", "--scheduling-policy", "priority", "--max-num-seqs", "1"]
+    with running_server(args, log) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def refused_param(call: Any, **kwargs: Any) -> str | None:
+    """The `param` of the 400 that `call(**kwargs)` must get."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        call(model=MODEL, **kwargs)
+    assert refused.value.status_code == 400
+    body: Any = refused.value.body
+    assert set(body) == {"message", "type", "param", "code"}, body
+    return body["param"]
+
+
+def test_an_unknown_field_is_accepted_listed_in_the_header_and_logged_once(
+    server: Server, client: openai.OpenAI
+) -> None:
+    for _ in range(2):
+        raw = client.completions.with_raw_response.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=2,
+            extra_body={"frobnicate_level": 3, "guided_json_typo": {"type": "object"}},
+        )
+        assert raw.headers.get(HEADER) == "frobnicate_level, guided_json_typo"
+        assert raw.parse().choices[0].text
+    streamed = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True, "sparkle": True},  # type: ignore[typeddict-unknown-key]
+        extra_body={"frobnicate_level": 1},
+    )
+    assert streamed.headers.get(HEADER) == "frobnicate_level, stream_options.sparkle"
+    assert [chunk for chunk in streamed.parse()][-1].usage is not None
+    log = server.log.read_text(errors="replace")
+    assert log.count('ignoring the unknown request field "frobnicate_level"') == 1, server.log_tail()
+    assert log.count('ignoring the unknown request field "stream_options.sparkle"') == 1
+
+
+def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai.OpenAI) -> None:
+    no_ops: dict[str, Any] = {
+        "user": "someone",
+        "metadata": {"team": "sluice"},
+        "store": False,
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "safety_identifier": "s",
+    }
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"spaces_between_special_tokens": True, "use_beam_search": False, "modalities": ["text"]},
+        **no_ops,
+    )
+    assert HEADER not in raw.headers
+    assert raw.parse().choices[0].message.content == plain.choices[0].message.content
+    completion = client.completions.with_raw_response.create(
+        model=MODEL, prompt=PROMPT, max_tokens=2, user="someone", suffix="", extra_body={"priority": 0}
+    )
+    assert HEADER not in completion.headers
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "param"),
+    [
+        ("completions", {"suffix": " and that is all."}, "suffix"),
+        ("completions", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
+        ("completions", {"extra_body": {"truncate_prompt_tokens": 4}}, "truncate_prompt_tokens"),
+        ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("chat", {"modalities": ["text", "audio"]}, "modalities"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat", {"extra_body": {"chat_template": "{{ messages }}"}}, "chat_template"),
+        ("chat", {"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ],
+)
+def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
+    client: openai.OpenAI, endpoint: str, fields: dict[str, Any], param: str
+) -> None:
+    if endpoint == "completions":
+        got = refused_param(client.completions.create, prompt=PROMPT, max_tokens=2, **fields)
+    else:
+        got = refused_param(client.chat.completions.create, messages=MESSAGES, max_tokens=2, **fields)
+    assert got == param
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:
+    text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = " " + words[2]
+    before = text[: text.index(stop)]
+    for include, expected in [(False, before), (True, before + stop)]:
+        whole = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
+            extra_body={"include_stop_str_in_output": include},
+        ).choices[0]
+        assert (whole.text, whole.finish_reason) == (expected, "stop")
+        chunks = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+            extra_body={"include_stop_str_in_output": include},
+        )
+        assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == expected
+
+
+def test_skip_special_tokens_and_the_stop_token(client: openai.OpenAI) -> None:
+    def reply(**extra_body: bool) -> Any:
+        return client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=64, temperature=0, extra_body=extra_body
+        ).choices[0]
+
+    plain = reply()
+    # The model ends its turn with <|im_end|>, its EOS token, within 64 tokens.
+    assert plain.finish_reason == "stop" and plain.message.content
+    assert "<|im_end|>" not in plain.message.content
+    # The stop token's text comes only with include_stop_str_in_output, and only if special tokens show.
+    assert reply(skip_special_tokens=False).message.content == plain.message.content
+    assert reply(include_stop_str_in_output=True).message.content == plain.message.content
+    shown = reply(skip_special_tokens=False, include_stop_str_in_output=True).message.content
+    assert shown == plain.message.content + "<|im_end|>"
+
+
+def test_continuous_usage_stats_put_usage_on_every_chunk(client: openai.OpenAI) -> None:
+    for create, kwargs in [
+        (client.completions.create, {"prompt": PROMPT}),
+        (client.chat.completions.create, {"messages": MESSAGES}),
+    ]:
+        chunks = list(
+            create(
+                model=MODEL,
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+                extra_body={"ignore_eos": True},
+                **kwargs,
+            )
+        )
+        assert all(chunk.usage is not None for chunk in chunks)
+        counts = [chunk.usage.completion_tokens for chunk in chunks if chunk.usage is not None]
+        assert counts == sorted(counts) and counts[-1] == 6
+        prompt_tokens = {chunk.usage.prompt_tokens for chunk in chunks if chunk.usage is not None}
+        assert len(prompt_tokens) == 1 and prompt_tokens.pop() > 0
+
+
+def test_priority_orders_the_waiting_requests(client: openai.OpenAI) -> None:
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def run(name: str, priority: int) -> None:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body={"priority": priority})
+        with lock:
+            finished.append(name)
+
+    # The server runs one sequence at a time: while this stream holds it, the other two wait.
+    running = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=512, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert next(iter(running)).choices
+    threads = [
+        threading.Thread(target=run, args=("early but lax", 5)),
+        threading.Thread(target=run, args=("late but urgent", -5)),
+    ]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.5)
+    # Closing the stream aborts its request; the waiting ones then run, the more urgent (lower) first.
+    running.close()
+    for thread in threads:
+        thread.join(120)
+    assert finished == ["late but urgent", "early but lax"]
+
+
+def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(
+    server: Server, client: openai.OpenAI
+) -> None:
+    def prompt_tokens(**extra: Any) -> int:
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1, **extra)
+        assert reply.usage is not None
+        return reply.usage.prompt_tokens
+
+    def tokens_of(text: str) -> int:
+        body = {"model": MODEL, "prompt": text, "add_special_tokens": False}
+        return len(server.request("POST", "/tokenize", body).body["tokens"])
+
+    plain = prompt_tokens()
+    note = "Always answer in French."
+    with_note = prompt_tokens(extra_body={"chat_template_kwargs": {"system_note": note}})
+    assert with_note == plain + tokens_of(f"<|im_start|>system\n{note}<|im_end|>\n")
+    with_effort = prompt_tokens(reasoning_effort="low")
+    assert with_effort == plain + tokens_of("<|im_start|>system\nReasoning: low<|im_end|>\n")
+    # The template's own variables cannot be replaced.
+    assert prompt_tokens(extra_body={"chat_template_kwargs": {"add_generation_prompt": False}}) == plain

@@ -1,0 +1,199 @@
+"""GGUF loading: our dequantization against the gguf package's, the default model's own Q4_1 file
+against the Hugging Face folder converted from it (by transformers), and `sluice serve model.gguf`
+against `sluice serve FOLDER`, through the official openai client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import numpy as np
+import openai
+import pytest
+import torch
+from gguf.quants import dequantize as reference_dequantize
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from serve_fixtures import Server, running_server
+from sluice.default_model import gguf_path
+from sluice.errors import ModelNotFoundError
+from sluice.gguf_model import gguf_model_folder
+from sluice.model_spec import read_model_spec
+from worker.gguf_dequantize import UnsupportedQuantizationError, dequantize
+from worker.gguf_weights import gguf_tensors, unpermute_rotary_rows
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1"
+FOLDER_NAME = "SmolLM2-135M-Instruct"
+MAX_MODEL_LEN = 512
+TEXTS = [
+    "Hello world 12345!",
+    "<|im_start|>user\nWhat's 2+2?<|im_end|>\n",
+    "  spaces\t\ttabs\n\nnewlines  ",
+    "def f(x):\n    return x**2  # ünïcödé 日本語 🎉",
+    "<repo_name>sluice<file_sep>main.rs",
+]
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw bytes of a rows x cols tensor of GGML type `type_name`: random quants, finite scales."""
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if type_name == "F32":
+        return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8)
+    if type_name == "F16":
+        return rng.normal(size=(rows, cols)).astype(np.float16).view(np.uint8)
+    if type_name == "BF16":
+        as_float = rng.normal(size=(rows, cols)).astype(np.float32)
+        return (as_float.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    raw = rng.integers(0, 256, size=(rows * cols // block_size, block_bytes), dtype=np.uint8)
+    scale_bytes = 4 if type_name == "Q4_1" else 2  # Q4_1 has d and m
+    scales = rng.normal(size=(raw.shape[0], scale_bytes // 2)).astype(np.float16)
+    raw[:, :scale_bytes] = scales.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def test_dequantize_equals_the_gguf_package(type_name: str) -> None:
+    rng = np.random.default_rng(sum(map(ord, type_name)))
+    rows, cols = 6, 256
+    raw = random_blocks(type_name, rows, cols, rng)
+    expected = torch.from_numpy(np.array(reference_dequantize(raw, gguf.GGMLQuantizationType[type_name])))
+    ours = dequantize(raw, type_name, (rows, cols))
+    assert ours.dtype == torch.float32 and ours.shape == (rows, cols)
+    assert torch.equal(ours, expected.to(torch.float32))
+
+
+def test_unsupported_quantization_names_the_type() -> None:
+    with pytest.raises(UnsupportedQuantizationError, match="Q5_K"):
+        dequantize(np.zeros(176, np.uint8), "Q5_K", (1, 256))
+
+
+def test_unpermute_undoes_llama_cpp_rotary_interleave() -> None:
+    heads, head_dim, hidden = 3, 8, 5
+    weight = torch.arange(heads * head_dim * hidden, dtype=torch.float32).reshape(heads * head_dim, hidden)
+    # llama.cpp's convert_hf_to_gguf.py: the halves of each head's rows become interleaved pairs.
+    interleaved = weight.reshape(heads, 2, head_dim // 2, hidden).swapaxes(1, 2).reshape(weight.shape)
+    assert not torch.equal(interleaved, weight)
+    assert torch.equal(unpermute_rotary_rows(interleaved, heads), weight)
+    bias = torch.arange(heads * head_dim, dtype=torch.float32)
+    interleaved_bias = bias.reshape(heads, 2, head_dim // 2).swapaxes(1, 2).reshape(bias.shape)
+    assert torch.equal(unpermute_rotary_rows(interleaved_bias, heads), bias)
+
+
+def test_default_gguf_weights_equal_the_converted_folder(default_model_path: Path) -> None:
+    """Every tensor, dequantized by us and rounded to bfloat16, equals transformers' conversion."""
+    reference = load_file(str(default_model_path / "model.safetensors"))
+    spec = read_model_spec(gguf_path())
+    names = []
+    for name, tensor in gguf_tensors(gguf_path(), spec.hf_config, show_progress=False):
+        assert torch.equal(tensor.to(torch.bfloat16), reference[name]), name
+        names.append(name)
+    assert sorted(names) == sorted(reference)
+
+
+def test_gguf_folder_config_tokenizer_and_template_match(default_model_path: Path, tmp_path: Path) -> None:
+    folder = gguf_model_folder(gguf_path(), cache_dir=tmp_path)
+    assert folder.parent == tmp_path / "gguf"
+    config = json.loads((folder / "config.json").read_text())
+    expected = json.loads((default_model_path / "config.json").read_text())
+    same_keys = [
+        "architectures",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "vocab_size",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ]
+    assert {k: config[k] for k in same_keys} == {k: expected[k] for k in same_keys}
+    assert config["rope_theta"] == expected["rope_parameters"]["rope_theta"]
+    ours = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    theirs = Tokenizer.from_file(str(default_model_path / "tokenizer.json"))
+    for text in TEXTS:
+        ids = ours.encode(text).ids
+        assert ids == theirs.encode(text).ids, text
+        assert ours.decode(ids, skip_special_tokens=False) == text
+        assert ours.decode(ids) == theirs.decode(ids)
+    assert (folder / "chat_template.jinja").read_text() == (
+        default_model_path / "chat_template.jinja"
+    ).read_text()
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (settings["bos_token"], settings["eos_token"], settings["add_bos_token"]) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        False,
+    )
+    # A second call finds the folder already written.
+    assert gguf_model_folder(gguf_path(), cache_dir=tmp_path) == folder
+
+
+def test_missing_gguf_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        read_model_spec(tmp_path / "absent.gguf")
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
+) -> Iterator[tuple[Server, Server]]:
+    """`sluice serve model.gguf` and `sluice serve FOLDER` (the folder converted from that file)."""
+    logs = tmp_path_factory.mktemp("serve-gguf")
+    args = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.25", "--max-num-seqs", "8"]
+    with (
+        running_server([str(gguf_path()), *args], logs / "gguf.log") as from_gguf,
+        running_server([str(default_model_path), *args], logs / "folder.log") as from_folder,
+    ):
+        yield from_gguf, from_folder
+
+
+def clients(servers: tuple[Server, Server]) -> list[openai.OpenAI]:
+    return [
+        openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) for s in servers
+    ]
+
+
+def test_served_gguf_is_named_after_the_file(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    assert [m.id for m in from_gguf.models.list()] == [GGUF_NAME]
+    assert [m.id for m in from_folder.models.list()] == [FOLDER_NAME]
+    assert "dequantizing" in servers[0].log.read_text(errors="replace")
+
+
+def test_served_gguf_greedy_completions_equal_the_folder(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    prompts = ["The capital of France is", "def fibonacci(n):", "In 1969, astronauts", "List 3 colors: 1."]
+    for prompt in prompts:
+        answers = [
+            client.completions.create(
+                model=model, prompt=prompt, max_tokens=24, temperature=0, logprobs=0
+            ).choices[0]
+            for client, model in zip((from_gguf, from_folder), (GGUF_NAME, FOLDER_NAME))
+        ]
+        assert answers[0].logprobs.tokens == answers[1].logprobs.tokens, prompt
+        assert answers[0].text == answers[1].text and answers[0].text
+
+
+def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    replies = [
+        client.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0)
+        for client, model in zip((from_gguf, from_folder), (GGUF_NAME, FOLDER_NAME))
+    ]
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    streamed = from_gguf.chat.completions.create(
+        model=GGUF_NAME, messages=messages, max_tokens=32, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+    assert text == replies[0].choices[0].message.content

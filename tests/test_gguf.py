@@ -197,3 +197,101 @@ def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Ser
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
     assert text == replies[0].choices[0].message.content
+
+
+def _gguf_name(hf_name: str) -> str:
+    """llama.cpp's name for a Hugging Face tensor name (written out here, apart from the loader's map)."""
+    globals_ = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if hf_name in globals_:
+        return globals_[hf_name]
+    parts = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{parts[module]}.{kind}"
+
+
+def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tensor]:
+    """A GGUF of the tiny `arch` folder's weights, 2-D ones cycling through the six types, as
+    llama.cpp's converter writes them; returns what each tensor should load as (float32)."""
+    config = json.loads((folder / "config.json").read_text())
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
+    writer.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
+    writer.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
+    writer.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
+    writer.add_uint32(f"{arch}.attention.head_count", config["num_attention_heads"])
+    writer.add_uint32(f"{arch}.attention.head_count_kv", config["num_key_value_heads"])
+    if config.get("head_dim"):
+        writer.add_uint32(f"{arch}.attention.key_length", config["head_dim"])
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
+    tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3, 3] + [5] * (len(tokens) - 258))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    types = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+    expected = {}
+    for index, (name, weight) in enumerate(sorted(load_file(str(folder / "model.safetensors")).items())):
+        values = weight.to(torch.float32).numpy()
+        qtype = gguf.GGMLQuantizationType[types[index % len(types)] if values.ndim == 2 else "F32"]
+        stored = values
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+        part = name.split(".")[-2]
+        if arch == "llama" and part in heads:
+            # convert_hf_to_gguf.py's LlamaModel.permute.
+            n = heads[part]
+            stored = values.reshape(n, 2, values.shape[0] // n // 2, *values.shape[1:])
+            stored = stored.swapaxes(1, 2).reshape(values.shape)
+        raw = gguf.quants.quantize(np.ascontiguousarray(stored), qtype)
+        writer.add_tensor(_gguf_name(name), raw, raw_dtype=qtype)
+        # Quantization blocks lie within rows, so permuting rows commutes with it.
+        expected[name] = torch.from_numpy(
+            np.array(reference_dequantize(gguf.quants.quantize(values, qtype), qtype))
+        ).to(torch.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_gguf_of_each_architecture_and_type_loads_as_written(arch: str, tmp_path: Path) -> None:
+    from tiny_models import tiny_model_dir
+
+    folder = tiny_model_dir(arch)
+    path = tmp_path / f"tiny-{arch}.gguf"
+    expected = write_tiny_gguf(arch, folder, path)
+    config = json.loads((gguf_model_folder(path, cache_dir=tmp_path) / "config.json").read_text())
+    source = json.loads((folder / "config.json").read_text())
+    for key in ("num_attention_heads", "num_key_value_heads", "hidden_size", "tie_word_embeddings"):
+        assert config[key] == source[key], key
+    assert config["head_dim"] == source.get(
+        "head_dim", source["hidden_size"] // source["num_attention_heads"]
+    )
+    loaded = dict(gguf_tensors(path, config, show_progress=False))
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, expected[name]), name

@@ -32,7 +32,6 @@ class TokensPrompt(TypedDict):
 
 
 PromptType = str | TokensPrompt
-_UTF8_SLACK = 3
 # One conversation: OpenAI-style messages ({"role": ..., "content": ...}).
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -249,9 +248,8 @@ class LLM:
         if not params.stop or len(out.token_ids) < params.min_tokens:
             return False
         text = self._detokenize(out.token_ids, params)
-        # The earlier text's length, less a few characters that an unfinished UTF-8 sequence may
-        # have shown as replacement characters.
-        before = len(self._detokenize(out.token_ids[:-1], params)) - _UTF8_SLACK
+        # The earlier text, less the replacement characters that an unfinished UTF-8 sequence shows.
+        before = len(self._detokenize(out.token_ids[:-1], params).rstrip("\ufffd"))
         matches = []
         for stop in params.stop:
             at = text.find(stop, max(0, before - len(stop) + 1))

@@ -184,6 +184,16 @@ def test_stop_string_ends_the_text_before_it(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_stop_string_keeps_one_logprob_per_kept_token(llm):
+    free = _free_run(llm)
+    stop = free.text[10:14]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop], logprobs=1)
+    (result,) = llm.generate("The three primary colors are", params)
+    out = result.outputs[0]
+    assert out.finish_reason == "stop" and len(out.logprobs) == len(out.token_ids)
+    assert all(entry[token].rank == 1 for token, entry in zip(out.token_ids, out.logprobs))
+
+
 def test_stop_string_kept_with_include_stop_str_in_output(llm):
     free = _free_run(llm)
     stop = free.text[10:14]

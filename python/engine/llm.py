@@ -224,12 +224,14 @@ class LLM:
 
     def _absorb(self, child: _Child, core_output: EngineCoreOutput) -> None:
         out = child.output
+        kept = 0
         for token_id in core_output.new_token_ids:
             out.token_ids.append(token_id)
+            kept += 1
             if self._cut_at_stop_string(child):
                 break
         if out.logprobs is not None and core_output.new_logprobs:
-            for entry in core_output.new_logprobs:
+            for entry in core_output.new_logprobs[:kept]:
                 out.logprobs.append(self._logprob_dict(entry))
                 out.cumulative_logprob = (out.cumulative_logprob or 0.0) + entry.logprobs[0]
         child.parent.num_cached_tokens = max(child.parent.num_cached_tokens, core_output.num_cached_tokens)

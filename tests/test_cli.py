@@ -35,6 +35,21 @@ def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("model", ["absent.gguf", "notes.txt"])
+def test_serve_refuses_a_model_that_is_neither_folder_nor_gguf_file(tmp_path, model):
+    (tmp_path / "notes.txt").write_text("not a model")
+    result = run("serve", str(tmp_path / model), "--port", "1")
+    assert result.returncode == 2
+    assert "must be a local Hugging Face folder or a .gguf file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_chat_generate_uses_the_chat_template(default_model_path):
+    result = run("generate", "--chat", "--max-tokens", "8", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is absent")
 def test_cuda_without_a_gpu_is_a_clear_error(default_model_path):
     result = run("generate", "--device", "cuda", "hello")

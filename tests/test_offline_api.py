@@ -125,3 +125,109 @@ def test_unsupported_architecture(tmp_path):
 def test_kv_budget_too_small_for_one_request_says_so(default_model_path):
     with pytest.raises(KVCacheTooSmallError, match="max_model_len 8192"):
         LLM(model=str(default_model_path), kv_cache_memory=0.01)
+
+
+def test_sluice_exports_the_offline_api_without_importing_the_engine_early():
+    import subprocess
+    import sys
+
+    import sluice
+    from engine.llm import LLM as EngineLLM
+
+    assert sluice.LLM is EngineLLM and sluice.SamplingParams is SamplingParams
+    # The shared modules stay importable on their own: importing sluice.config loads no engine.
+    probe = "import sys, sluice.config; assert 'engine' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+def test_chat_renders_the_chat_template(llm):
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    (result,) = llm.chat([{"role": "user", "content": "Name a river."}], params)
+    # SmolLM2's template, with its default system prompt, written out by hand.
+    expected_prompt = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nName a river.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert result.prompt == expected_prompt
+    assert result.prompt_token_ids == llm.tokenizer.encode(expected_prompt)
+    (plain,) = llm.generate({"prompt_token_ids": result.prompt_token_ids}, params)
+    assert result.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert result.outputs[0].text
+
+
+def test_chat_takes_several_conversations_in_order(llm):
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    conversations = [[{"role": "user", "content": q}] for q in ("Hi!", "What is 2+2?")]
+    results = llm.chat(conversations, params)
+    singles = [llm.chat(c, params)[0] for c in conversations]
+    assert [r.outputs[0].token_ids for r in results] == [s.outputs[0].token_ids for s in singles]
+    assert results[0].prompt != results[1].prompt
+
+
+def _free_run(llm):
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    (result,) = llm.generate("The three primary colors are", params)
+    return result.outputs[0]
+
+
+def test_stop_string_ends_the_text_before_it(llm):
+    free = _free_run(llm)
+    stop = free.text[10:14]
+    assert stop.strip() and free.text.find(stop) == 10
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=["no such text", stop])
+    (result,) = llm.generate("The three primary colors are", params)
+    out = result.outputs[0]
+    assert out.text == free.text[:10]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert len(out.token_ids) < len(free.token_ids)
+    assert out.token_ids == free.token_ids[: len(out.token_ids)]
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_stop_string_keeps_one_logprob_per_kept_token(llm):
+    free = _free_run(llm)
+    stop = free.text[10:14]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop], logprobs=1)
+    (result,) = llm.generate("The three primary colors are", params)
+    out = result.outputs[0]
+    assert out.finish_reason == "stop" and len(out.logprobs) == len(out.token_ids)
+    assert all(entry[token].rank == 1 for token, entry in zip(out.token_ids, out.logprobs))
+
+
+def test_stop_string_kept_with_include_stop_str_in_output(llm):
+    free = _free_run(llm)
+    stop = free.text[10:14]
+    params = SamplingParams(
+        max_tokens=24, temperature=0.0, ignore_eos=True, stop=stop, include_stop_str_in_output=True
+    )
+    (result,) = llm.generate("The three primary colors are", params)
+    assert result.outputs[0].text == free.text[:14]
+    assert result.outputs[0].finish_reason == "stop"
+
+
+def test_stop_string_not_checked_before_min_tokens(llm):
+    free = _free_run(llm)
+    stop = free.text[:3]
+    early = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop])
+    (stopped,) = llm.generate("The three primary colors are", early)
+    assert stopped.outputs[0].text == ""
+    late = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop], min_tokens=24)
+    (result,) = llm.generate("The three primary colors are", late)
+    assert result.outputs[0].text == free.text
+    assert result.outputs[0].finish_reason == "length"
+
+
+def test_skip_special_tokens_false_keeps_the_end_token_text(llm):
+    chat = [{"role": "user", "content": "Say hello."}]
+    kept = llm.chat(chat, SamplingParams(max_tokens=64, temperature=0.0, skip_special_tokens=False))[0]
+    skipped = llm.chat(chat, SamplingParams(max_tokens=64, temperature=0.0))[0]
+    assert kept.outputs[0].finish_reason == "stop"
+    assert kept.outputs[0].token_ids[-1] == llm.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert kept.outputs[0].text == skipped.outputs[0].text + "<|im_end|>"
+
+
+@pytest.mark.parametrize("stop", [[""], ["ok", 3]])
+def test_bad_stop_strings_are_refused(llm, stop):
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate("Hello", SamplingParams(stop=stop))
+    assert info.value.param == "stop"

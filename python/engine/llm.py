@@ -1,12 +1,13 @@
-"""The offline API: `LLM(model=...).generate(prompts, params)`, tokenizing in Python."""
+"""The offline API: `LLM(model=...).generate(prompts, params)` and `.chat(messages, params)`, tokenizing,
+rendering chat templates, detokenizing and cutting at stop strings in Python."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from engine.engine_core import EngineCore
 from engine.engine_core_output import EngineCoreOutput
@@ -31,6 +32,8 @@ class TokensPrompt(TypedDict):
 
 
 PromptType = str | TokensPrompt
+# One conversation: OpenAI-style messages ({"role": ..., "content": ...}).
+Conversation = Sequence[Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -39,6 +42,10 @@ class _Child:
 
     output: CompletionOutput
     parent: RequestOutput
+    params: SamplingParams
+    # The text up to and without (or with) the stop string that ended it; None until one does.
+    stopped_text: str | None = None
+    finished: bool = False
 
 
 class LLM:
@@ -108,7 +115,7 @@ class LLM:
         self.engine = EngineCore(config)
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.engine.spec.path)
         self._ids = itertools.count()
 
     def generate(
@@ -122,12 +129,52 @@ class LLM:
         Every prompt is validated before any is queued, so a bad one queues nothing.
         """
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        return self._run([self._tokenize(p) for p in prompt_list], params, priority)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation through the model's chat template and generate its reply.
+
+        `messages` is one conversation (a list of messages) or a list of them; results come back
+        in the same order, one per conversation. chat_template_kwargs are extra template
+        variables (e.g. enable_thinking), as in vLLM.
+        """
+        if not messages:
+            raise InvalidRequestError("chat() needs at least one message", param="messages")
+        first = messages[0]
+        conversations = [messages] if isinstance(first, Mapping) else list(messages)
+        if self.tokenizer.chat_template is None:
+            raise InvalidRequestError("this model has no chat template; use generate()", param="messages")
+        requests = []
+        for conversation in conversations:
+            if not conversation or not all(isinstance(m, Mapping) for m in conversation):
+                raise InvalidRequestError("a conversation must be a non-empty list of messages", "messages")
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in conversation],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **dict(chat_template_kwargs or {}),
+            )
+            # The template writes the special tokens itself, as the frontend's chat endpoint does.
+            requests.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(requests, params, None)
+
+    def _run(
+        self,
+        requests: list[tuple[str | None, list[int]]],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None,
+    ) -> list[RequestOutput]:
         params = params or SamplingParams()
-        param_list = [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
-        if len(param_list) != len(prompt_list):
-            raise InvalidRequestError("generate() needs one SamplingParams per prompt, or one for all")
-        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
-        requests = [self._tokenize(p) for p in prompt_list]
+        param_list = [params] * len(requests) if isinstance(params, SamplingParams) else list(params)
+        if len(param_list) != len(requests):
+            raise InvalidRequestError("one SamplingParams is needed per prompt, or one for all")
+        priorities = list(priority) if priority is not None else [0] * len(requests)
         for (_, token_ids), p in zip(requests, param_list):
             self.engine.check_request(token_ids, p)
         results: list[RequestOutput] = []
@@ -147,15 +194,26 @@ class LLM:
                     finish_reason=None,
                 )
                 parent.outputs.append(out)
-                children[child_id] = _Child(out, parent)
+                children[child_id] = _Child(out, parent, child_params)
                 self.engine.add_request(child_id, token_ids, child_params, now, prio)
         while self.engine.has_unfinished_requests():
             for core_output in self.engine.step():
-                self._absorb(children[core_output.request_id], core_output)
-        for parent in results:
-            for out in parent.outputs:
-                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                child = children[core_output.request_id]
+                if not child.finished:
+                    self._absorb(child, core_output)
+                if child.stopped_text is not None and not child.finished:
+                    child.finished = True
+                    self.engine.abort_requests([core_output.request_id])
+        for child in children.values():
+            child.output.text = (
+                child.stopped_text
+                if child.stopped_text is not None
+                else self._detokenize(child.output.token_ids, child.params)
+            )
         return results
+
+    def _detokenize(self, token_ids: list[int], params: SamplingParams) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -166,15 +224,46 @@ class LLM:
 
     def _absorb(self, child: _Child, core_output: EngineCoreOutput) -> None:
         out = child.output
-        out.token_ids.extend(core_output.new_token_ids)
+        kept = 0
+        for token_id in core_output.new_token_ids:
+            out.token_ids.append(token_id)
+            kept += 1
+            if self._cut_at_stop_string(child):
+                break
         if out.logprobs is not None and core_output.new_logprobs:
-            for entry in core_output.new_logprobs:
+            for entry in core_output.new_logprobs[:kept]:
                 out.logprobs.append(self._logprob_dict(entry))
                 out.cumulative_logprob = (out.cumulative_logprob or 0.0) + entry.logprobs[0]
         child.parent.num_cached_tokens = max(child.parent.num_cached_tokens, core_output.num_cached_tokens)
-        if core_output.finish_reason is not None:
+        if child.stopped_text is None and core_output.finish_reason is not None:
             out.finish_reason = core_output.finish_reason
             out.stop_reason = core_output.stop_reason
+        child.finished = core_output.finish_reason is not None
+
+    def _cut_at_stop_string(self, child: _Child) -> bool:
+        """Whether the newest token completed one of the stop strings; if so, end the output there.
+
+        As in vLLM, stop strings are looked for once min_tokens are out, only in text that the
+        newest token touched, and the earliest match wins.
+        """
+        params, out = child.params, child.output
+        if not params.stop or len(out.token_ids) < params.min_tokens:
+            return False
+        text = self._detokenize(out.token_ids, params)
+        # The earlier text, less the replacement characters that an unfinished UTF-8 sequence shows.
+        before = len(self._detokenize(out.token_ids[:-1], params).rstrip("\ufffd"))
+        matches = []
+        for stop in params.stop:
+            at = text.find(stop, max(0, before - len(stop) + 1))
+            if at >= 0:
+                matches.append((at, stop))
+        if not matches:
+            return False
+        at, stop = min(matches)
+        child.stopped_text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
+        out.finish_reason = "stop"
+        out.stop_reason = stop
+        return True
 
     def _logprob_dict(self, entry: Logprobs) -> dict[int, Logprob]:
         ranked = {entry.token_ids[0]: Logprob(entry.logprobs[0], entry.sampled_rank)}

@@ -11,18 +11,16 @@ from sluice.errors import SluiceError
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from engine import LLM, SamplingParams
+    from sluice import LLM, SamplingParams
 
     llm = LLM.from_config(config_from_args(args))
-    prompt = args.prompt
-    if args.chat:
-        prompt = llm.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
-    (result,) = llm.generate([prompt], params)
+    if args.chat:
+        (result,) = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        (result,) = llm.generate([args.prompt], params)
     print(result.outputs[0].text)
 
 

@@ -20,7 +20,7 @@ MetricsPrefix = Literal["sluice", "vllm"]
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    # A local Hugging Face folder (config.json, *.safetensors, tokenizer files).
+    # A local Hugging Face folder (config.json, *.safetensors, tokenizer files) or a .gguf file.
     path: str
     dtype: DType = "bfloat16"
     # None: take the model's max_position_embeddings.

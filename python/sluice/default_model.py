@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sluice.cache_folder import publish_folder
 from sluice.config import sluice_cache_dir
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -72,7 +73,7 @@ def prepare_default_model(
     try:
         with _quiet_transformers():
             _convert(source, staging, progress)
-        _publish(staging, target)
+        publish_folder(staging, target, is_complete)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"done: {target}")
@@ -160,19 +161,3 @@ def _save_tokenizer(tokenizer: Any, out: Path, max_length: int) -> None:
     )
     config_file.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
     (out / "chat_template.jinja").write_text(chat_template)
-
-
-def _publish(staging: Path, target: Path) -> None:
-    """Move the finished folder into place; an incomplete leftover at `target` is replaced."""
-    if target.exists():
-        if is_complete(target):
-            return  # another process finished first
-        shutil.rmtree(target)
-    os.chmod(staging, 0o755)
-    for file in staging.iterdir():
-        os.chmod(file, 0o644)
-    try:
-        staging.rename(target)
-    except OSError:
-        if not is_complete(target):
-            raise

@@ -85,7 +85,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     graph = GraphConfig()
     device = DeviceConfig()
     group = parser.add_argument_group("engine")
-    model_help = "a local Hugging Face folder (default: SmolLM2-135M-Instruct)"
+    model_help = "a local Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct)"
     if model_positional:
         group.add_argument("model", nargs="?", default=None, metavar="MODEL", help=model_help)
         group.add_argument("--model", dest="model_option", default=None, metavar="PATH", help=model_help)

@@ -1,4 +1,4 @@
-"""What the engine core needs to know about a model folder, read from its config.json."""
+"""What the engine core needs to know about a model folder (or GGUF file), read from its config.json."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidRequestError, ModelNotFoundError, UnsupportedArchitectureError
+from sluice.gguf_model import gguf_model_folder, is_gguf_file
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -24,6 +25,8 @@ class ModelSpec:
     hf_config: dict[str, Any]
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    # The GGUF file that holds the weights; `path` is then the folder of its config and tokenizer.
+    gguf_file: Path | None = None
 
     @property
     def num_layers(self) -> int:
@@ -45,14 +48,15 @@ class ModelSpec:
 
 
 def read_model_spec(path: str | Path) -> ModelSpec:
-    """Check that `path` is a loadable model folder and summarise it."""
-    folder = Path(path)
+    """Check that `path` is a loadable model folder or GGUF file and summarise it."""
+    gguf_file = Path(path).resolve() if is_gguf_file(path) else None
+    folder = Path(path) if gguf_file is None else gguf_model_folder(gguf_file)
     config_file = folder / "config.json"
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {str(folder)!r} does not exist")
     if not config_file.is_file():
         raise ModelNotFoundError(f"model folder {str(folder)!r} has no config.json")
-    if not any(folder.glob("*.safetensors")):
+    if gguf_file is None and not any(folder.glob("*.safetensors")):
         raise ModelNotFoundError(f"model folder {str(folder)!r} has no *.safetensors weights")
     hf_config = json.loads(config_file.read_text())
     architectures = hf_config.get("architectures") or []
@@ -70,6 +74,7 @@ def read_model_spec(path: str | Path) -> ModelSpec:
         hf_config=hf_config,
         max_position_embeddings=int(hf_config.get("max_position_embeddings", 2048)),
         eos_token_ids=eos_ids,
+        gguf_file=gguf_file,
     )
 
 

@@ -34,6 +34,18 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
+    # the frontend applies its own over HTTP. A stop string ends the output before it.
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # vLLM's SamplingParams also takes one string, or None, as `stop`.
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
 
     @property
     def is_greedy(self) -> bool:
@@ -105,6 +117,11 @@ class SamplingParams:
                 self.min_tokens <= self.max_tokens,
                 "min_tokens",
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+            ),
+            (
+                all(isinstance(text, str) and text for text in self.stop),
+                "stop",
+                f"stop must be a list of non-empty strings, got {self.stop!r}",
             ),
         ]
         for ok, param, message in checks:

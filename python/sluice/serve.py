@@ -56,6 +56,7 @@ from sluice.engine_args import (
     positive_float,
 )
 from sluice.errors import SluiceError
+from sluice.gguf_model import gguf_model_folder, is_gguf_file
 from sluice.model_spec import read_model_spec
 
 # Where the replicas behind the router listen: this machine only.
@@ -214,11 +215,11 @@ class RestartBudget:
         return min(backoff, self.config.backoff_max_s)
 
 
-def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
+def engine_argv(args: argparse.Namespace, model: Path) -> list[str]:
     """The engine options in `args`, as the engine core process's command line takes them."""
     engine_only = argparse.ArgumentParser(add_help=False)
     add_engine_arguments(engine_only)
-    argv = ["--model", str(model_dir)]
+    argv = ["--model", str(model)]
     for action in engine_only._actions:
         if action.dest == "model" or not action.option_strings:
             continue
@@ -499,6 +500,7 @@ class Replica:
         cls,
         supervisor: Supervisor,
         args: argparse.Namespace,
+        model: Path,
         model_dir: Path,
         name: str,
         where: tuple[str, int],
@@ -509,14 +511,16 @@ class Replica:
         """Start the engine core, then the frontend on `where` (host, port), both on `cores`, talking
         over IPC sockets in `socket_dir`.
 
-        `label` ("replica 1 ") prefixes the children's names; args are the engine's options."""
+        The engine core loads `model` (a folder or GGUF file); the frontend reads the tokenizer and
+        chat template in `model_dir`. `label` ("replica 1 ") prefixes the children's names; args are
+        the engine's options."""
         host, port = where
         frontend_command = frontend_argv(args, model_dir, name, socket_dir, host, port)
         engine_command = [sys.executable, "-m", "engine.engine_core_server"]
         engine_command += ["--input", f"ipc://{socket_dir}/input", "--output", f"ipc://{socket_dir}/output"]
         if args.restart_engine:
             engine_command.append("--restarted-on-failure")
-        engine_command += engine_argv(args, model_dir)
+        engine_command += engine_argv(args, model)
         engine = _start_engine(
             supervisor, label, engine_command, child_environment(args, with_key=False), cores
         )
@@ -612,12 +616,18 @@ def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int | None]:
 
 
 def _start_replicas(
-    supervisor: Supervisor, args: argparse.Namespace, model_dir: Path, name: str, size: int, socket_dir: Path
+    supervisor: Supervisor,
+    args: argparse.Namespace,
+    model: Path,
+    model_dir: Path,
+    name: str,
+    size: int,
+    socket_dir: Path,
 ) -> list[Replica]:
     """One replica on serve's own address, or `size` on loopback ports, each on its share of the cores
     and with its sockets in a folder of its own under `socket_dir`."""
     if size == 1:
-        return [Replica.start(supervisor, args, model_dir, name, (args.host, args.port), socket_dir)]
+        return [Replica.start(supervisor, args, model, model_dir, name, (args.host, args.port), socket_dir)]
     shares = cores_per_replica(usable_cores(), size)
     replicas = []
     for index, (cores, events_port) in enumerate(zip(shares, _kv_events_ports(args, size), strict=True)):
@@ -628,7 +638,7 @@ def _start_replicas(
         own_dir.mkdir(mode=0o700)
         label = f"replica {index} "
         replicas.append(
-            Replica.start(supervisor, replica_args, model_dir, name, where, own_dir, label, cores)
+            Replica.start(supervisor, replica_args, model, model_dir, name, where, own_dir, label, cores)
         )
     return replicas
 
@@ -639,16 +649,18 @@ def serve(args: argparse.Namespace) -> int:
     if path is None:
         from sluice.default_model import prepare_default_model
 
-        model_dir = prepare_default_model()
+        model = prepare_default_model()
     else:
-        model_dir = Path(path)
-        if not model_dir.is_dir():
-            raise ServeError(f"{path} is not a folder: the model must be a local Hugging Face folder")
-    model_dir = model_dir.resolve()
-    name = args.served_model_name or model_dir.name
+        model = Path(path)
+        if not (model.is_dir() or (is_gguf_file(model) and model.is_file())):
+            raise ServeError(f"{path}: the model must be a local Hugging Face folder or a .gguf file")
+    model = model.resolve()
+    # A GGUF file's tokenizer and chat template are in a folder written from its metadata.
+    model_dir = gguf_model_folder(model) if is_gguf_file(model) else model
+    name = args.served_model_name or (model.stem if is_gguf_file(model) else model.name)
     # A bad engine option is refused here, before any process starts.
-    config = config_from_args(args, str(model_dir))
-    check_engine_config(config, read_model_spec(model_dir))
+    config = config_from_args(args, str(model))
+    check_engine_config(config, read_model_spec(model))
     size = config.parallel.data_parallel_size
     if size > 1:
         # A missing router is refused before any replica starts.
@@ -659,7 +671,7 @@ def serve(args: argparse.Namespace) -> int:
     # mkdtemp makes the folder 0700, as the protocol asks of the IPC sockets' folder.
     socket_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
     try:
-        replicas = _start_replicas(supervisor, args, model_dir, name, size, socket_dir)
+        replicas = _start_replicas(supervisor, args, model, model_dir, name, size, socket_dir)
         router = None
         if size > 1:
             router = Child.start(

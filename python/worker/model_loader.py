@@ -1,13 +1,15 @@
-"""Build a Llama-family model from a Hugging Face folder's safetensors, fusing q/k/v and gate/up.
+"""Build a Llama-family model from a Hugging Face folder's safetensors or a GGUF file, fusing q/k/v
+and gate/up.
 
 Under tensor parallelism each rank reads only its shard of each checkpoint tensor (safetensors
 slices), as the model's Projection.split and vocab-parallel tables say, so no rank ever holds the
-whole model.
+whole model. A GGUF tensor is dequantized whole, one at a time, then sliced.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,15 @@ from sluice.errors import SluiceError
 from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
 from worker.distributed import TensorParallelGroup
+from worker.gguf_weights import gguf_tensors
 from worker.models.llama import LlamaForCausalLM, Projection, Split
 from worker.models.vocab_parallel import VocabParallelEmbedding
 
 # Which checkpoint tensors are stacked, in order, into one fused parameter.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# A checkpoint tensor: a safetensors slice (PySafeSlice, read lazily) or a tensor in memory.
+Checkpoint = Any
 
 
 class WeightLoadError(SluiceError, ValueError):
@@ -44,26 +49,37 @@ def load_model(
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
     loaded: set[str] = set()
-    for file in weight_files(spec.path):
-        with safe_open(str(file), framework="pt", device="cpu") as reader:
-            for name in reader.keys():  # noqa: SIM118 (safe_open is not iterable)
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
-                if name == "lm_head.weight" and model.tie_word_embeddings:
-                    continue
-                if name not in targets:
-                    raise WeightLoadError(
-                        f"{file.name} holds tensor {name!r}, which {spec.architecture} with this "
-                        "config.json does not have"
-                    )
-                _copy_into(targets[name], reader, name)
-                loaded.add(name)
+    for file, name, checkpoint in _checkpoint_tensors(spec, show_progress=model.tp.rank == 0):
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and model.tie_word_embeddings:
+            continue
+        if name not in targets:
+            raise WeightLoadError(
+                f"{file.name} holds tensor {name!r}, which {spec.architecture} with this "
+                "config.json does not have"
+            )
+        _copy_into(targets[name], checkpoint, name)
+        loaded.add(name)
     missing = [name for name in targets if name not in loaded]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise WeightLoadError(f"model folder {str(spec.path)!r} lacks tensor(s) {shown}")
+        raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
     model.prepare_linear_weights()
     return model.eval()
+
+
+def _checkpoint_tensors(spec: ModelSpec, show_progress: bool) -> Iterator[tuple[Path, str, Checkpoint]]:
+    """(file, Hugging Face name, tensor) for every checkpoint tensor: a lazy safetensors slice that
+    reads only what is asked of it, or a GGUF tensor dequantized to float32."""
+    if spec.gguf_file is not None:
+        for name, tensor in gguf_tensors(spec.gguf_file, spec.hf_config, show_progress):
+            yield spec.gguf_file, name, tensor
+        return
+    for file in weight_files(spec.path):
+        with safe_open(str(file), framework="pt", device="cpu") as reader:
+            for name in reader.keys():  # noqa: SIM118 (safe_open is not iterable)
+                yield file, name, reader.get_slice(name)
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -123,20 +139,19 @@ def _shard_target(tensor: torch.Tensor, split: Split, kind: str, tp: TensorParal
     return _Target(tensor, tuple(tensor.shape))
 
 
-def _copy_into(target: _Target, reader: Any, name: str) -> None:
+def _copy_into(target: _Target, checkpoint: Checkpoint, name: str) -> None:
     """Read this rank's part of checkpoint tensor `name` into the target; zero any padding past its end."""
-    checkpoint = reader.get_slice(name)
-    shape = tuple(checkpoint.get_shape())
+    shape = tuple(checkpoint.shape if isinstance(checkpoint, torch.Tensor) else checkpoint.get_shape())
     if shape != target.full_shape:
         raise WeightLoadError(
             f"tensor {name!r} has shape {shape}, but config.json implies {target.full_shape}"
         )
+    index = [slice(None)] * len(shape)
     if target.dim is None:
-        target.tensor.copy_(reader.get_tensor(name))
+        target.tensor.copy_(checkpoint[tuple(index)])
         return
     dim, held = target.dim, target.tensor.shape[target.dim]
     count = max(0, min(held, shape[dim] - target.start))
-    index = [slice(None)] * len(shape)
     index[dim] = slice(target.start, target.start + count)
     target.tensor.narrow(dim, 0, count).copy_(checkpoint[tuple(index)])
     target.tensor.narrow(dim, count, held - count).zero_()

@@ -1,0 +1,310 @@
+"""GGUF loading: our dequantization against the gguf package's, the default model's own Q4_1 file
+against the Hugging Face folder converted from it (by transformers), and `sluice serve model.gguf`
+against `sluice serve FOLDER`, through the official openai client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import numpy as np
+import openai
+import pytest
+import torch
+from gguf.quants import dequantize as reference_dequantize
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from serve_fixtures import Server, running_server
+from sluice.default_model import gguf_path
+from sluice.errors import ModelNotFoundError
+from sluice.gguf_model import gguf_model_folder
+from sluice.model_spec import read_model_spec
+from worker.gguf_dequantize import UnsupportedQuantizationError, dequantize
+from worker.gguf_weights import gguf_tensors, unpermute_rotary_rows
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1"
+FOLDER_NAME = "SmolLM2-135M-Instruct"
+MAX_MODEL_LEN = 512
+TEXTS = [
+    "Hello world 12345!",
+    "<|im_start|>user\nWhat's 2+2?<|im_end|>\n",
+    "  spaces\t\ttabs\n\nnewlines  ",
+    "def f(x):\n    return x**2  # ünïcödé 日本語 🎉",
+    "<repo_name>sluice<file_sep>main.rs",
+]
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw bytes of a rows x cols tensor of GGML type `type_name`: random quants, finite scales."""
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if type_name == "F32":
+        return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8)
+    if type_name == "F16":
+        return rng.normal(size=(rows, cols)).astype(np.float16).view(np.uint8)
+    if type_name == "BF16":
+        as_float = rng.normal(size=(rows, cols)).astype(np.float32)
+        return (as_float.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    raw = rng.integers(0, 256, size=(rows * cols // block_size, block_bytes), dtype=np.uint8)
+    scale_bytes = 4 if type_name == "Q4_1" else 2  # Q4_1 has d and m
+    scales = rng.normal(size=(raw.shape[0], scale_bytes // 2)).astype(np.float16)
+    raw[:, :scale_bytes] = scales.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def test_dequantize_equals_the_gguf_package(type_name: str) -> None:
+    rng = np.random.default_rng(sum(map(ord, type_name)))
+    rows, cols = 6, 256
+    raw = random_blocks(type_name, rows, cols, rng)
+    expected = torch.from_numpy(np.array(reference_dequantize(raw, gguf.GGMLQuantizationType[type_name])))
+    ours = dequantize(raw, type_name, (rows, cols))
+    assert ours.dtype == torch.float32 and ours.shape == (rows, cols)
+    assert torch.equal(ours, expected.to(torch.float32))
+
+
+def test_unsupported_quantization_names_the_type() -> None:
+    with pytest.raises(UnsupportedQuantizationError, match="Q5_K"):
+        dequantize(np.zeros(176, np.uint8), "Q5_K", (1, 256))
+
+
+def test_unpermute_undoes_llama_cpp_rotary_interleave() -> None:
+    heads, head_dim, hidden = 3, 8, 5
+    weight = torch.arange(heads * head_dim * hidden, dtype=torch.float32).reshape(heads * head_dim, hidden)
+    # llama.cpp's convert_hf_to_gguf.py: the halves of each head's rows become interleaved pairs.
+    interleaved = weight.reshape(heads, 2, head_dim // 2, hidden).swapaxes(1, 2).reshape(weight.shape)
+    assert not torch.equal(interleaved, weight)
+    assert torch.equal(unpermute_rotary_rows(interleaved, heads), weight)
+    bias = torch.arange(heads * head_dim, dtype=torch.float32)
+    interleaved_bias = bias.reshape(heads, 2, head_dim // 2).swapaxes(1, 2).reshape(bias.shape)
+    assert torch.equal(unpermute_rotary_rows(interleaved_bias, heads), bias)
+
+
+def test_default_gguf_weights_equal_the_converted_folder(default_model_path: Path) -> None:
+    """Every tensor, dequantized by us and rounded to bfloat16, equals transformers' conversion."""
+    reference = load_file(str(default_model_path / "model.safetensors"))
+    spec = read_model_spec(gguf_path())
+    names = []
+    for name, tensor in gguf_tensors(gguf_path(), spec.hf_config, show_progress=False):
+        assert torch.equal(tensor.to(torch.bfloat16), reference[name]), name
+        names.append(name)
+    assert sorted(names) == sorted(reference)
+
+
+def test_gguf_folder_config_tokenizer_and_template_match(default_model_path: Path, tmp_path: Path) -> None:
+    folder = gguf_model_folder(gguf_path(), cache_dir=tmp_path)
+    assert folder.parent == tmp_path / "gguf"
+    config = json.loads((folder / "config.json").read_text())
+    expected = json.loads((default_model_path / "config.json").read_text())
+    same_keys = [
+        "architectures",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "vocab_size",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ]
+    assert {k: config[k] for k in same_keys} == {k: expected[k] for k in same_keys}
+    assert config["rope_theta"] == expected["rope_parameters"]["rope_theta"]
+    ours = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    theirs = Tokenizer.from_file(str(default_model_path / "tokenizer.json"))
+    for text in TEXTS:
+        ids = ours.encode(text).ids
+        assert ids == theirs.encode(text).ids, text
+        assert ours.decode(ids, skip_special_tokens=False) == text
+        assert ours.decode(ids) == theirs.decode(ids)
+    assert (folder / "chat_template.jinja").read_text() == (
+        default_model_path / "chat_template.jinja"
+    ).read_text()
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (settings["bos_token"], settings["eos_token"], settings["add_bos_token"]) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        False,
+    )
+    # A second call finds the folder already written.
+    assert gguf_model_folder(gguf_path(), cache_dir=tmp_path) == folder
+
+
+def test_missing_gguf_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        read_model_spec(tmp_path / "absent.gguf")
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
+) -> Iterator[tuple[Server, Server]]:
+    """`sluice serve model.gguf` and `sluice serve FOLDER` (the folder converted from that file)."""
+    logs = tmp_path_factory.mktemp("serve-gguf")
+    args = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.25", "--max-num-seqs", "8"]
+    with (
+        running_server([str(gguf_path()), *args], logs / "gguf.log") as from_gguf,
+        running_server([str(default_model_path), *args], logs / "folder.log") as from_folder,
+    ):
+        yield from_gguf, from_folder
+
+
+def clients(servers: tuple[Server, Server]) -> list[openai.OpenAI]:
+    return [
+        openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) for s in servers
+    ]
+
+
+def test_served_gguf_is_named_after_the_file(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    assert [m.id for m in from_gguf.models.list()] == [GGUF_NAME]
+    assert [m.id for m in from_folder.models.list()] == [FOLDER_NAME]
+    assert "dequantizing" in servers[0].log.read_text(errors="replace")
+
+
+def test_served_gguf_greedy_completions_equal_the_folder(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    for prompt in ["The capital of France is", "def fibonacci(n):", "List 3 colors: 1."]:
+        answers = [
+            client.completions.create(
+                model=model, prompt=prompt, max_tokens=16, temperature=0, logprobs=0
+            ).choices[0]
+            for client, model in zip((from_gguf, from_folder), (GGUF_NAME, FOLDER_NAME))
+        ]
+        assert answers[0].logprobs.tokens == answers[1].logprobs.tokens, prompt
+        assert answers[0].text == answers[1].text and answers[0].text
+
+
+def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Server, Server]) -> None:
+    from_gguf, from_folder = clients(servers)
+    messages = [{"role": "user", "content": "Name three rivers."}]
+    replies = [
+        client.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0)
+        for client, model in zip((from_gguf, from_folder), (GGUF_NAME, FOLDER_NAME))
+    ]
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    streamed = from_gguf.chat.completions.create(
+        model=GGUF_NAME, messages=messages, max_tokens=32, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+    assert text == replies[0].choices[0].message.content
+
+
+def _gguf_name(hf_name: str) -> str:
+    """llama.cpp's name for a Hugging Face tensor name (written out here, apart from the loader's map)."""
+    globals_ = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if hf_name in globals_:
+        return globals_[hf_name]
+    parts = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{parts[module]}.{kind}"
+
+
+def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tensor]:
+    """A GGUF of the tiny `arch` folder's weights, 2-D ones cycling through the six types, as
+    llama.cpp's converter writes them; returns what each tensor should load as (float32)."""
+    config = json.loads((folder / "config.json").read_text())
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
+    writer.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
+    writer.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
+    writer.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
+    writer.add_uint32(f"{arch}.attention.head_count", config["num_attention_heads"])
+    writer.add_uint32(f"{arch}.attention.head_count_kv", config["num_key_value_heads"])
+    if config.get("head_dim"):
+        writer.add_uint32(f"{arch}.attention.key_length", config["head_dim"])
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
+    tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3, 3] + [5] * (len(tokens) - 258))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    types = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+    expected = {}
+    for index, (name, weight) in enumerate(sorted(load_file(str(folder / "model.safetensors")).items())):
+        values = weight.to(torch.float32).numpy()
+        qtype = gguf.GGMLQuantizationType[types[index % len(types)] if values.ndim == 2 else "F32"]
+        stored = values
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+        part = name.split(".")[-2]
+        if arch == "llama" and part in heads:
+            # convert_hf_to_gguf.py's LlamaModel.permute.
+            n = heads[part]
+            stored = values.reshape(n, 2, values.shape[0] // n // 2, *values.shape[1:])
+            stored = stored.swapaxes(1, 2).reshape(values.shape)
+        raw = gguf.quants.quantize(np.ascontiguousarray(stored), qtype)
+        writer.add_tensor(_gguf_name(name), raw, raw_dtype=qtype)
+        # Quantization blocks lie within rows, so permuting rows commutes with it.
+        expected[name] = torch.from_numpy(
+            np.array(reference_dequantize(gguf.quants.quantize(values, qtype), qtype))
+        ).to(torch.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_gguf_of_each_architecture_and_type_loads_as_written(arch: str, tmp_path: Path) -> None:
+    from tiny_models import tiny_model_dir
+
+    folder = tiny_model_dir(arch)
+    path = tmp_path / f"tiny-{arch}.gguf"
+    expected = write_tiny_gguf(arch, folder, path)
+    config = json.loads((gguf_model_folder(path, cache_dir=tmp_path) / "config.json").read_text())
+    source = json.loads((folder / "config.json").read_text())
+    for key in ("num_attention_heads", "num_key_value_heads", "hidden_size", "tie_word_embeddings"):
+        assert config[key] == source[key], key
+    assert config["head_dim"] == source.get(
+        "head_dim", source["hidden_size"] // source["num_attention_heads"]
+    )
+    loaded = dict(gguf_tensors(path, config, show_progress=False))
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_offline_llm_loads_the_gguf_file(servers: tuple[Server, Server]) -> None:
+    from sluice import LLM, SamplingParams
+
+    llm = LLM(str(gguf_path()), max_model_len=256, kv_cache_memory=0.1, executor="inproc", enforce_eager=True)
+    prompt = "The capital of France is"
+    (result,) = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    _, from_folder = clients(servers)
+    expected = from_folder.completions.create(
+        model=FOLDER_NAME, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert result.outputs[0].text == expected.choices[0].text
+    assert llm.tokenizer.chat_template == (gguf_model_folder(gguf_path()) / "chat_template.jinja").read_text()

@@ -117,9 +117,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.model)
-    vocab = int(json.load(open(os.path.join(args.model, "config.json")))["vocab_size"])
+    with open(os.path.join(args.model, "config.json")) as config:
+        vocab = int(json.load(config)["vocab_size"])
     print(f"vocab {vocab}; medians of {args.repeats} runs; compile ms (cold), mask us per token")
-    print(f"{'case':20} {'tokens':>6} {'llg compile':>12} {'xgr compile':>12} {'llg mask':>10} {'xgr mask':>10}")
+    print(
+        f"{'case':20} {'tokens':>6} {'llg compile':>12} {'xgr compile':>12} {'llg mask':>10} {'xgr mask':>10}"
+    )
     for name, kind, constraint, text in CASES:
         ids = tok.encode(text, add_special_tokens=False)
         results: dict[str, list[tuple[float, float]]] = {"llg": [], "xgr": []}

@@ -11,5 +11,6 @@ pub mod openapi;
 pub mod request_body;
 pub mod routes;
 pub mod sse;
+pub mod structured_output;
 pub mod tokenize;
 pub mod validate;

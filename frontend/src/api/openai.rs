@@ -71,6 +71,14 @@ pub struct SamplingFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// OpenAI's output format: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM's structured output fields (api/structured_output.rs reads them, with named errors).
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<serde_json::Value>,
+    pub guided_choice: Option<serde_json::Value>,
+    pub guided_grammar: Option<serde_json::Value>,
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]

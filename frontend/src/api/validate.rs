@@ -14,6 +14,7 @@ use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
 };
+use crate::api::structured_output::{self, Constraint};
 use crate::engine::protocol::SamplingParams;
 use crate::state::AppState;
 
@@ -264,6 +265,7 @@ pub struct CheckedSampling<'a> {
     logit_bias: Option<BTreeMap<u32, f64>>,
     /// The engine's count: the sampled token plus the top N.
     logprobs: Option<u32>,
+    structured_output: Option<Constraint>,
 }
 
 /// Checks every sampling field; `max_tokens` is the client's (chat's max_completion_tokens wins).
@@ -295,10 +297,12 @@ pub fn check_sampling<'a>(
     if let Some(ids) = &fields.stop_token_ids {
         check_token_ids("stop_token_ids", ids, vocab_size)?;
     }
+    let structured_output = structured_output::constraint(fields)?;
     Ok(CheckedSampling {
         fields,
         logit_bias,
         logprobs,
+        structured_output,
     })
 }
 
@@ -323,6 +327,7 @@ impl CheckedSampling<'_> {
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             // An absent max_tokens may have been clipped below min_tokens by the context left.
             min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
+            structured_output: self.structured_output.as_ref().map(|c| c.value.clone()),
         }
     }
 
@@ -351,6 +356,7 @@ impl CheckedSampling<'_> {
                 .stream_options
                 .as_ref()
                 .is_some_and(|options| options.include_usage),
+            structured_output_field: self.structured_output.as_ref().map(|c| c.field),
         }
     }
 }
@@ -367,6 +373,8 @@ pub struct ValidRequest {
     pub logprobs: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// The field that carried the structured output constraint, if one did.
+    pub structured_output_field: Option<&'static str>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

@@ -161,10 +161,16 @@ _STRUCTURED_OUTPUT_RECORD = Record(
 
 
 def _encode_structured_output(value: Any) -> dict[str, Any]:
-    # The worker seam re-encodes params that are already plain maps.
+    # The worker seam carries params as a checked map, so a value may come as either form.
     if type(value) is dict:
         value = _STRUCTURED_OUTPUT_RECORD.decode(value)
     return _STRUCTURED_OUTPUT_RECORD.encode(value)
+
+
+def _decode_structured_output(value: Any) -> StructuredOutput:
+    if type(value) is StructuredOutput:
+        return value
+    return _STRUCTURED_OUTPUT_RECORD.decode(value)
 
 
 # The `params` map that both seams carry (frontend -> engine core in add_request, engine core ->
@@ -184,7 +190,7 @@ PARAMS_FIELDS = (
     ("stop_token_ids", INT_LIST),
     ("ignore_eos", BOOL),
     ("min_tokens", INT),
-    ("structured_output", optional(Codec(_encode_structured_output, _STRUCTURED_OUTPUT_RECORD.decode))),
+    ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

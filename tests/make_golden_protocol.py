@@ -31,7 +31,7 @@ from sluice.frontend_seam import (
     kv_cache_to_wire,
     stats_to_wire,
 )
-from sluice.sampling_params import SamplingParams
+from sluice.sampling_params import SamplingParams, StructuredOutput
 from sluice.worker_seam import Logprobs
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "protocol"
@@ -70,6 +70,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             stop_token_ids=[2, 49152],
             ignore_eos=False,
             min_tokens=4,
+            structured_output=StructuredOutput(kind="json_schema", spec='{"type":"object","title":"Größe"}'),
         ),
         arrival_time=1732190000.125,
         priority=-33,
@@ -105,6 +106,13 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 stop_reason=49152,
                 num_cached_tokens=0,
                 first_scheduled_time=1732190001.0,
+            ),
+            EngineOutput(
+                request_id="cmpl-45c48cce-0",
+                new_token_ids=[],
+                finish_reason="error",
+                error="the regex constraint does not compile: unclosed group",
+                invalid_param="structured_output",
             ),
             EngineOutput(
                 request_id="cmpl-c9f0f895-1", new_token_ids=[], finish_reason="length", num_cached_tokens=16

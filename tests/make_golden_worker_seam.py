@@ -17,6 +17,7 @@ from sluice.sampling_params import SamplingParams, params_to_wire
 from sluice.worker_seam import (
     PROTOCOL_VERSION,
     CachedRequestData,
+    GrammarBitmask,
     InitKVCache,
     KVCacheReady,
     Logprobs,
@@ -86,6 +87,11 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         total_num_scheduled_tokens=8,
         finished_req_ids=["cmpl-c9f0f895-1 ✓"],
         preempted_req_ids=["cmpl-d3d94468-0"],
+        structured_output_req_ids=["cmpl-8f14e45f-0"],
+    ),
+    # Two rows of a 40-token vocabulary (two words each); the bytes include a NUL and 0xff.
+    "grammar_bitmask": GrammarBitmask(
+        step_id=70000, bitmask=bytes([0xFF, 0x00, 0x00, 0x80, 0x01, 0x00, 0x00, 0x00]) * 2
     ),
     "model_runner_output": ModelRunnerOutput(
         step_id=70000,

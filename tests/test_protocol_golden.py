@@ -52,6 +52,7 @@ PARAMS_KEYS = [
     "stop_token_ids",
     "ignore_eos",
     "min_tokens",
+    "structured_output",
 ]
 OUTPUT_KEYS = [
     "request_id",
@@ -62,6 +63,7 @@ OUTPUT_KEYS = [
     "num_cached_tokens",
     "error",
     "first_scheduled_time",
+    "invalid_param",
 ]
 STATS_KEYS = [
     "num_running",

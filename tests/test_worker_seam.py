@@ -29,7 +29,9 @@ PROTOCOL_KEYS = {
         "total_num_scheduled_tokens",
         "finished_req_ids",
         "preempted_req_ids",
+        "structured_output_req_ids",
     ],
+    "grammar_bitmask": ["v", "type", "step_id", "bitmask"],
     "model_runner_output": [
         "v",
         "type",
@@ -44,7 +46,8 @@ PROTOCOL_KEYS = {
 }
 NEW_REQUEST_KEYS = ["req_id", "prompt_token_ids", "params", "block_ids", "num_computed_tokens"]
 CACHED_KEYS = ["req_ids", "resumed", "new_block_ids", "num_computed_tokens", "num_output_tokens"]
-PLAIN_TYPES = (int, float, str, bool, type(None))
+# bytes: msgpack bin, for the grammar bitmask.
+PLAIN_TYPES = (int, float, str, bool, type(None), bytes)
 
 
 def _raw(data: bytes) -> dict:

@@ -17,6 +17,7 @@ from engine.kv_events_publisher import KVEventPublisher
 from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler
+from engine.structured_output import GrammarTokenizer, batch_bitmask, mask_words
 from sluice.config import SluiceConfig
 from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
@@ -24,7 +25,7 @@ from sluice.frontend_seam import EngineStats
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
 from sluice.step_timing import PhaseTimes
-from sluice.worker_seam import SchedulerOutput
+from sluice.worker_seam import GrammarBitmask, SchedulerOutput
 
 
 class EngineCore:
@@ -54,6 +55,8 @@ class EngineCore:
         self.batch_queue: deque[SchedulerOutput] = deque()
         self.max_in_flight = 2 if config.scheduler.async_scheduling else 1
         self.timer = PhaseTimes("engine core")
+        self.grammar_tokenizer = GrammarTokenizer(config.model.path, self.vocab_size, self.spec.eos_token_ids)
+        self.structured_output_overlap = config.scheduler.structured_output_overlap
 
     def add_request(
         self,
@@ -65,6 +68,10 @@ class EngineCore:
     ) -> None:
         """Validate, then queue. Raises InvalidRequestError and queues nothing on bad input."""
         self.check_request(prompt_token_ids, params)
+        # Compiled before it is queued: a constraint that does not compile rejects the request.
+        grammar = None
+        if params.structured_output is not None:
+            grammar = self.grammar_tokenizer.compile(params.structured_output)
         self.scheduler.add_request(
             Request(
                 request_id=request_id,
@@ -73,6 +80,7 @@ class EngineCore:
                 arrival_time=arrival_time,
                 priority=priority,
                 eos_token_ids=self.spec.eos_token_ids,
+                grammar=grammar,
             )
         )
 
@@ -103,7 +111,15 @@ class EngineCore:
             since = timer.lap("schedule", since)
             if scheduler_output.total_num_scheduled_tokens == 0 and not has_news:
                 break
-            self.executor.submit(scheduler_output)
+            if scheduler_output.structured_output_req_ids and not self.structured_output_overlap:
+                bitmask = self._grammar_bitmask(scheduler_output)
+                self.executor.submit(scheduler_output)
+                self.executor.submit_bitmask(bitmask)
+            else:
+                self.executor.submit(scheduler_output)
+                if scheduler_output.structured_output_req_ids:
+                    # The workers run the forward meanwhile; they need the mask only to sample.
+                    self.executor.submit_bitmask(self._grammar_bitmask(scheduler_output))
             timer.lap("submit", since)
             self.batch_queue.append(scheduler_output)
         if self.kv_events is not None:
@@ -125,6 +141,13 @@ class EngineCore:
         timer.lap("update", since)
         timer.count_step()
         return outputs
+
+    def _grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarBitmask:
+        requests = self.scheduler.requests
+        grammars = [requests[rid].grammar for rid in scheduler_output.structured_output_req_ids]
+        assert all(g is not None for g in grammars)
+        bitmask = batch_bitmask(grammars, mask_words(self.vocab_size))  # type: ignore[arg-type]
+        return GrammarBitmask(step_id=scheduler_output.step_id, bitmask=bitmask)
 
     def sentinels(self) -> list[int]:
         """File descriptors that turn readable when a worker dies."""

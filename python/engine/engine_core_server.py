@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from sluice.engine_args import add_engine_arguments, config_from_args
-from sluice.errors import SluiceError
+from sluice.errors import InvalidRequestError, SluiceError
 from sluice.frontend_seam import (
     Abort,
     AddRequest,
@@ -264,6 +264,8 @@ class EngineCoreServer:
                 message.arrival_time,
                 message.priority,
             )
+        except InvalidRequestError as exc:
+            self.pending.append(_error_output(message.request_id, str(exc), exc.param or "request"))
         except SluiceError as exc:
             self.pending.append(_error_output(message.request_id, str(exc)))
         except Exception as exc:  # noqa: BLE001 -- validation missed it; the request fails, the loop goes on.
@@ -338,8 +340,14 @@ def _to_wire_output(core_output: Any) -> EngineOutput:
     )
 
 
-def _error_output(request_id: str, reason: str) -> EngineOutput:
-    return EngineOutput(request_id=request_id, new_token_ids=[], finish_reason="error", error=reason)
+def _error_output(request_id: str, reason: str, invalid_param: str | None = None) -> EngineOutput:
+    return EngineOutput(
+        request_id=request_id,
+        new_token_ids=[],
+        finish_reason="error",
+        error=reason,
+        invalid_param=invalid_param,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from sluice.config import SluiceConfig
 from sluice.model_spec import ModelSpec
-from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
+from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 
 
 class Executor(Protocol):
@@ -20,6 +20,10 @@ class Executor(Protocol):
 
     def submit(self, scheduler_output: SchedulerOutput) -> None:
         """Send one step to every rank without waiting for it."""
+        ...
+
+    def submit_bitmask(self, bitmask: GrammarBitmask) -> None:
+        """Send the structured output bitmask of the step submitted last, which is waiting for it."""
         ...
 
     def collect(self) -> ModelRunnerOutput:
@@ -46,6 +50,7 @@ class InProcessExecutor:
         assert config.parallel.tensor_parallel_size == 1, "in-process execution has one rank"
         self.worker = Worker(config, spec)
         self.pending: deque[SchedulerOutput] = deque()
+        self.bitmasks: dict[int, GrammarBitmask] = {}
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
@@ -53,8 +58,11 @@ class InProcessExecutor:
     def submit(self, scheduler_output: SchedulerOutput) -> None:
         self.pending.append(scheduler_output)
 
+    def submit_bitmask(self, bitmask: GrammarBitmask) -> None:
+        self.bitmasks[bitmask.step_id] = bitmask
+
     def collect(self) -> ModelRunnerOutput:
-        return self.worker.execute_model(self.pending.popleft()).output()
+        return self.worker.execute_model(self.pending.popleft(), self.bitmasks.pop).output()
 
     def sentinels(self) -> list[int]:
         return []
@@ -64,6 +72,7 @@ class InProcessExecutor:
 
     def shutdown(self) -> None:
         self.pending.clear()
+        self.bitmasks.clear()
 
 
 def make_executor(config: SluiceConfig, spec: ModelSpec) -> Executor:

@@ -27,6 +27,7 @@ import zmq
 from sluice.config import SluiceConfig, config_to_dict
 from sluice.errors import WorkerDiedError
 from sluice.worker_seam import (
+    GrammarBitmask,
     InitKVCache,
     KVCacheReady,
     Message,
@@ -124,6 +125,9 @@ class MultiprocExecutor:
 
     def submit(self, scheduler_output: SchedulerOutput) -> None:
         self._broadcast(scheduler_output)
+
+    def submit_bitmask(self, bitmask: GrammarBitmask) -> None:
+        self._broadcast(bitmask)
 
     def collect(self) -> ModelRunnerOutput:
         return self._receive(ModelRunnerOutput, None)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -62,6 +66,8 @@ class Request:
     stop_reason: int | None = None
     # Chained hashes of the request's full blocks, extended lazily by the KV cache manager.
     block_hashes: list[bytes] = field(default_factory=list)
+    # The matcher of its structured output constraint: it has consumed every output token.
+    grammar: RequestGrammar | None = None
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) > 0, "the boundary rejects empty prompts"

@@ -218,6 +218,7 @@ class Scheduler:
             # A resumed request is a diff: its whole new block list, and the tokens the engine kept.
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
             self._add_cached(cached_reqs, request, block_ids, resumed=True)
+        structured_output_req_ids: list[str] = []
         # Advanced now, not when the output comes back, so the next schedule() can already plan.
         for request_id, num_tokens in num_scheduled_tokens.items():
             request = self.requests[request_id]
@@ -225,6 +226,8 @@ class Scheduler:
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
                 # This step samples the request's next token.
                 request.num_output_placeholders += 1
+                if request.grammar is not None:
+                    structured_output_req_ids.append(request_id)
             self.known_to_workers.add(request_id)
         finished_req_ids, self.finished_req_ids = self.finished_req_ids, []
         preempted_req_ids, self.preempted_req_ids = self.preempted_req_ids, []
@@ -241,12 +244,16 @@ class Scheduler:
             total_num_scheduled_tokens=total_num_scheduled_tokens,
             finished_req_ids=finished_req_ids,
             preempted_req_ids=preempted_req_ids,
+            structured_output_req_ids=structured_output_req_ids,
         )
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         """The running request's gap: known tokens plus in-flight placeholders, less what is computed."""
         placeholders = request.num_output_placeholders
         params = request.sampling_params
+        # Its next mask needs the token in flight: a structured request waits for it (async scheduling).
+        if placeholders and request.grammar is not None:
+            return 0
         # Its last token is already in flight: scheduling more would compute tokens that get dropped.
         if placeholders and (
             request.num_output_tokens + placeholders >= params.max_tokens
@@ -315,6 +322,8 @@ class Scheduler:
                 assert request.num_output_placeholders > 0, "a token nobody scheduled"
                 request.num_output_placeholders -= 1
                 request.append_output_token(token_id)
+                if request.grammar is not None:
+                    request.grammar.accept_token(token_id)
                 new_token_ids.append(token_id)
                 if self._check_stop(request, token_id):
                     break
@@ -346,6 +355,10 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = token_id
                 return True
+        if request.grammar is not None and request.grammar.is_terminated:
+            # The constraint is complete and nothing may follow it.
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
         if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
             return True

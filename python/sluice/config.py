@@ -34,6 +34,9 @@ class SchedulerConfig:
     policy: SchedulingPolicy = "fcfs"
     # Two batches in flight: step N+1 is planned, with placeholders, while step N runs.
     async_scheduling: bool = True
+    # A structured request's next-token bitmask is computed while its step's forward runs (sent
+    # after the step); off: computed before the step is sent.
+    structured_output_overlap: bool = True
 
 
 @dataclass(frozen=True, slots=True)

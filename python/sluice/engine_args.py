@@ -145,6 +145,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="plan step N+1 while step N runs (two batches in flight)",
     )
     group.add_argument(
+        "--structured-output-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=scheduler.structured_output_overlap,
+        help="compute structured output bitmasks while the forward pass runs",
+    )
+    group.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=at_least(1),
@@ -216,6 +222,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             max_num_batched_tokens=args.max_num_batched_tokens,
             policy=args.scheduling_policy,
             async_scheduling=args.async_scheduling,
+            structured_output_overlap=args.structured_output_overlap,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

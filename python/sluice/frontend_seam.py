@@ -106,6 +106,8 @@ class EngineOutput:
     error: str | None = None
     # Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
     first_scheduled_time: float | None = None
+    # The parameter at fault when the engine rejected the request as invalid before running it.
+    invalid_param: str | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +192,7 @@ _OUTPUT = Record(
         ("num_cached_tokens", INT),
         ("error", optional(STR)),
         ("first_scheduled_time", optional(FLOAT)),
+        ("invalid_param", optional(STR)),
     ),
 )
 

@@ -9,10 +9,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.errors import InvalidRequestError
-from sluice.wire import BOOL, FLOAT, INT, INT_LIST, Invalid, ProtocolError, Record, optional, token_map
+from sluice.wire import (
+    BOOL,
+    FLOAT,
+    INT,
+    INT_LIST,
+    STR,
+    Codec,
+    Invalid,
+    ProtocolError,
+    Record,
+    one_of,
+    optional,
+    token_map,
+)
 
 # The most alternatives a token's logprobs may carry, as in vLLM's default max_logprobs.
 MAX_LOGPROBS = 20
+# What a structured output constraint may be; `spec` is, in order: the schema as JSON text, "",
+# the regex, a JSON array of the choices as text, the grammar (llguidance's Lark dialect).
+STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the output's text; the engine core compiles it when the request is added."""
+
+    kind: str
+    spec: str
 
 
 @dataclass(slots=True)
@@ -34,6 +58,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    structured_output: StructuredOutput | None = None
     # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
     # the frontend applies its own over HTTP. A stop string ends the output before it.
     stop: list[str] = field(default_factory=list)
@@ -147,6 +172,24 @@ def _params_from_fields(**fields: Any) -> SamplingParams:
     return SamplingParams(n=1, **fields)
 
 
+_STRUCTURED_OUTPUT_RECORD = Record(
+    StructuredOutput, (("kind", one_of(STR, STRUCTURED_OUTPUT_KINDS)), ("spec", STR))
+)
+
+
+def _encode_structured_output(value: Any) -> dict[str, Any]:
+    # The worker seam carries params as a checked map, so a value may come as either form.
+    if type(value) is dict:
+        value = _STRUCTURED_OUTPUT_RECORD.decode(value)
+    return _STRUCTURED_OUTPUT_RECORD.encode(value)
+
+
+def _decode_structured_output(value: Any) -> StructuredOutput:
+    if type(value) is StructuredOutput:
+        return value
+    return _STRUCTURED_OUTPUT_RECORD.decode(value)
+
+
 # The `params` map that both seams carry (frontend -> engine core in add_request, engine core ->
 # workers in a new request), in wire order. n never crosses a seam: n > 1 is fanned out first.
 PARAMS_FIELDS = (
@@ -164,6 +207,7 @@ PARAMS_FIELDS = (
     ("stop_token_ids", INT_LIST),
     ("ignore_eos", BOOL),
     ("min_tokens", INT),
+    ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

@@ -107,6 +107,7 @@ INT = Codec(_check_int, _check_int)
 FLOAT = Codec(_encode_float, _decode_float)
 STR = Codec(_check_of(str), _check_of(str))
 BOOL = Codec(_check_of(bool), _check_of(bool))
+BYTES = Codec(_check_of(bytes), _check_of(bytes))
 
 
 def optional(inner: Codec) -> Codec:

@@ -17,6 +17,7 @@ from typing import Any
 from sluice.sampling_params import PARAMS_FIELDS
 from sluice.wire import (
     BOOL,
+    BYTES,
     FLOAT,
     INT,
     INT_LIST,
@@ -109,6 +110,21 @@ class SchedulerOutput:
     finished_req_ids: list[str]
     # Requests preempted since the last step: they leave the batch, and workers keep their tokens.
     preempted_req_ids: list[str]
+    # Requests this step samples under a structured output constraint: their next-token bitmask
+    # follows in a GrammarBitmask, which the workers wait for only when they sample.
+    structured_output_req_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GrammarBitmask:
+    """The allowed next tokens of a step's structured_output_req_ids, sent right after the step.
+
+    One row per request, in structured_output_req_ids order; each row is ceil(vocab_size / 32)
+    little-endian int32 words, and bit t % 32 of word t // 32 allows token t.
+    """
+
+    step_id: int
+    bitmask: bytes
 
 
 @dataclass(slots=True)
@@ -152,7 +168,14 @@ class WorkerError:
 
 
 Message = (
-    InitKVCache | SchedulerOutput | Shutdown | WorkerReady | KVCacheReady | ModelRunnerOutput | WorkerError
+    InitKVCache
+    | SchedulerOutput
+    | GrammarBitmask
+    | Shutdown
+    | WorkerReady
+    | KVCacheReady
+    | ModelRunnerOutput
+    | WorkerError
 )
 
 
@@ -204,8 +227,13 @@ _MESSAGES = MessageSet(
                     ("total_num_scheduled_tokens", INT),
                     ("finished_req_ids", list_of(STR)),
                     ("preempted_req_ids", list_of(STR)),
+                    ("structured_output_req_ids", list_of(STR)),
                 ),
             ),
+        ),
+        GrammarBitmask: (
+            "grammar_bitmask",
+            Record(GrammarBitmask, (("step_id", INT), ("bitmask", BYTES))),
         ),
         Shutdown: ("shutdown", Record(Shutdown, ())),
         WorkerReady: ("worker_ready", Record(WorkerReady, (("rank", INT),))),

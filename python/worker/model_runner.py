@@ -9,6 +9,7 @@ already queued can be launched before this one's tokens reach the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,10 +20,11 @@ from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, resolve_max_model_len
 from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
-from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
+from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from worker.attention.selector import select_attention_backend
 from worker.cpu_model_step import CpuStepRunner, cpu_model_step_for
 from worker.distributed import tensor_parallel_group
+from worker.grammar_bitmask import apply_grammar_bitmask
 from worker.graphs.dispatcher import build_dispatcher
 from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
@@ -32,6 +34,9 @@ from worker.request_state import RequestState
 from worker.sampler import Sampler, SamplerOutput
 from worker.sampling_state import SamplingState
 from worker.step_inputs import StepInputBuilder
+
+# Waits for the GrammarBitmask of the step with this id (it follows the step on the worker's input).
+ReceiveBitmask = Callable[[int], GrammarBitmask]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -171,7 +176,9 @@ class ModelRunner:
         batch.condense()
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> StepResult:
+    def execute_model(
+        self, out: SchedulerOutput, receive_bitmask: ReceiveBitmask | None = None
+    ) -> StepResult:
         timer = self.timer
         since = timer.start()
         self._update_states(out)
@@ -190,6 +197,12 @@ class ModelRunner:
         hidden = self.step_executor.run(mode, padded, self.buffers)
         logits = self.model.compute_logits(hidden[self.buffers.logits_indices[:num_rows]])
         since = timer.lap("forward", since)
+        if out.structured_output_req_ids:
+            assert receive_bitmask is not None, "a structured step needs its bitmask"
+            bitmask = receive_bitmask(out.step_id)
+            since = timer.lap("wait_for_bitmask", since)
+            rows = [batch.req_id_to_row[req_id] for req_id in out.structured_output_req_ids]
+            apply_grammar_bitmask(logits, rows, bitmask)
         sampler_output = self.sampler.sample(logits, self.sampling_state.metadata(num_rows))
         since = timer.lap("sample", since)
         # Rows still chunking their prompt sampled from a partial context: their tokens are dropped.

@@ -10,7 +10,7 @@ from sluice.model_spec import ModelSpec
 from sluice.worker_seam import SchedulerOutput
 from worker.cpu_threads import configure_cpu_threads
 from worker.distributed import init_tensor_parallel
-from worker.model_runner import ModelRunner, StepResult
+from worker.model_runner import ModelRunner, ReceiveBitmask, StepResult
 
 
 class Worker:
@@ -40,5 +40,7 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> StepResult:
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, receive_bitmask: ReceiveBitmask | None = None
+    ) -> StepResult:
+        return self.model_runner.execute_model(scheduler_output, receive_bitmask)

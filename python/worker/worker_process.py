@@ -28,6 +28,7 @@ from sluice.config import config_from_dict
 from sluice.model_spec import read_model_spec
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import (
+    GrammarBitmask,
     InitKVCache,
     KVCacheReady,
     SchedulerOutput,
@@ -77,7 +78,7 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
             pending = None
         message = decode(inputs.recv())
         if isinstance(message, SchedulerOutput):
-            launched = worker.execute_model(message)
+            launched = worker.execute_model(message, lambda step_id: _receive_bitmask(inputs, step_id))
             if pending is not None:
                 _send_output(rank, pending, outputs, worker.model_runner.timer)
             pending = launched
@@ -88,6 +89,14 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
             return
         else:
             raise TypeError(f"a worker does not take {type(message).__name__} messages")
+
+
+def _receive_bitmask(inputs: zmq.Socket, step_id: int) -> GrammarBitmask:
+    """The bitmask the engine core sends right after a structured step: the next input message."""
+    message = decode(inputs.recv())
+    if not isinstance(message, GrammarBitmask) or message.step_id != step_id:
+        raise TypeError(f"expected the grammar bitmask of step {step_id}, got {message!r:.200}")
+    return message
 
 
 def _send_output(rank: int, step: StepResult, outputs: zmq.Socket, timer: PhaseTimes) -> None:

@@ -38,6 +38,8 @@ pub struct Choices {
     pub header: ResponseHeader,
     pub streams: Vec<ChoiceStream>,
     engine: EngineClient,
+    /// The request field its structured output constraint came from, for the engine's rejections.
+    structured_output_field: Option<&'static str>,
 }
 
 /// Admits the request's choices and sends one engine request per choice, with ids
@@ -105,6 +107,7 @@ pub fn start(
         },
         streams,
         engine: engine.clone(),
+        structured_output_field: request.structured_output_field,
     })
 }
 
@@ -123,6 +126,7 @@ impl Choices {
     /// choices, which aborts their engine requests.
     pub fn merged(self) -> BoxStream<'static, Result<ChoiceUpdate, ApiError>> {
         let engine = self.engine;
+        let structured_output_field = self.structured_output_field;
         stream::select_all(self.streams.into_iter().map(|choice| {
             stream::unfold(choice, |mut choice| async move {
                 let update = choice.next().await?;
@@ -130,7 +134,9 @@ impl Choices {
             })
             .boxed()
         }))
-        .map(move |update| update.map_err(|error| api_error(&engine, error)))
+        .map(move |update| {
+            update.map_err(|error| api_error(&engine, structured_output_field, error))
+        })
         .boxed()
     }
 
@@ -155,8 +161,19 @@ impl Choices {
 
 /// A failed choice's error: the engine's own failure is a 500 while the engine is healthy, a 503
 /// once it is not (the failure was the engine going away).
-fn api_error(engine: &EngineClient, error: ChoiceError) -> ApiError {
+fn api_error(
+    engine: &EngineClient,
+    structured_output_field: Option<&'static str>,
+    error: ChoiceError,
+) -> ApiError {
     match error {
+        ChoiceError::Invalid { param, message } => match structured_output_field {
+            Some(field) if param == "structured_output" => ApiError::InvalidParameter {
+                param: field,
+                message,
+            },
+            _ => ApiError::InvalidRequest(format!("{param}: {message}")),
+        },
         ChoiceError::Engine(reason) if engine.is_healthy() => {
             ApiError::Internal(format!("the engine failed the request: {reason}"))
         }

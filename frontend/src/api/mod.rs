@@ -13,5 +13,6 @@ pub mod request_body;
 pub mod request_fields;
 pub mod routes;
 pub mod sse;
+pub mod structured_output;
 pub mod tokenize;
 pub mod validate;

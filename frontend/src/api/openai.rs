@@ -96,6 +96,14 @@ pub struct SamplingFields {
     pub service_tier: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
+    /// OpenAI's output format: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM's structured output fields (api/structured_output.rs reads them, with named errors).
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<serde_json::Value>,
+    pub guided_choice: Option<serde_json::Value>,
+    pub guided_grammar: Option<serde_json::Value>,
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]

@@ -15,6 +15,7 @@ use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
 };
 use crate::api::request_fields::{self, Endpoint};
+use crate::api::structured_output::{self, Constraint};
 use crate::engine::protocol::SamplingParams;
 use crate::state::{AppState, SchedulingPolicy};
 
@@ -340,6 +341,7 @@ pub struct CheckedSampling<'a> {
     logit_bias: Option<BTreeMap<u32, f64>>,
     /// The engine's count: the sampled token plus the top N.
     logprobs: Option<u32>,
+    structured_output: Option<Constraint>,
 }
 
 /// Checks every sampling field; `max_tokens` is the client's (chat's max_completion_tokens wins).
@@ -372,10 +374,12 @@ pub fn check_sampling<'a>(
         check_token_ids("stop_token_ids", ids, vocab_size)?;
     }
     check_stream_options(fields)?;
+    let structured_output = structured_output::constraint(fields)?;
     Ok(CheckedSampling {
         fields,
         logit_bias,
         logprobs,
+        structured_output,
     })
 }
 
@@ -400,6 +404,7 @@ impl CheckedSampling<'_> {
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             // An absent max_tokens may have been clipped below min_tokens by the context left.
             min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
+            structured_output: self.structured_output.as_ref().map(|c| c.value.clone()),
         }
     }
 
@@ -436,6 +441,7 @@ impl CheckedSampling<'_> {
             skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
             priority: fields.priority.unwrap_or(0),
             ignored_fields,
+            structured_output_field: self.structured_output.as_ref().map(|c| c.field),
         }
     }
 
@@ -475,6 +481,8 @@ pub struct ValidRequest {
     pub priority: i64,
     /// Fields the request carried that nothing reads, listed in a response header.
     pub ignored_fields: Vec<String>,
+    /// The field that carried the structured output constraint, if one did.
+    pub structured_output_field: Option<&'static str>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

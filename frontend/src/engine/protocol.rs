@@ -130,6 +130,16 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub min_tokens: u32,
+    /// A constraint on the output's text, compiled by the engine core.
+    pub structured_output: Option<StructuredOutput>,
+}
+
+/// `kind` is one of json_schema (spec: the schema as JSON text), json_object (spec: ""), regex
+/// (the pattern), choice (a JSON array of strings as text) or grammar (the grammar's text).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutput {
+    pub kind: String,
+    pub spec: String,
 }
 
 impl Default for SamplingParams {
@@ -149,6 +159,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
+            structured_output: None,
         }
     }
 }
@@ -214,6 +225,8 @@ pub struct EngineOutput {
     pub error: Option<String>,
     /// Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
     pub first_scheduled_time: Option<f64>,
+    /// The parameter at fault when the engine rejected the request as invalid before running it.
+    pub invalid_param: Option<String>,
 }
 
 impl EngineOutput {
@@ -228,6 +241,7 @@ impl EngineOutput {
             num_cached_tokens: 0,
             error: Some(reason.into()),
             first_scheduled_time: None,
+            invalid_param: None,
         }
     }
 
@@ -410,6 +424,7 @@ mod tests {
                     num_cached_tokens: 16,
                     error: None,
                     first_scheduled_time: Some(1.25),
+                    invalid_param: None,
                 },
                 EngineOutput {
                     finish_reason: Some(FinishReason::Stop),

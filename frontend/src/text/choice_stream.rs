@@ -46,6 +46,10 @@ pub enum ChoiceError {
     /// The tokenizer pool or the detokenizer failed.
     #[error("{0}")]
     Text(String),
+    /// The engine rejected the request as invalid before running it (a constraint that does not
+    /// compile): the parameter at fault and why.
+    #[error("{message}")]
+    Invalid { param: String, message: String },
 }
 
 impl From<TokenizerPoolError> for ChoiceError {
@@ -158,6 +162,13 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             }
             Some(FinishReason::Error) => {
                 let reason = output.error.unwrap_or_else(|| "unknown error".into());
+                if let Some(param) = output.invalid_param {
+                    self.finish("error");
+                    return Err(ChoiceError::Invalid {
+                        param,
+                        message: reason,
+                    });
+                }
                 return Err(self.fail(reason));
             }
         };
@@ -323,6 +334,7 @@ mod tests {
             num_cached_tokens: 0,
             error: None,
             first_scheduled_time: None,
+            invalid_param: None,
         }
     }
 

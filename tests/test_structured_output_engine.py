@@ -1,0 +1,110 @@
+"""Structured output inside the engine core, without a server: compiling constraints (llguidance on
+the default model's vocabulary), the bitmask the workers apply, and the scheduler's rule that a
+structured request waits for its in-flight token under async scheduling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.request import Request
+from engine.scheduler import Scheduler
+from engine.structured_output import GrammarTokenizer, RequestGrammar, batch_bitmask, mask_words
+from sluice.config import CacheConfig, SchedulerConfig
+from sluice.errors import InvalidRequestError
+from sluice.sampling_params import SamplingParams, StructuredOutput
+from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput
+from worker.grammar_bitmask import allowed_tokens, apply_grammar_bitmask
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def grammar_tokenizer(default_model_path: Path) -> GrammarTokenizer:
+    vocab_size = json.loads((default_model_path / "config.json").read_text())["vocab_size"]
+    return GrammarTokenizer(default_model_path, vocab_size, (EOS,))
+
+
+def allowed_ids(grammar: RequestGrammar, vocab_size: int) -> set[int]:
+    bitmask = GrammarBitmask(0, batch_bitmask([grammar], mask_words(vocab_size)))
+    return set(allowed_tokens(bitmask, 1, vocab_size)[0].nonzero().flatten().tolist())
+
+
+def test_choice_mask_allows_only_prefixes_of_the_choices(grammar_tokenizer: GrammarTokenizer) -> None:
+    tokenizer = grammar_tokenizer.get()
+    grammar = grammar_tokenizer.compile(StructuredOutput("choice", json.dumps(["yes", "no"])))
+    allowed = allowed_ids(grammar, grammar_tokenizer.vocab_size)
+    assert allowed, "something must be allowed"
+    texts = {tokenizer.decode_str([t]) for t in allowed}
+    assert all("yes".startswith(t) or "no".startswith(t) for t in texts), texts
+    for token in tokenizer.tokenize_str("no"):
+        grammar.accept_token(token)
+    assert grammar.is_terminated
+    assert allowed_ids(grammar, grammar_tokenizer.vocab_size) == {EOS}
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        ("regex", "a("),
+        ("json_schema", '{"type": "nope"}'),
+        ("json_schema", "{not json"),
+        ("grammar", "start: missing_rule"),
+        ("choice", "[]"),
+    ],
+)
+def test_uncompilable_constraints_raise_naming_structured_output(
+    grammar_tokenizer: GrammarTokenizer, kind: str, spec: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        grammar_tokenizer.compile(StructuredOutput(kind, spec))
+    assert raised.value.param == "structured_output"
+
+
+def test_bitmask_sets_disallowed_logits_to_minus_infinity() -> None:
+    vocab = 40
+    words = torch.zeros((2, 2), dtype=torch.int32)
+    words[0, 0] = 1 << 3  # row 0 allows token 3
+    words[1, 1] = 1 << 2  # row 1 allows token 34
+    bitmask = GrammarBitmask(5, words.numpy().astype("<i4").tobytes())
+    logits = torch.zeros((3, vocab))
+    apply_grammar_bitmask(logits, [2, 0], bitmask)
+    assert logits[1].eq(0).all(), "a row without a constraint is untouched"
+    assert logits[2].isfinite().nonzero().flatten().tolist() == [3]
+    assert logits[0].isfinite().nonzero().flatten().tolist() == [34]
+
+
+def test_structured_request_waits_for_its_token_under_async_scheduling(
+    grammar_tokenizer: GrammarTokenizer,
+) -> None:
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+        CacheConfig(block_size=4),
+        num_blocks=64,
+        max_model_len=256,
+    )
+    constraint = StructuredOutput("regex", "[0-9]{6}")
+    grammar = grammar_tokenizer.compile(constraint)
+    params = SamplingParams(max_tokens=16, structured_output=constraint)
+    structured = Request("s", [100, 101, 102], params, eos_token_ids=(EOS,), grammar=grammar)
+    plain = Request("p", [100, 101, 102], SamplingParams(max_tokens=16), eos_token_ids=(EOS,))
+    scheduler.add_request(structured)
+    scheduler.add_request(plain)
+    first = scheduler.schedule()
+    assert first.structured_output_req_ids == ["s"]
+    # Planned before the first step's tokens are known: only the plain request goes on.
+    second = scheduler.schedule()
+    assert list(second.num_scheduled_tokens) == ["p"]
+    assert second.structured_output_req_ids == []
+    digit = grammar_tokenizer.get().tokenize_str("4")
+    assert len(digit) == 1
+    scheduler.update_from_output(
+        first, ModelRunnerOutput(first.step_id, ["s", "p"], [digit, [7]], [None, None])
+    )
+    # The matcher consumed the token; the request is planned again.
+    third = scheduler.schedule()
+    assert "s" in third.num_scheduled_tokens and third.structured_output_req_ids == ["s"]
+    assert structured.output_token_ids == digit

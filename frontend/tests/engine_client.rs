@@ -146,6 +146,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> EngineOutpu
         num_cached_tokens: 0,
         error: None,
         first_scheduled_time: None,
+        prompt_logprobs: None,
     }
 }
 

@@ -327,6 +327,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         num_cached_tokens: 0,
                         error: None,
                         first_scheduled_time: Some(request.arrival_time),
+                        prompt_logprobs: None,
                     }])
                 })
                 .collect()
@@ -344,6 +345,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                     num_cached_tokens: 0,
                     error: None,
                     first_scheduled_time: None,
+                    prompt_logprobs: None,
                 })
                 .collect(),
         )],

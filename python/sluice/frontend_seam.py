@@ -106,6 +106,9 @@ class EngineOutput:
     error: str | None = None
     # Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
     first_scheduled_time: float | None = None
+    # Requests with prompt_logprobs: one entry per prompt token after the first (the first has
+    # none), all in the output that carries the first generated token; None in every other output.
+    prompt_logprobs: list[Logprobs] | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +193,7 @@ _OUTPUT = Record(
         ("num_cached_tokens", INT),
         ("error", optional(STR)),
         ("first_scheduled_time", optional(FLOAT)),
+        ("prompt_logprobs", optional(list_of(LOGPROBS_RECORD.codec))),
     ),
 )
 

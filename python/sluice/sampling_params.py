@@ -34,6 +34,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    # None: no prompt logprobs. N >= 0: for each prompt token after the first, its logprob plus the top N.
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -96,6 +98,11 @@ class SamplingParams:
                 f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
             ),
             (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+            ),
+            (
                 self.seed is None or -(2**63) <= self.seed < 2**63,
                 "seed",
                 f"seed must fit in a signed 64-bit integer, got {self.seed}",
@@ -147,6 +154,7 @@ PARAMS_FIELDS = (
     ("stop_token_ids", INT_LIST),
     ("ignore_eos", BOOL),
     ("min_tokens", INT),
+    ("prompt_logprobs", optional(INT)),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

@@ -130,6 +130,8 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub min_tokens: u32,
+    /// For each prompt token after the first, its logprob plus the top N.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl Default for SamplingParams {
@@ -149,6 +151,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
+            prompt_logprobs: None,
         }
     }
 }
@@ -214,6 +217,9 @@ pub struct EngineOutput {
     pub error: Option<String>,
     /// Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
     pub first_scheduled_time: Option<f64>,
+    /// With `prompt_logprobs`: one entry per prompt token after the first (index 0 the actual
+    /// token, `sampled_rank` its rank), in the output of the first generated token only.
+    pub prompt_logprobs: Option<Vec<Logprobs>>,
 }
 
 impl EngineOutput {
@@ -228,6 +234,7 @@ impl EngineOutput {
             num_cached_tokens: 0,
             error: Some(reason.into()),
             first_scheduled_time: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -410,6 +417,11 @@ mod tests {
                     num_cached_tokens: 16,
                     error: None,
                     first_scheduled_time: Some(1.25),
+                    prompt_logprobs: Some(vec![Logprobs {
+                        token_ids: vec![200, 7],
+                        logprobs: vec![-3.5, -0.25],
+                        sampled_rank: 4,
+                    }]),
                 },
                 EngineOutput {
                     finish_reason: Some(FinishReason::Stop),
@@ -566,6 +578,7 @@ mod tests {
             "\"stop_token_ids\"",
             "\"ignore_eos\"",
             "\"min_tokens\"",
+            "\"prompt_logprobs\"",
             "\"arrival_time\"",
             "\"priority\"",
         ];

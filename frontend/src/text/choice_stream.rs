@@ -14,6 +14,7 @@ use crate::engine::client::OutputStream;
 use crate::engine::protocol::{EngineOutput, FinishReason, Logprobs};
 use crate::metrics::RequestMetrics;
 use crate::text::detokenizer::{DetokenizeError, IncrementalDetokenizer};
+use crate::text::prompt_logprobs::{prompt_token_logprobs, PromptToken};
 use crate::text::stop_strings::{StopMatcher, StopStep};
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 
@@ -35,6 +36,12 @@ pub struct ChoiceUpdate {
     pub finish_reason: Option<&'static str>,
     /// Tokens the engine generated for this choice so far.
     pub completion_tokens: u32,
+    /// The sum of the generated tokens' logprobs so far (0 when the engine sent none).
+    pub cumulative_logprob: f64,
+    /// Characters of the echo prefix that `text` starts with (0 in all but the echo's update).
+    pub prefix_chars: u32,
+    /// The prompt's tokens with their logprobs, once, when the choice shows them.
+    pub prompt_logprobs: Option<Vec<PromptToken>>,
 }
 
 /// Why a choice ended without a finish reason.
@@ -69,6 +76,8 @@ pub struct ChoiceSpec {
     /// Text sent before the generated text (completions' `echo`).
     pub prefix: Option<String>,
     pub wants_logprobs: bool,
+    /// The prompt, when the choice shows its prompt logprobs.
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
@@ -80,9 +89,11 @@ pub struct ChoiceStream<O = OutputStream> {
     stop: StopMatcher,
     prefix: Option<String>,
     wants_logprobs: bool,
+    prompt_token_ids: Option<Vec<u32>>,
     metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
     completion_tokens: u32,
+    cumulative_logprob: f64,
     finished: bool,
 }
 
@@ -102,9 +113,11 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             stop: StopMatcher::new(spec.stop),
             prefix: spec.prefix,
             wants_logprobs: spec.wants_logprobs,
+            prompt_token_ids: spec.prompt_token_ids,
             metrics,
             permit: Some(permit),
             completion_tokens: 0,
+            cumulative_logprob: 0.0,
             finished: false,
         }
     }
@@ -131,15 +144,30 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         }
     }
 
-    async fn update(&mut self, output: EngineOutput) -> Result<Option<ChoiceUpdate>, ChoiceError> {
+    async fn update(
+        &mut self,
+        mut output: EngineOutput,
+    ) -> Result<Option<ChoiceUpdate>, ChoiceError> {
         // Its first output means the engine has scheduled it: it no longer waits.
         self.permit = None;
         self.metrics
             .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
+        if let Some(entries) = &output.new_logprobs {
+            self.cumulative_logprob += entries
+                .iter()
+                .filter_map(|entry| entry.logprobs.first())
+                .sum::<f64>();
+        }
         let logprobs = match (&output.new_logprobs, self.wants_logprobs) {
             (Some(entries), true) => self.logprob_texts(entries).await?,
             _ => Vec::new(),
+        };
+        let prompt_logprobs = match output.prompt_logprobs.take() {
+            Some(entries) if self.prompt_token_ids.is_some() => {
+                Some(self.prompt_logprob_texts(entries).await?)
+            }
+            _ => None,
         };
         let finish = match output.finish_reason {
             None => None,
@@ -169,10 +197,16 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         if let Some(reason) = finish_reason {
             self.finish(reason);
         }
-        if text.is_empty() && logprobs.is_empty() && finish_reason.is_none() {
+        if text.is_empty()
+            && logprobs.is_empty()
+            && prompt_logprobs.is_none()
+            && finish_reason.is_none()
+        {
             return Ok(None);
         }
+        let mut prefix_chars = 0;
         if let Some(prefix) = self.prefix.take() {
+            prefix_chars = prefix.chars().count() as u32;
             text.insert_str(0, &prefix);
         }
         Ok(Some(ChoiceUpdate {
@@ -181,6 +215,9 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             logprobs,
             finish_reason,
             completion_tokens: self.completion_tokens,
+            cumulative_logprob: self.cumulative_logprob,
+            prefix_chars,
+            prompt_logprobs,
         }))
     }
 
@@ -227,6 +264,23 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                     .collect()
             })
             .await?)
+    }
+
+    /// The prompt's tokens as text with the engine's entries; the choice's prompt is then dropped.
+    async fn prompt_logprob_texts(
+        &mut self,
+        entries: Vec<Logprobs>,
+    ) -> Result<Vec<PromptToken>, ChoiceError> {
+        let prompt = self
+            .prompt_token_ids
+            .take()
+            .expect("asked only for a choice that shows prompt logprobs");
+        // The detokenizer that finds the offsets needs the shared tokenizer, not the worker's borrow.
+        let tokenizer = self.pool.tokenizer().clone();
+        Ok(self
+            .pool
+            .run(move |_| prompt_token_logprobs(&tokenizer, &prompt, &entries))
+            .await??)
     }
 
     fn fail(&mut self, reason: String) -> ChoiceError {
@@ -303,6 +357,7 @@ mod tests {
             num_cached_tokens: 0,
             error: None,
             first_scheduled_time: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -335,6 +390,7 @@ mod tests {
             stop: stop.iter().map(|s| s.to_string()).collect(),
             prefix: prefix.map(str::to_owned),
             wants_logprobs: logprobs,
+            prompt_token_ids: None,
         };
         let scripted = Scripted {
             outputs: outputs.into_iter(),

@@ -109,7 +109,9 @@ def test_a_recomputed_chunk_is_kept_once() -> None:
     assert request.take_prompt_logprobs() == entry
     assert request.take_prompt_logprobs() is None
     with pytest.raises(AssertionError):
-        Request("q", [5, 6, 7], SamplingParams(prompt_logprobs=0)).add_prompt_logprobs(PromptLogprobs(2, entry))
+        Request("q", [5, 6, 7], SamplingParams(prompt_logprobs=0)).add_prompt_logprobs(
+            PromptLogprobs(2, entry)
+        )
 
 
 def test_prompt_logprobs_out_of_range_are_refused() -> None:

@@ -82,7 +82,9 @@ class Request:
         """Keep a step's prompt logprobs; positions already kept (recomputed after a preemption) are skipped."""
         assert self.prompt_logprobs is not None, "prompt logprobs for a request that did not ask for them"
         already = len(self.prompt_logprobs) + 1 - chunk.start
-        assert already >= 0, f"prompt logprobs from position {chunk.start} before {len(self.prompt_logprobs) + 1}"
+        assert already >= 0, (
+            f"prompt logprobs from position {chunk.start} before {len(self.prompt_logprobs) + 1}"
+        )
         self.prompt_logprobs.extend(chunk.logprobs[already:])
         assert len(self.prompt_logprobs) <= self.num_prompt_tokens - 1
 
@@ -90,7 +92,9 @@ class Request:
         """The complete prompt logprobs the first time they are asked for, then None."""
         if self.prompt_logprobs is None or self.prompt_logprobs_sent:
             return None
-        assert not self.needs_prompt_logprobs, "the first token was sampled before the prompt's logprobs were in"
+        assert not self.needs_prompt_logprobs, (
+            "the first token was sampled before the prompt's logprobs were in"
+        )
         self.prompt_logprobs_sent = True
         return self.prompt_logprobs
 

@@ -86,6 +86,9 @@ def step_prompt_logprobs(
     tokens computed before this step; num_scheduled: the tokens it computes in this step.
     compute_logits: the model's hidden -> float32 logits (every tensor-parallel rank calls it alike).
     """
+    # The common step: nobody asked, and the hot path pays one scan of the rows.
+    if all(state.sampling_params.prompt_logprobs is None for state in states):
+        return None
     spans: list[_Span] = []
     hidden_starts: list[int] = []
     query_start = 0

@@ -515,6 +515,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn prompt_logprobs_come_once_with_the_echo_and_logprobs_add_up() {
+        let prompt = token_ids("Hello there");
+        let ids = token_ids(TEXT);
+        let mut first = output(&ids[..1], None);
+        first.new_logprobs = Some(vec![Logprobs {
+            token_ids: vec![ids[0]],
+            logprobs: vec![-0.5],
+            sampled_rank: 1,
+        }]);
+        first.prompt_logprobs = Some(vec![Logprobs {
+            token_ids: vec![prompt[1], prompt[0]],
+            logprobs: vec![-2.0, -1.0],
+            sampled_rank: 3,
+        }]);
+        let mut second = output(&ids[1..2], Some(FinishReason::Length));
+        second.new_logprobs = Some(vec![Logprobs {
+            token_ids: vec![ids[1]],
+            logprobs: vec![-0.25],
+            sampled_rank: 2,
+        }]);
+        let mut choice = choice(vec![first, second], &[], Some("Hello there"), false);
+        choice.stream.prompt_token_ids = Some(prompt.clone());
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(error, None);
+        assert_eq!(updates[0].prefix_chars, "Hello there".len() as u32);
+        let tokens = updates[0].prompt_logprobs.as_ref().unwrap();
+        assert_eq!(tokens.len(), prompt.len());
+        assert_eq!(tokens[0].logprob, None);
+        let second_token = tokens[1].logprob.as_ref().unwrap();
+        assert_eq!((second_token.logprob, second_token.rank), (-2.0, 3));
+        assert_eq!(tokens[1].text_offset, "Hello".len() as u32);
+        assert!(updates[1..]
+            .iter()
+            .all(|update| update.prompt_logprobs.is_none() && update.prefix_chars == 0));
+        // Counted although the choice shows no logprobs: best_of ranks by it.
+        assert!(updates.iter().all(|update| update.logprobs.is_empty()));
+        assert_eq!(updates.last().unwrap().cumulative_logprob, -0.75);
+    }
+
+    #[tokio::test]
     async fn an_engine_error_fails_the_choice_and_frees_its_permit() {
         let mut failed = output(&[], Some(FinishReason::Error));
         failed.error = Some("the worker died".into());

@@ -65,7 +65,9 @@ def test_echo_with_logprobs_leads_with_the_prompt_tokens(
     assert len(logprobs.tokens) == len(ids) + 5
     assert "".join(logprobs.tokens[: len(ids)]) == PROMPT
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
-    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(reference_logprobs(hf_model, ids), abs=TOLERANCE)
+    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(
+        reference_logprobs(hf_model, ids), abs=TOLERANCE
+    )
     for i, token in enumerate(logprobs.tokens):
         # Every offset points at its token in the returned text, the prompt's and the completion's alike.
         assert choice.text[logprobs.text_offset[i] :].startswith(token), (i, token)
@@ -102,7 +104,9 @@ def test_prompt_logprobs_on_completions_and_chat(
     got = [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)]
     assert got == pytest.approx(reference_logprobs(hf_model, ids), abs=TOLERANCE)
     for entry, token in zip(entries[1:], ids[1:], strict=True):
-        ranks = sorted(value["rank"] for key, value in entry.items() if key != str(token) or value["rank"] <= 3)
+        ranks = sorted(
+            value["rank"] for key, value in entry.items() if key != str(token) or value["rank"] <= 3
+        )
         assert ranks[:3] == [1, 2, 3], entry
     # Without the field, none.
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
@@ -123,7 +127,13 @@ def test_best_of_returns_the_most_likely_candidates(client: openai.OpenAI) -> No
     def total(choice: Any) -> float:
         return sum(choice.logprobs.token_logprobs)
 
-    fields = {"model": MODEL, "prompt": "My favourite animal is", "max_tokens": 6, "temperature": 1.0, "seed": 11}
+    fields = {
+        "model": MODEL,
+        "prompt": "My favourite animal is",
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 11,
+    }
     # best_of's candidates are seeded as n's choices are: seed + i.
     candidates = client.completions.create(n=5, logprobs=0, **fields).choices
     ranked = sorted(candidates, key=total, reverse=True)
@@ -149,6 +159,8 @@ def test_best_of_returns_the_most_likely_candidates(client: openai.OpenAI) -> No
 def test_bad_best_of_and_prompt_logprobs_are_400s_naming_them(
     server: Server, body: dict[str, Any], param: str
 ) -> None:
-    response = server.request("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **body})
+    response = server.request(
+        "POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **body}
+    )
     assert response.status == 400, response
     assert response.body["error"]["param"] == param

@@ -47,6 +47,8 @@ const FIELDS: &[&str] = &[
     "top_logprobs",
     "echo",
     "add_generation_prompt",
+    "best_of",
+    "prompt_logprobs",
 ];
 
 fn runtime() -> &'static tokio::runtime::Runtime {

@@ -71,6 +71,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             ignore_eos=False,
             min_tokens=4,
             structured_output=StructuredOutput(kind="json_schema", spec='{"type":"object","title":"Größe"}'),
+            prompt_logprobs=3,
         ),
         arrival_time=1732190000.125,
         priority=-33,
@@ -98,6 +99,10 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 num_cached_tokens=64,
                 error=None,
                 first_scheduled_time=1732190000.5,
+                prompt_logprobs=[
+                    Logprobs(token_ids=[127, 2, 13], logprobs=[-7.5, -0.5, -1.25], sampled_rank=70000),
+                    Logprobs(token_ids=[128], logprobs=[-0.015625], sampled_rank=1),
+                ],
             ),
             EngineOutput(
                 request_id="cmpl-8f14e45f-1",

@@ -24,6 +24,7 @@ from sluice.worker_seam import (
     Message,
     ModelRunnerOutput,
     NewRequestData,
+    PromptLogprobs,
     SchedulerOutput,
     Shutdown,
     WorkerError,
@@ -54,6 +55,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                         logprobs=5,
                         stop_token_ids=[2],
                         min_tokens=4,
+                        prompt_logprobs=0,
                     )
                 ),
                 block_ids=[0, 1],
@@ -102,6 +104,12 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             None,
         ],
         num_eager_fallbacks=65536,
+        prompt_logprobs=[
+            None,
+            PromptLogprobs(
+                start=25, logprobs=[Logprobs(token_ids=[300, 9], logprobs=[-2.5, -0.75], sampled_rank=4)]
+            ),
+        ],
     ),
     "shutdown": Shutdown(),
     "worker_error": WorkerError(rank=1, message="RuntimeError: gloo all_reduce failed — «соединение» 🚫"),

@@ -53,6 +53,7 @@ PARAMS_KEYS = [
     "ignore_eos",
     "min_tokens",
     "structured_output",
+    "prompt_logprobs",
 ]
 OUTPUT_KEYS = [
     "request_id",
@@ -64,6 +65,7 @@ OUTPUT_KEYS = [
     "error",
     "first_scheduled_time",
     "invalid_param",
+    "prompt_logprobs",
 ]
 STATS_KEYS = [
     "num_running",
@@ -217,6 +219,7 @@ _params = st.builds(
     stop_token_ids=_tokens,
     ignore_eos=st.booleans(),
     min_tokens=_small,
+    prompt_logprobs=st.none() | _small,
 )
 _logprobs = st.builds(
     Logprobs, token_ids=_tokens, logprobs=st.lists(_floats, max_size=4), sampled_rank=_small
@@ -243,6 +246,7 @@ _output = st.builds(
     num_cached_tokens=_small,
     error=st.none() | _text,
     first_scheduled_time=st.none() | _floats,
+    prompt_logprobs=st.none() | st.lists(_logprobs, max_size=3),
 )
 _scalar = st.none() | st.booleans() | _ints | _floats | _text
 _messages = st.one_of(

@@ -40,6 +40,7 @@ PROTOCOL_KEYS = {
         "sampled_token_ids",
         "logprobs",
         "num_eager_fallbacks",
+        "prompt_logprobs",
     ],
     "shutdown": ["v", "type"],
     "worker_error": ["v", "type", "rank", "message"],
@@ -108,6 +109,7 @@ def test_sampling_params_travel_as_the_params_map():
         logprobs=5,
         stop_token_ids=[2],
         min_tokens=4,
+        prompt_logprobs=0,
     )
 
 

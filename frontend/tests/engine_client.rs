@@ -147,6 +147,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> EngineOutpu
         error: None,
         first_scheduled_time: None,
         invalid_param: None,
+        prompt_logprobs: None,
     }
 }
 

@@ -328,6 +328,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         error: None,
                         first_scheduled_time: Some(request.arrival_time),
                         invalid_param: None,
+                        prompt_logprobs: None,
                     }])
                 })
                 .collect()
@@ -346,6 +347,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                     error: None,
                     first_scheduled_time: None,
                     invalid_param: None,
+                    prompt_logprobs: None,
                 })
                 .collect(),
         )],
@@ -648,9 +650,16 @@ async fn bad_inputs_get_their_status_and_openai_error_body() {
             json!({"param": "logit_bias"}),
         ),
         (
-            completions(json!({"model": MODEL, "prompt": "x", "echo": true, "logprobs": 1})),
+            completions(json!({"model": MODEL, "prompt": "x", "n": 2, "best_of": 1})),
             400,
-            json!({"param": "echo"}),
+            json!({"param": "best_of"}),
+        ),
+        (
+            completions(
+                json!({"model": MODEL, "prompt": "x", "prompt_logprobs": 1, "stream": true}),
+            ),
+            400,
+            json!({"param": "prompt_logprobs"}),
         ),
         (
             completions(json!({"model": MODEL, "prompt": ""})),

@@ -61,6 +61,8 @@ const FIELDS: &[&str] = &[
     "use_beam_search",
     "modalities",
     "an_unknown_field",
+    "best_of",
+    "prompt_logprobs",
 ];
 
 fn runtime() -> &'static tokio::runtime::Runtime {

@@ -19,6 +19,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # Seconds since the Unix epoch when the scheduler first scheduled the request; None if it never did.
     first_scheduled_time: float | None = None
+    # One entry per prompt token after the first, in the output of the first generated token only.
+    prompt_logprobs: list[Logprobs] | None = None
 
     @property
     def finished(self) -> bool:

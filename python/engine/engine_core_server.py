@@ -337,6 +337,7 @@ def _to_wire_output(core_output: Any) -> EngineOutput:
         num_cached_tokens=core_output.num_cached_tokens,
         error=None,
         first_scheduled_time=core_output.first_scheduled_time,
+        prompt_logprobs=core_output.prompt_logprobs,
     )
 
 

@@ -184,7 +184,13 @@ class LLM:
             parent = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=token_ids)
             results.append(parent)
             for index in range(p.n):
-                child_params = replace(p, n=1, seed=None if p.seed is None else p.seed + index)
+                # The n samples share one prompt: the first computes its logprobs for all.
+                child_params = replace(
+                    p,
+                    n=1,
+                    seed=None if p.seed is None else p.seed + index,
+                    prompt_logprobs=p.prompt_logprobs if index == 0 else None,
+                )
                 child_id = f"{parent.request_id}-{index}"
                 out = CompletionOutput(
                     index=index,
@@ -234,6 +240,8 @@ class LLM:
             for entry in core_output.new_logprobs[:kept]:
                 out.logprobs.append(self._logprob_dict(entry))
                 out.cumulative_logprob = (out.cumulative_logprob or 0.0) + entry.logprobs[0]
+        if core_output.prompt_logprobs is not None:
+            child.parent.prompt_logprobs = [None, *map(self._logprob_dict, core_output.prompt_logprobs)]
         child.parent.num_cached_tokens = max(child.parent.num_cached_tokens, core_output.num_cached_tokens)
         if child.stopped_text is None and core_output.finish_reason is not None:
             out.finish_reason = core_output.finish_reason

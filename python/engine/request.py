@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.sampling_params import SamplingParams
+from sluice.worker_seam import Logprobs, PromptLogprobs
 
 if TYPE_CHECKING:
     from engine.structured_output import RequestGrammar
@@ -68,10 +69,40 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     # The matcher of its structured output constraint: it has consumed every output token.
     grammar: RequestGrammar | None = None
+    # With prompt_logprobs: the entries of prompt positions 1, 2, ... received so far (None without).
+    prompt_logprobs: list[Logprobs] | None = field(init=False)
+    # Whether the prompt logprobs went out (with the first generated token).
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) > 0, "the boundary rejects empty prompts"
         self.all_token_ids = [*self.prompt_token_ids, *self.output_token_ids]
+        self.prompt_logprobs = None if self.sampling_params.prompt_logprobs is None else []
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether prompt positions are still to be computed for their logprobs (no prefix-cache hits then)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        """Keep a step's prompt logprobs; positions already kept (recomputed after a preemption) are skipped."""
+        assert self.prompt_logprobs is not None, "prompt logprobs for a request that did not ask for them"
+        already = len(self.prompt_logprobs) + 1 - chunk.start
+        assert already >= 0, (
+            f"prompt logprobs from position {chunk.start} before {len(self.prompt_logprobs) + 1}"
+        )
+        self.prompt_logprobs.extend(chunk.logprobs[already:])
+        assert len(self.prompt_logprobs) <= self.num_prompt_tokens - 1
+
+    def take_prompt_logprobs(self) -> list[Logprobs] | None:
+        """The complete prompt logprobs the first time they are asked for, then None."""
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        assert not self.needs_prompt_logprobs, (
+            "the first token was sampled before the prompt's logprobs were in"
+        )
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     @property
     def num_tokens(self) -> int:

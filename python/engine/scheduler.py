@@ -305,15 +305,21 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         finished: set[str] = set()
         self.num_eager_fallbacks = model_runner_output.num_eager_fallbacks
-        for request_id, token_ids, logprobs in zip(
+        prompt_chunks = model_runner_output.prompt_logprobs or [None] * len(model_runner_output.req_ids)
+        for request_id, token_ids, logprobs, prompt_chunk in zip(
             model_runner_output.req_ids,
             model_runner_output.sampled_token_ids,
             model_runner_output.logprobs,
+            prompt_chunks,
             strict=True,
         ):
             request = self.requests.get(request_id)
             # Frames for requests aborted, finished by a stop or preempted since that step are dropped.
-            if not token_ids or request is None or request.status != RequestStatus.RUNNING:
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            if prompt_chunk is not None:
+                request.add_prompt_logprobs(prompt_chunk)
+            if not token_ids:
                 continue
             assert request_id in scheduler_output.num_scheduled_tokens
             new_token_ids = []
@@ -339,6 +345,7 @@ class Scheduler:
                     stop_reason=request.stop_reason,
                     num_cached_tokens=request.num_cached_tokens,
                     first_scheduled_time=request.first_scheduled_time,
+                    prompt_logprobs=request.take_prompt_logprobs(),
                 )
             )
         if finished:

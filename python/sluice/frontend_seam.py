@@ -108,6 +108,9 @@ class EngineOutput:
     first_scheduled_time: float | None = None
     # The parameter at fault when the engine rejected the request as invalid before running it.
     invalid_param: str | None = None
+    # Requests with prompt_logprobs: one entry per prompt token after the first (the first has
+    # none), all in the output that carries the first generated token; None in every other output.
+    prompt_logprobs: list[Logprobs] | None = None
 
 
 @dataclass(slots=True)
@@ -193,6 +196,7 @@ _OUTPUT = Record(
         ("error", optional(STR)),
         ("first_scheduled_time", optional(FLOAT)),
         ("invalid_param", optional(STR)),
+        ("prompt_logprobs", optional(list_of(LOGPROBS_RECORD.codec))),
     ),
 )
 

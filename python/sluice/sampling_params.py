@@ -59,6 +59,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     structured_output: StructuredOutput | None = None
+    # None: no prompt logprobs. N >= 0: for each prompt token after the first, its logprob plus the top N.
+    prompt_logprobs: int | None = None
     # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
     # the frontend applies its own over HTTP. A stop string ends the output before it.
     stop: list[str] = field(default_factory=list)
@@ -131,6 +133,11 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
                 f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
             ),
             (
                 self.seed is None or -(2**63) <= self.seed < 2**63,
@@ -208,6 +215,7 @@ PARAMS_FIELDS = (
     ("ignore_eos", BOOL),
     ("min_tokens", INT),
     ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
+    ("prompt_logprobs", optional(INT)),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

@@ -48,6 +48,21 @@ LOGPROBS_RECORD = Record(
 )
 
 
+@dataclass(slots=True)
+class PromptLogprobs:
+    """One step's share of a request's prompt logprobs: one Logprobs per prompt token it predicted
+    (column 0 the actual prompt token, its rank as sampled_rank), from prompt position `start` on."""
+
+    # The prompt position of the first entry's token: at least 1, the first prompt token has none.
+    start: int
+    logprobs: list[Logprobs]
+
+
+PROMPT_LOGPROBS_RECORD = Record(
+    PromptLogprobs, (("start", INT), ("logprobs", list_of(LOGPROBS_RECORD.codec)))
+)
+
+
 # engine core -> workers
 
 
@@ -157,6 +172,9 @@ class ModelRunnerOutput:
     logprobs: list[Logprobs | None]
     # The rank's steps since start that graphs were on for but that ran eagerly: no captured shape fit.
     num_eager_fallbacks: int = 0
+    # Parallel to req_ids; None for requests that did not ask for prompt logprobs or whose step
+    # computed no prompt token's prediction. None for the whole list when no request of the step did.
+    prompt_logprobs: list[PromptLogprobs | None] | None = None
 
 
 @dataclass(slots=True)
@@ -248,6 +266,7 @@ _MESSAGES = MessageSet(
                     ("sampled_token_ids", list_of(INT_LIST)),
                     ("logprobs", list_of(optional(LOGPROBS_RECORD.codec))),
                     ("num_eager_fallbacks", INT),
+                    ("prompt_logprobs", optional(list_of(optional(PROMPT_LOGPROBS_RECORD.codec)))),
                 ),
             ),
         ),

@@ -30,6 +30,7 @@ from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
 from worker.model_loader import load_model
+from worker.prompt_logprobs import StepPromptLogprobs, step_prompt_logprobs
 from worker.request_state import RequestState
 from worker.sampler import Sampler, SamplerOutput
 from worker.sampling_state import SamplingState
@@ -53,6 +54,8 @@ class StepResult:
     states: list[RequestState]
     # The runner's eager fallbacks once this step was dispatched (ModelRunnerOutput.num_eager_fallbacks).
     num_eager_fallbacks: int
+    # None when no row asked for prompt logprobs or predicted a prompt token this step.
+    prompt_logprobs: StepPromptLogprobs | None = None
 
     def output(self) -> ModelRunnerOutput:
         sampled_lists: list[list[int]] = []
@@ -68,8 +71,9 @@ class StepResult:
             else:
                 sampled_lists.append([])
                 logprobs.append(None)
+        prompt_logprobs = None if self.prompt_logprobs is None else self.prompt_logprobs.to_wire()
         return ModelRunnerOutput(
-            self.step_id, self.req_ids, sampled_lists, logprobs, self.num_eager_fallbacks
+            self.step_id, self.req_ids, sampled_lists, logprobs, self.num_eager_fallbacks, prompt_logprobs
         )
 
 
@@ -196,6 +200,11 @@ class ModelRunner:
         mode, padded = self.dispatcher.dispatch(shape.batch_descriptor())
         hidden = self.step_executor.run(mode, padded, self.buffers)
         logits = self.model.compute_logits(hidden[self.buffers.logits_indices[:num_rows]])
+        states = [self.requests[req_id] for req_id in req_ids]
+        # From the hidden states before the next step overwrites them; only rows that asked pay for it.
+        prompt_logprobs = step_prompt_logprobs(
+            self.model.compute_logits, hidden, states, batch.num_computed_tokens[:num_rows], num_scheduled
+        )
         since = timer.lap("forward", since)
         if out.structured_output_req_ids:
             assert receive_bitmask is not None, "a structured step needs its bitmask"
@@ -209,7 +218,6 @@ class ModelRunner:
         seq_lens = batch.num_computed_tokens[:num_rows] + num_scheduled
         sampled = seq_lens >= batch.num_tokens[:num_rows]
         batch.num_computed_tokens[:num_rows] = seq_lens
-        states = [self.requests[req_id] for req_id in req_ids]
         for state, seq_len in zip(states, seq_lens.tolist(), strict=True):
             state.num_computed_tokens = seq_len
         rows = np.flatnonzero(sampled).tolist()
@@ -219,7 +227,13 @@ class ModelRunner:
         timer.lap("bookkeeping", since)
         timer.count_step()
         return StepResult(
-            out.step_id, list(req_ids), sampled.tolist(), sampler_output, states, self.num_eager_fallbacks
+            out.step_id,
+            list(req_ids),
+            sampled.tolist(),
+            sampler_output,
+            states,
+            self.num_eager_fallbacks,
+            prompt_logprobs,
         )
 
 

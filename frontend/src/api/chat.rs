@@ -15,6 +15,7 @@ use crate::api::openai::{
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
 };
 use crate::api::request_fields::with_ignored_fields;
+use crate::api::prompt_logprobs::vllm_prompt_logprobs;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
 use crate::api::validate::{self, ValidRequest};
 use crate::state::{AppState, Arrival};
@@ -34,7 +35,7 @@ pub async fn create(
     } else {
         let header = choices.header.clone();
         let results = choices.collect().await?;
-        Json(whole(header, results, prompt_tokens, request.logprobs)).into_response()
+        Json(whole(header, results, prompt_tokens, &request)).into_response()
     };
     Ok(with_ignored_fields(response, &request.ignored_fields))
 }
@@ -56,9 +57,15 @@ fn whole(
     header: ResponseHeader,
     results: Vec<ChoiceResult>,
     prompt_tokens: u32,
-    logprobs: bool,
+    request: &ValidRequest,
 ) -> ChatCompletionResponse {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    // Every choice has the one prompt: the first one's logprobs stand for all.
+    let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
+        let tokens = results.first()?.prompt_logprobs.as_deref()?;
+        Some(vllm_prompt_logprobs(tokens, top_n))
+    });
+    let logprobs = request.logprobs;
     let choices = results
         .into_iter()
         .enumerate()
@@ -79,6 +86,7 @@ fn whole(
         model: header.model,
         choices,
         usage: Usage::new(prompt_tokens, completion_tokens),
+        prompt_logprobs,
     }
 }
 

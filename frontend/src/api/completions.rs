@@ -8,16 +8,19 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::api::best_of;
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::openai::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
 use crate::api::request_fields::with_ignored_fields;
+use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
 use crate::api::validate::{self, ValidRequest};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
+use crate::text::prompt_logprobs::PromptToken;
 
 pub async fn create(
     State(state): State<Arc<AppState>>,
@@ -32,8 +35,8 @@ pub async fn create(
         stream(choices, prompt_tokens, &request)
     } else {
         let header = choices.header.clone();
-        let results = choices.collect().await?;
-        Json(whole(header, results, prompt_tokens, request.logprobs)).into_response()
+        let results = best_of::select(choices.collect().await?, request.best_of, request.n);
+        Json(whole(header, results, prompt_tokens, &request)).into_response()
     };
     Ok(with_ignored_fields(response, &request.ignored_fields))
 }
@@ -55,7 +58,7 @@ fn whole(
     header: ResponseHeader,
     results: Vec<ChoiceResult>,
     prompt_tokens: u32,
-    logprobs: bool,
+    request: &ValidRequest,
 ) -> CompletionResponse {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
     let choices = results
@@ -63,7 +66,18 @@ fn whole(
         .enumerate()
         .map(|(index, result)| CompletionChoice {
             index: index as u32,
-            logprobs: logprobs.then(|| completion_logprobs(&result.logprobs, 0)),
+            logprobs: request.logprobs.then(|| {
+                logprobs_with_echo(
+                    result.prompt_logprobs.as_deref(),
+                    &result.logprobs,
+                    request.echo_logprobs,
+                    result.prefix_chars,
+                )
+            }),
+            prompt_logprobs: request.prompt_logprobs.and_then(|top_n| {
+                let tokens = result.prompt_logprobs.as_deref()?;
+                Some(vllm_prompt_logprobs(tokens, top_n))
+            }),
             text: result.text,
             finish_reason: Some(result.finish_reason.to_owned()),
         })
@@ -80,14 +94,22 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
         .map(|prompt| prompt.token_ids.len() as u32)
         .collect();
     let (n, continuous) = (request.n, request.continuous_usage_stats);
+    let echo_top_n = request.echo_logprobs;
     let header = Arc::new(choices.header.clone());
     let frame_header = header.clone();
     // Each choice's text offset so far, for its logprobs' text_offset.
     let mut offsets: BTreeMap<u32, u32> = BTreeMap::new();
     let frame = move |update: ChoiceUpdate| {
         let offset = offsets.entry(update.index).or_default();
-        let logprobs =
-            (!update.logprobs.is_empty()).then(|| completion_logprobs(&update.logprobs, *offset));
+        let shown = !update.logprobs.is_empty() || update.prompt_logprobs.is_some();
+        let logprobs = shown.then(|| {
+            logprobs_with_echo(
+                update.prompt_logprobs.as_deref(),
+                &update.logprobs,
+                echo_top_n,
+                *offset + update.prefix_chars,
+            )
+        });
         *offset += update.text.chars().count() as u32;
         let usage = continuous.then(|| {
             let prompt_len = prompt_lens[(update.index / n) as usize];
@@ -99,6 +121,7 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
                 text: update.text,
                 logprobs,
                 finish_reason: update.finish_reason.map(str::to_owned),
+                prompt_logprobs: None,
             }],
             usage,
         ))
@@ -112,6 +135,21 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
         })
     };
     event_stream_response(sse_events(Vec::new(), choices.merged(), frame, closing))
+}
+
+/// The generated tokens' logprobs, from `start_offset` in the text, led by the prompt's when the
+/// request echoes with logprobs (`echo_top_n`) and they are here.
+fn logprobs_with_echo(
+    prompt: Option<&[PromptToken]>,
+    entries: &[TokenLogprob],
+    echo_top_n: Option<u32>,
+    start_offset: u32,
+) -> CompletionLogprobs {
+    let generated = completion_logprobs(entries, start_offset);
+    match (prompt, echo_top_n) {
+        (Some(tokens), Some(top_n)) => joined(echo_logprobs(tokens, top_n), generated),
+        _ => generated,
+    }
 }
 
 /// Completions' logprobs: the sampled tokens, their logprobs, the top alternatives (with the

@@ -15,6 +15,7 @@ use crate::state::{unix_time, AppState, Arrival};
 use crate::text::choice_stream::{
     ChoiceError, ChoiceSpec, ChoiceStream, ChoiceUpdate, TokenLogprob,
 };
+use crate::text::prompt_logprobs::PromptToken;
 
 /// What every chunk and response of one request repeats: its id, creation time and model.
 #[derive(Debug, Clone)]
@@ -31,6 +32,10 @@ pub struct ChoiceResult {
     pub logprobs: Vec<TokenLogprob>,
     pub finish_reason: &'static str,
     pub completion_tokens: u32,
+    pub cumulative_logprob: f64,
+    /// Characters of the echo prefix that `text` starts with.
+    pub prefix_chars: u32,
+    pub prompt_logprobs: Option<Vec<PromptToken>>,
 }
 
 /// A request's choices, started on the engine.
@@ -43,7 +48,8 @@ pub struct Choices {
 }
 
 /// Admits the request's choices and sends one engine request per choice, with ids
-/// `<response id>-<index>`; choice `p * n + i` is prompt p's i-th, seeded `seed + i`.
+/// `<response id>-<index>`; choice `p * best_of + i` is prompt p's i-th, seeded `seed + i`
+/// (best_of is n unless the request asked for more candidates).
 pub fn start(
     state: &AppState,
     id_kind: &str,
@@ -51,7 +57,7 @@ pub fn start(
     arrival: Arrival,
 ) -> Result<Choices, ApiError> {
     let engine = state.engine()?;
-    let n = request.n;
+    let n = request.best_of;
     let count = u32::try_from(request.prompts.len())
         .ok()
         .and_then(|prompts| prompts.checked_mul(n))
@@ -82,6 +88,9 @@ pub fn start(
                 wants_logprobs: request.logprobs,
                 include_stop_str_in_output: request.include_stop_str_in_output,
                 skip_special_tokens: request.skip_special_tokens,
+                prompt_token_ids: request
+                    .shows_prompt_logprobs()
+                    .then(|| prompt.token_ids.clone()),
             };
             let metrics = RequestMetrics::new(
                 state.metrics.clone(),
@@ -151,6 +160,11 @@ impl Choices {
             result.text.push_str(&update.text);
             result.logprobs.extend(update.logprobs);
             result.completion_tokens = update.completion_tokens;
+            result.cumulative_logprob = update.cumulative_logprob;
+            result.prefix_chars += update.prefix_chars;
+            if update.prompt_logprobs.is_some() {
+                result.prompt_logprobs = update.prompt_logprobs;
+            }
             if let Some(reason) = update.finish_reason {
                 result.finish_reason = reason;
             }

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API: routes, wire types, validation, fan-out and SSE framing.
 pub mod admission;
 pub mod auth;
+pub mod best_of;
 pub mod chat;
 pub mod completions;
 pub mod connections;
@@ -9,6 +10,7 @@ pub mod fan_out;
 pub mod openai;
 pub mod openapi;
 pub mod playground;
+pub mod prompt_logprobs;
 pub mod request_body;
 pub mod request_fields;
 pub mod routes;

@@ -120,6 +120,13 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     /// vLLM's: whether a text prompt gets the tokenizer's special tokens (default true).
     pub add_special_tokens: Option<bool>,
+    /// Candidates generated per prompt, of which the `n` with the highest cumulative logprob are
+    /// returned; at least `n`, not with `stream`.
+    #[schema(minimum = 1, maximum = 128)]
+    pub best_of: Option<u32>,
+    /// vLLM's: each prompt token's logprob plus the top N, in each choice's `prompt_logprobs`.
+    #[schema(maximum = 20)]
+    pub prompt_logprobs: Option<u32>,
     /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
     #[serde(flatten)]
     #[schema(ignore)]
@@ -174,6 +181,9 @@ pub struct ChatCompletionRequest {
     /// vLLM's: whether the rendered prompt gets the tokenizer's special tokens (default false:
     /// the template writes them).
     pub add_special_tokens: Option<bool>,
+    /// vLLM's: each prompt token's logprob plus the top N, in the response's `prompt_logprobs`.
+    #[schema(maximum = 20)]
+    pub prompt_logprobs: Option<u32>,
     /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
     #[serde(flatten)]
     #[schema(ignore)]
@@ -206,12 +216,25 @@ pub struct CompletionLogprobs {
     pub text_offset: Vec<u32>,
 }
 
+/// vLLM's logprob of one token in `prompt_logprobs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PromptTokenLogprob {
+    pub logprob: f64,
+    /// 1 = the most likely token.
+    pub rank: u32,
+    pub decoded_token: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<String>,
+    /// vLLM's, only when the request asked for `prompt_logprobs`: per prompt token (null for the
+    /// first), the actual token and the top N, keyed by token id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<BTreeMap<String, PromptTokenLogprob>>>>,
 }
 
 /// Both the whole response and each stream chunk (`object` is "text_completion" in both).
@@ -267,6 +290,10 @@ pub struct ChatCompletionResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's, only when the request asked for `prompt_logprobs`: per prompt token (null for the
+    /// first), the actual token and the top N, keyed by token id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<BTreeMap<String, PromptTokenLogprob>>>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -177,6 +177,9 @@ mod tests {
             logprobs: Vec::new(),
             finish_reason: None,
             completion_tokens,
+            cumulative_logprob: 0.0,
+            prefix_chars: 0,
+            prompt_logprobs: None,
         })
     }
 

@@ -261,17 +261,37 @@ pub fn template_kwargs(
     Ok(kwargs)
 }
 
-/// Rejects echo with logprobs: the engine computes no prompt logprobs to echo.
-pub fn check_echo(echo: bool, logprobs: Option<u32>) -> Result<(), ApiError> {
-    if echo && logprobs.is_some() {
-        Err(out_of_range(
-            "echo",
-            "echo together with logprobs is not supported: prompt logprobs are not available"
-                .into(),
-        ))
-    } else {
-        Ok(())
+/// vLLM's `prompt_logprobs`: at most [`MAX_LOGPROBS`], and not streamed (as in vLLM).
+pub fn check_prompt_logprobs(prompt_logprobs: u32, stream: bool) -> Result<(), ApiError> {
+    check_logprobs("prompt_logprobs", prompt_logprobs)?;
+    if stream {
+        return Err(out_of_range(
+            "prompt_logprobs",
+            "prompt_logprobs is not available with stream".into(),
+        ));
     }
+    Ok(())
+}
+
+/// Candidates per prompt: `best_of` in [n, MAX_N]; choosing among them needs them whole, so a
+/// streamed request may not ask for more than it returns (OpenAI refuses best_of with stream).
+pub fn best_of(best_of: Option<u32>, n: u32, stream: bool) -> Result<u32, ApiError> {
+    let Some(best_of) = best_of else {
+        return Ok(n);
+    };
+    if !(n..=MAX_N).contains(&best_of) {
+        return Err(out_of_range(
+            "best_of",
+            format!("best_of must be in [n, {MAX_N}] (n is {n}), got {best_of}"),
+        ));
+    }
+    if stream && best_of > n {
+        return Err(out_of_range(
+            "best_of",
+            "best_of greater than n cannot be streamed".into(),
+        ));
+    }
+    Ok(best_of)
 }
 
 pub fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
@@ -342,6 +362,12 @@ pub struct CheckedSampling<'a> {
     /// The engine's count: the sampled token plus the top N.
     logprobs: Option<u32>,
     structured_output: Option<Constraint>,
+    /// Engine requests per prompt, of which the n most likely are returned.
+    best_of: u32,
+    /// vLLM's `prompt_logprobs`: the top N shown per prompt token.
+    prompt_logprobs: Option<u32>,
+    /// Completions' echo with logprobs: the prompt's tokens lead the logprobs, with the top N.
+    echo_logprobs: Option<u32>,
 }
 
 /// Checks every sampling field; `max_tokens` is the client's (chat's max_completion_tokens wins).
@@ -375,11 +401,15 @@ pub fn check_sampling<'a>(
     }
     check_stream_options(fields)?;
     let structured_output = structured_output::constraint(fields)?;
+    let n = fields.n.unwrap_or(1);
     Ok(CheckedSampling {
         fields,
         logit_bias,
         logprobs,
         structured_output,
+        best_of: n,
+        prompt_logprobs: None,
+        echo_logprobs: None,
     })
 }
 
@@ -399,12 +429,18 @@ impl CheckedSampling<'_> {
             frequency_penalty: fields.frequency_penalty.unwrap_or(0.0),
             logit_bias: self.logit_bias.clone(),
             seed: fields.seed,
-            logprobs: self.logprobs,
+            // Choosing the best candidates ranks them by their tokens' logprobs.
+            logprobs: if self.best_of > self.n() {
+                Some(self.logprobs.unwrap_or(0))
+            } else {
+                self.logprobs
+            },
             stop_token_ids: fields.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             // An absent max_tokens may have been clipped below min_tokens by the context left.
             min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
             structured_output: self.structured_output.as_ref().map(|c| c.value.clone()),
+            prompt_logprobs: self.prompt_logprobs.max(self.echo_logprobs),
         }
     }
 
@@ -442,6 +478,9 @@ impl CheckedSampling<'_> {
             priority: fields.priority.unwrap_or(0),
             ignored_fields,
             structured_output_field: self.structured_output.as_ref().map(|c| c.field),
+            best_of: self.best_of,
+            prompt_logprobs: self.prompt_logprobs,
+            echo_logprobs: self.echo_logprobs,
         }
     }
 
@@ -470,6 +509,12 @@ pub struct ValidRequest {
     pub n: u32,
     pub stop: Vec<String>,
     pub logprobs: bool,
+    /// Engine requests per prompt (n unless best_of asks for more); the n most likely are returned.
+    pub best_of: u32,
+    /// vLLM's `prompt_logprobs`: the top N shown per prompt token.
+    pub prompt_logprobs: Option<u32>,
+    /// Completions' echo with logprobs: the prompt's tokens lead the logprobs, with the top N.
+    pub echo_logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
     /// Usage on every chunk of a stream.
@@ -496,6 +541,11 @@ pub struct ValidPrompt {
 }
 
 impl ValidRequest {
+    /// Whether the choices show their prompt's logprobs (vLLM's field, or completions' echo).
+    pub fn shows_prompt_logprobs(&self) -> bool {
+        self.prompt_logprobs.is_some() || self.echo_logprobs.is_some()
+    }
+
     pub fn prompt_tokens(&self) -> u32 {
         self.prompts
             .iter()
@@ -523,7 +573,7 @@ pub async fn completion(
     // Before any prompt is tokenized: a request that can never be admitted is refused at once.
     admission::check_fits(
         state,
-        admission::prompt_count(&request.prompt) * sampling.n() as usize,
+        admission::prompt_count(&request.prompt) * sampling.best_of as usize,
     )?;
     let echo = request.echo.unwrap_or(false);
     let max_model_len = state.max_model_len()?;
@@ -561,17 +611,24 @@ pub fn check_completion_fields(
     request: &CompletionRequest,
     vocab_size: u32,
 ) -> Result<CheckedSampling<'_>, ApiError> {
-    check_echo(request.echo.unwrap_or(false), request.logprobs)?;
     check_suffix(request.suffix.as_deref())?;
     if let Some(logprobs) = request.logprobs {
         check_logprobs("logprobs", logprobs)?;
     }
-    check_sampling(
+    let stream = request.sampling.stream.unwrap_or(false);
+    if let Some(prompt_logprobs) = request.prompt_logprobs {
+        check_prompt_logprobs(prompt_logprobs, stream)?;
+    }
+    let mut sampling = check_sampling(
         &request.sampling,
         request.sampling.max_tokens,
         request.logprobs,
         vocab_size,
-    )
+    )?;
+    sampling.best_of = best_of(request.best_of, sampling.n(), stream)?;
+    sampling.prompt_logprobs = request.prompt_logprobs;
+    sampling.echo_logprobs = request.logprobs.filter(|_| request.echo.unwrap_or(false));
+    Ok(sampling)
 }
 
 /// A prompt as token ids, with its text when the client sent text.
@@ -628,7 +685,11 @@ pub async fn chat(
         Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,
     };
-    let sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;
+    if let Some(prompt_logprobs) = request.prompt_logprobs {
+        check_prompt_logprobs(prompt_logprobs, request.sampling.stream.unwrap_or(false))?;
+    }
+    let mut sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;
+    sampling.prompt_logprobs = request.prompt_logprobs;
     check_priority(
         request.sampling.priority.unwrap_or(0),
         state.config.scheduling_policy,
@@ -804,10 +865,62 @@ mod tests {
     }
 
     #[test]
-    fn echo_with_logprobs_is_rejected() {
-        assert!(check_echo(true, None).is_ok());
-        assert!(check_echo(false, Some(2)).is_ok());
-        assert_eq!(param_of(check_echo(true, Some(0))), "echo");
+    fn prompt_logprobs_are_capped_and_not_streamed() {
+        assert!(check_prompt_logprobs(20, false).is_ok());
+        assert_eq!(
+            param_of(check_prompt_logprobs(21, false)),
+            "prompt_logprobs"
+        );
+        assert_eq!(param_of(check_prompt_logprobs(0, true)), "prompt_logprobs");
+    }
+
+    #[test]
+    fn best_of_is_at_least_n_and_not_streamed_beyond_it() {
+        assert_eq!(best_of(None, 3, true), Ok(3));
+        assert_eq!(best_of(Some(5), 2, false), Ok(5));
+        assert_eq!(best_of(Some(2), 2, true), Ok(2));
+        assert_eq!(param_of(best_of(Some(1), 2, false)), "best_of");
+        assert_eq!(param_of(best_of(Some(MAX_N + 1), 1, false)), "best_of");
+        assert_eq!(param_of(best_of(Some(3), 1, true)), "best_of");
+    }
+
+    #[test]
+    fn echo_with_logprobs_and_best_of_set_what_the_engine_computes() {
+        let request: CompletionRequest = serde_json::from_str(
+            r#"{"model":"m","prompt":"x","echo":true,"logprobs":2,"prompt_logprobs":5}"#,
+        )
+        .unwrap();
+        let params = check_completion_fields(&request, 100).unwrap().params(4);
+        assert_eq!(
+            (params.logprobs, params.prompt_logprobs),
+            (Some(2), Some(5))
+        );
+        let request: CompletionRequest = serde_json::from_str(
+            r#"{"model":"m","prompt":"x","echo":true,"logprobs":3,"n":2,"best_of":4}"#,
+        )
+        .unwrap();
+        let sampling = check_completion_fields(&request, 100).unwrap();
+        let params = sampling.params(4);
+        assert_eq!(
+            (params.logprobs, params.prompt_logprobs),
+            (Some(3), Some(3))
+        );
+        let valid = sampling.response("m".into(), Vec::new());
+        assert_eq!((valid.n, valid.best_of), (2, 4));
+        assert_eq!(
+            (valid.echo_logprobs, valid.prompt_logprobs),
+            (Some(3), None)
+        );
+        // Ranking candidates needs the sampled tokens' logprobs even when none are shown.
+        let request: CompletionRequest =
+            serde_json::from_str(r#"{"model":"m","prompt":"x","best_of":2}"#).unwrap();
+        let sampling = check_completion_fields(&request, 100).unwrap();
+        assert_eq!(sampling.params(4).logprobs, Some(0));
+        assert!(!sampling.response("m".into(), Vec::new()).logprobs);
+        let request: CompletionRequest =
+            serde_json::from_str(r#"{"model":"m","prompt":"x","echo":true}"#).unwrap();
+        let params = check_completion_fields(&request, 100).unwrap().params(4);
+        assert_eq!((params.logprobs, params.prompt_logprobs), (None, None));
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub struct SamplingParams {
     pub min_tokens: u32,
     /// A constraint on the output's text, compiled by the engine core.
     pub structured_output: Option<StructuredOutput>,
+    /// For each prompt token after the first, its logprob plus the top N.
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// `kind` is one of json_schema (spec: the schema as JSON text), json_object (spec: ""), regex
@@ -160,6 +162,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             min_tokens: 0,
             structured_output: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -227,6 +230,9 @@ pub struct EngineOutput {
     pub first_scheduled_time: Option<f64>,
     /// The parameter at fault when the engine rejected the request as invalid before running it.
     pub invalid_param: Option<String>,
+    /// With `prompt_logprobs`: one entry per prompt token after the first (index 0 the actual
+    /// token, `sampled_rank` its rank), in the output of the first generated token only.
+    pub prompt_logprobs: Option<Vec<Logprobs>>,
 }
 
 impl EngineOutput {
@@ -242,6 +248,7 @@ impl EngineOutput {
             error: Some(reason.into()),
             first_scheduled_time: None,
             invalid_param: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -425,6 +432,11 @@ mod tests {
                     error: None,
                     first_scheduled_time: Some(1.25),
                     invalid_param: None,
+                    prompt_logprobs: Some(vec![Logprobs {
+                        token_ids: vec![200, 7],
+                        logprobs: vec![-3.5, -0.25],
+                        sampled_rank: 4,
+                    }]),
                 },
                 EngineOutput {
                     finish_reason: Some(FinishReason::Stop),
@@ -581,6 +593,7 @@ mod tests {
             "\"stop_token_ids\"",
             "\"ignore_eos\"",
             "\"min_tokens\"",
+            "\"prompt_logprobs\"",
             "\"arrival_time\"",
             "\"priority\"",
         ];

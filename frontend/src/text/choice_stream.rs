@@ -14,6 +14,7 @@ use crate::engine::client::OutputStream;
 use crate::engine::protocol::{EngineOutput, FinishReason, Logprobs};
 use crate::metrics::RequestMetrics;
 use crate::text::detokenizer::{DetokenizeError, IncrementalDetokenizer};
+use crate::text::prompt_logprobs::{prompt_token_logprobs, PromptToken};
 use crate::text::stop_strings::{StopMatcher, StopStep};
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 
@@ -35,6 +36,12 @@ pub struct ChoiceUpdate {
     pub finish_reason: Option<&'static str>,
     /// Tokens the engine generated for this choice so far.
     pub completion_tokens: u32,
+    /// The sum of the generated tokens' logprobs so far (0 when the engine sent none).
+    pub cumulative_logprob: f64,
+    /// Characters of the echo prefix that `text` starts with (0 in all but the echo's update).
+    pub prefix_chars: u32,
+    /// The prompt's tokens with their logprobs, once, when the choice shows them.
+    pub prompt_logprobs: Option<Vec<PromptToken>>,
 }
 
 /// Why a choice ended without a finish reason.
@@ -76,6 +83,8 @@ pub struct ChoiceSpec {
     /// Keep the stop string, or the stop token's text, at the end of the text (vLLM's field).
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: bool,
+    /// The prompt, when the choice shows its prompt logprobs.
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
@@ -88,9 +97,11 @@ pub struct ChoiceStream<O = OutputStream> {
     prefix: Option<String>,
     wants_logprobs: bool,
     include_stop_str_in_output: bool,
+    prompt_token_ids: Option<Vec<u32>>,
     metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
     completion_tokens: u32,
+    cumulative_logprob: f64,
     finished: bool,
 }
 
@@ -114,9 +125,11 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             prefix: spec.prefix,
             wants_logprobs: spec.wants_logprobs,
             include_stop_str_in_output: spec.include_stop_str_in_output,
+            prompt_token_ids: spec.prompt_token_ids,
             metrics,
             permit: Some(permit),
             completion_tokens: 0,
+            cumulative_logprob: 0.0,
             finished: false,
         }
     }
@@ -143,15 +156,30 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         }
     }
 
-    async fn update(&mut self, output: EngineOutput) -> Result<Option<ChoiceUpdate>, ChoiceError> {
+    async fn update(
+        &mut self,
+        mut output: EngineOutput,
+    ) -> Result<Option<ChoiceUpdate>, ChoiceError> {
         // Its first output means the engine has scheduled it: it no longer waits.
         self.permit = None;
         self.metrics
             .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
+        if let Some(entries) = &output.new_logprobs {
+            self.cumulative_logprob += entries
+                .iter()
+                .filter_map(|entry| entry.logprobs.first())
+                .sum::<f64>();
+        }
         let logprobs = match (&output.new_logprobs, self.wants_logprobs) {
             (Some(entries), true) => self.logprob_texts(entries).await?,
             _ => Vec::new(),
+        };
+        let prompt_logprobs = match output.prompt_logprobs.take() {
+            Some(entries) if self.prompt_token_ids.is_some() => {
+                Some(self.prompt_logprob_texts(entries).await?)
+            }
+            _ => None,
         };
         let finish = match output.finish_reason {
             None => None,
@@ -200,10 +228,16 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         if let Some(reason) = finish_reason {
             self.finish(reason);
         }
-        if text.is_empty() && logprobs.is_empty() && finish_reason.is_none() {
+        if text.is_empty()
+            && logprobs.is_empty()
+            && prompt_logprobs.is_none()
+            && finish_reason.is_none()
+        {
             return Ok(None);
         }
+        let mut prefix_chars = 0;
         if let Some(prefix) = self.prefix.take() {
+            prefix_chars = prefix.chars().count() as u32;
             text.insert_str(0, &prefix);
         }
         Ok(Some(ChoiceUpdate {
@@ -212,6 +246,9 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             logprobs,
             finish_reason,
             completion_tokens: self.completion_tokens,
+            cumulative_logprob: self.cumulative_logprob,
+            prefix_chars,
+            prompt_logprobs,
         }))
     }
 
@@ -258,6 +295,23 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                     .collect()
             })
             .await?)
+    }
+
+    /// The prompt's tokens as text with the engine's entries; the choice's prompt is then dropped.
+    async fn prompt_logprob_texts(
+        &mut self,
+        entries: Vec<Logprobs>,
+    ) -> Result<Vec<PromptToken>, ChoiceError> {
+        let prompt = self
+            .prompt_token_ids
+            .take()
+            .expect("asked only for a choice that shows prompt logprobs");
+        // The detokenizer that finds the offsets needs the shared tokenizer, not the worker's borrow.
+        let tokenizer = self.pool.tokenizer().clone();
+        Ok(self
+            .pool
+            .run(move |_| prompt_token_logprobs(&tokenizer, &prompt, &entries))
+            .await??)
     }
 
     fn fail(&mut self, reason: String) -> ChoiceError {
@@ -335,6 +389,7 @@ mod tests {
             error: None,
             first_scheduled_time: None,
             invalid_param: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -367,6 +422,7 @@ mod tests {
                 wants_logprobs: logprobs,
                 include_stop_str_in_output: false,
                 skip_special_tokens: true,
+                prompt_token_ids: None,
             },
         )
     }
@@ -569,6 +625,46 @@ mod tests {
         let mut not_asked = choice(script, &[], None, false);
         let (updates, _) = drain(&mut not_asked.stream).await;
         assert!(updates.iter().all(|update| update.logprobs.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn prompt_logprobs_come_once_with_the_echo_and_logprobs_add_up() {
+        let prompt = token_ids("Hello there");
+        let ids = token_ids(TEXT);
+        let mut first = output(&ids[..1], None);
+        first.new_logprobs = Some(vec![Logprobs {
+            token_ids: vec![ids[0]],
+            logprobs: vec![-0.5],
+            sampled_rank: 1,
+        }]);
+        first.prompt_logprobs = Some(vec![Logprobs {
+            token_ids: vec![prompt[1], prompt[0]],
+            logprobs: vec![-2.0, -1.0],
+            sampled_rank: 3,
+        }]);
+        let mut second = output(&ids[1..2], Some(FinishReason::Length));
+        second.new_logprobs = Some(vec![Logprobs {
+            token_ids: vec![ids[1]],
+            logprobs: vec![-0.25],
+            sampled_rank: 2,
+        }]);
+        let mut choice = choice(vec![first, second], &[], Some("Hello there"), false);
+        choice.stream.prompt_token_ids = Some(prompt.clone());
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(error, None);
+        assert_eq!(updates[0].prefix_chars, "Hello there".len() as u32);
+        let tokens = updates[0].prompt_logprobs.as_ref().unwrap();
+        assert_eq!(tokens.len(), prompt.len());
+        assert_eq!(tokens[0].logprob, None);
+        let second_token = tokens[1].logprob.as_ref().unwrap();
+        assert_eq!((second_token.logprob, second_token.rank), (-2.0, 3));
+        assert_eq!(tokens[1].text_offset, "Hello".len() as u32);
+        assert!(updates[1..]
+            .iter()
+            .all(|update| update.prompt_logprobs.is_none() && update.prefix_chars == 0));
+        // Counted although the choice shows no logprobs: best_of ranks by it.
+        assert!(updates.iter().all(|update| update.logprobs.is_empty()));
+        assert_eq!(updates.last().unwrap().cumulative_logprob, -0.75);
     }
 
     #[tokio::test]

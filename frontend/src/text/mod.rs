@@ -3,5 +3,6 @@
 pub mod chat_template;
 pub mod choice_stream;
 pub mod detokenizer;
+pub mod prompt_logprobs;
 pub mod stop_strings;
 pub mod tokenizer_pool;

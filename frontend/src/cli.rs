@@ -81,6 +81,10 @@ struct Args {
     /// The namespace of /metrics' names: `vllm` renders vLLM's exact names, for its dashboards.
     #[arg(long, value_enum, default_value_t = MetricsPrefix::Sluice)]
     metrics_prefix: MetricsPrefix,
+    /// How `tool_choice: "auto"` finds calls in outputs: hermes, llama3_json or mistral; auto picks
+    /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
+    #[arg(long, default_value = "auto")]
+    tool_call_parser: String,
 }
 
 impl Args {
@@ -96,6 +100,7 @@ impl Args {
             max_body_bytes_in_flight: self.max_body_bytes_in_flight,
             tokenizer_workers: self.tokenizer_workers,
             metrics_prefix: self.metrics_prefix,
+            tool_call_parser: self.tool_call_parser.clone(),
         })
     }
 

@@ -14,15 +14,19 @@ use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
 };
+use crate::api::openai_tools::Tool;
+use crate::api::tools::{self, ValidTools};
 use crate::engine::protocol::SamplingParams;
 use crate::state::AppState;
+use crate::text::tool_call_stream::ToolCallReader;
+use crate::text::tool_prompt;
 
 pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
 /// Completions' default, as in OpenAI's API.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// `developer` is OpenAI's newer name of `system`; the chat template renders it as one.
-const CHAT_ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+const CHAT_ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 fn out_of_range(param: &'static str, message: String) -> ApiError {
     ApiError::InvalidParameter { param, message }
@@ -323,6 +327,7 @@ impl CheckedSampling<'_> {
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             // An absent max_tokens may have been clipped below min_tokens by the context left.
             min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
+            structured_output: None,
         }
     }
 
@@ -351,6 +356,7 @@ impl CheckedSampling<'_> {
                 .stream_options
                 .as_ref()
                 .is_some_and(|options| options.include_usage),
+            tool_calls: None,
         }
     }
 }
@@ -367,6 +373,8 @@ pub struct ValidRequest {
     pub logprobs: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Chat with tools: how each choice's output is read for calls.
+    pub tool_calls: Option<ToolCallReader>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).
@@ -502,37 +510,62 @@ pub async fn chat(
         _ => None,
     };
     let sampling = check_sampling(&request.sampling, max_tokens, logprobs, state.vocab_size)?;
+    let ValidTools {
+        rendered,
+        reader,
+        structured_output,
+    } = tools::check_tools(&request, state.tool_call_parser.clone())?;
     let max_model_len = state.max_model_len()?;
     let text = chat_text(
         state,
         request.messages.clone(),
         request.add_generation_prompt.unwrap_or(true),
+        rendered,
     )
     .await?;
     // The template already wrote the special tokens.
     let token_ids = state.pool.encode(text, false).await?;
     check_prompt_not_empty(&token_ids)?;
     let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
+    let mut params = sampling.params(max_tokens);
+    params.structured_output = structured_output;
     let prompt = ValidPrompt {
         token_ids,
         echo: None,
-        params: sampling.params(max_tokens),
+        params,
     };
-    Ok(sampling.response(request.model.clone(), vec![prompt]))
+    let mut valid = sampling.response(request.model.clone(), vec![prompt]);
+    valid.tool_calls = reader;
+    Ok(valid)
 }
 
-/// Renders checked `messages` with the model's chat template on the tokenizer pool.
+/// Renders checked `messages` (and `tools`) with the model's chat template on the tokenizer pool.
+/// A template without tools gets them, and the history's calls, as Hermes-style text.
 pub async fn chat_text(
     state: &AppState,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
+    tools: Option<Vec<Tool>>,
 ) -> Result<String, ApiError> {
     let template = state.chat_template.clone().ok_or_else(|| {
         ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
     })?;
     state
         .pool
-        .run(move |_| template.render(&messages, add_generation_prompt))
+        .run(move |_| {
+            let mut kwargs = serde_json::Map::new();
+            if !template.uses_tools() {
+                let messages = tool_prompt::plain_template_messages(&messages, tools.as_deref());
+                return template.render_with_kwargs(&messages, add_generation_prompt, &kwargs);
+            }
+            if let Some(tools) = tools {
+                kwargs.insert(
+                    "tools".into(),
+                    serde_json::to_value(tools).expect("tools always serialize"),
+                );
+            }
+            template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)
+        })
         .await?
         .map_err(|error| {
             if error.is_request_error() {
@@ -679,6 +712,8 @@ mod tests {
             role: role.into(),
             content: Some(MessageContent::Text("hi".into())),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         assert_eq!(check_messages(&[]), Err(ApiError::EmptyMessages));
         assert!(check_messages(&[message("system"), message("user")]).is_ok());

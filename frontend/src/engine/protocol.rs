@@ -130,6 +130,18 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub min_tokens: u32,
+    /// A constraint on the output (the structured-output branch owns this entry; until it lands
+    /// the key is sent only when set, which the engine core refuses as unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<StructuredOutput>,
+}
+
+/// `kind` is one of "json_schema" (`spec` the schema as JSON text), "json_object", "regex",
+/// "choice" and "grammar".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutput {
+    pub kind: String,
+    pub spec: String,
 }
 
 impl Default for SamplingParams {
@@ -149,6 +161,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
+            structured_output: None,
         }
     }
 }

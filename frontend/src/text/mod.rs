@@ -5,3 +5,6 @@ pub mod choice_stream;
 pub mod detokenizer;
 pub mod stop_strings;
 pub mod tokenizer_pool;
+pub mod tool_call_stream;
+pub mod tool_parsers;
+pub mod tool_prompt;

@@ -19,5 +19,6 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         max_body_bytes_in_flight: 1 << 24,
         tokenizer_workers: 2,
         metrics_prefix: MetricsPrefix::Sluice,
+        tool_call_parser: "auto".into(),
     }
 }

@@ -887,6 +887,36 @@ title CASE<s></s>";
     }
 
     #[test]
+    fn templates_with_tools_are_seen_and_read_calls_as_json() {
+        let source = "{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}\
+            {% for m in messages %}{% for call in m.tool_calls or [] %}\
+            {{ call.function.name }}({{ call.function.arguments.city }}){% endfor %}\
+            {% if m.tool_call_id %}<{{ m.tool_call_id }}:{{ m.content }}>{% endif %}{% endfor %}";
+        let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
+        assert!(template.uses_tools());
+        assert!(!ChatTemplate::from_model_dir(&default_model_dir())
+            .unwrap()
+            .uses_tools());
+        let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+        ]))
+        .unwrap();
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert(
+            "tools".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]),
+        );
+        assert_eq!(
+            template
+                .render_with_kwargs(&messages, false, &kwargs)
+                .unwrap(),
+            "[get_weather]get_weather(Paris)<c1:18 C>"
+        );
+    }
+
+    #[test]
     fn strftime_formats_dates_like_python() {
         // 2024-02-29T13:05:09Z, a Thursday.
         let leap_day = 1_709_211_909;

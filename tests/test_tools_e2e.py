@@ -8,14 +8,17 @@ function) need the engine side of structured output: they pass once the structur
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from serve_fixtures import Server, running_server
+from sluice.serve import add_serve_arguments, frontend_argv
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-tools"
@@ -48,6 +51,20 @@ COPY_A_CALL = [
     {"role": "assistant", "content": None, "tool_calls": [PARIS_CALL]},
     {"role": "user", "content": "Weather in Paris?"},
 ]
+
+
+def test_the_tool_call_parser_flag_reaches_the_frontend() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = frontend_argv(
+        parser.parse_args(["--tool-call-parser", "mistral"]), Path("/m"), "m", Path("/s"), "h", 1
+    )
+    assert argv[argv.index("--tool-call-parser") + 1] == "mistral"
+    assert "--tool-call-parser" not in frontend_argv(
+        parser.parse_args([]), Path("/m"), "m", Path("/s"), "h", 1
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tool-call-parser", "qwen"])
 
 
 @pytest.fixture(scope="module")

@@ -128,7 +128,8 @@ type Monitor = futures::channel::mpsc::Receiver<SocketEvent>;
 
 enum Command {
     Add {
-        request: AddRequest,
+        // Boxed: a request is far larger than the other commands.
+        request: Box<AddRequest>,
         outputs: mpsc::UnboundedSender<EngineOutput>,
     },
     Abort(Vec<String>),
@@ -231,7 +232,7 @@ impl EngineClient {
         let (outputs_tx, outputs_rx) = mpsc::unbounded_channel();
         let request_id = request.request_id.clone();
         self.send(Command::Add {
-            request,
+            request: Box::new(request),
             outputs: outputs_tx,
         })?;
         Ok(OutputStream {
@@ -416,7 +417,7 @@ impl Actor {
                     ));
                 } else {
                     self.requests.insert(request.request_id.clone(), outputs);
-                    self.send(request.into());
+                    self.send((*request).into());
                 }
             }
             Command::Abort(request_ids) => {

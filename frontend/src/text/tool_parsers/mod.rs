@@ -45,8 +45,10 @@ pub trait ToolCallParser: Send + Sync + Debug {
     fn parse(&self, text: &str, finished: bool) -> OutputParse;
 }
 
+type MakeParser = fn() -> Arc<dyn ToolCallParser>;
+
 /// The parsers `--tool-call-parser` picks from, by name.
-pub const REGISTRY: &[(&str, fn() -> Arc<dyn ToolCallParser>)] = &[
+pub const REGISTRY: &[(&str, MakeParser)] = &[
     ("hermes", || Arc::new(Hermes)),
     ("llama3_json", || Arc::new(Llama3Json)),
     ("mistral", || Arc::new(Mistral)),

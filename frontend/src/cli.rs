@@ -84,6 +84,10 @@ struct Args {
     /// The engine core's scheduling policy: a request's `priority` other than 0 needs `priority`.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
     scheduling_policy: SchedulingPolicy,
+    /// How `tool_choice: "auto"` finds calls in outputs: hermes, llama3_json or mistral; auto picks
+    /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
+    #[arg(long, default_value = "auto")]
+    tool_call_parser: String,
 }
 
 impl Args {
@@ -100,6 +104,7 @@ impl Args {
             tokenizer_workers: self.tokenizer_workers,
             metrics_prefix: self.metrics_prefix,
             scheduling_policy: self.scheduling_policy,
+            tool_call_parser: self.tool_call_parser.clone(),
         })
     }
 

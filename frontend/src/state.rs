@@ -15,6 +15,7 @@ use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
 use crate::text::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::text::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
+use crate::text::tool_parsers::{serving_parser, ToolCallParser};
 
 /// Jobs that may wait for a tokenizer worker before callers wait in turn.
 const TOKENIZER_QUEUE_DEPTH: usize = 1024;
@@ -36,6 +37,8 @@ pub struct ServerConfig {
     pub metrics_prefix: MetricsPrefix,
     /// The engine core's scheduling policy, which decides whether a request may carry a priority.
     pub scheduling_policy: SchedulingPolicy,
+    /// `--tool-call-parser`: "auto" or a registered parser's name.
+    pub tool_call_parser: String,
 }
 
 /// The engine core's `--scheduling-policy`, mirrored here: `sluice serve` passes the same value to both.
@@ -54,6 +57,8 @@ pub enum StartupError {
     Tokenizer(#[from] TokenizerPoolError),
     #[error(transparent)]
     ChatTemplate(#[from] ChatTemplateError),
+    #[error("{0}")]
+    ToolCallParser(String),
 }
 
 /// Everything the handlers share. The engine client is set once the engine core is ready.
@@ -66,6 +71,8 @@ pub struct AppState {
     /// One permit per engine request admitted and not yet finished.
     pub permits: Arc<Semaphore>,
     pub vocab_size: u32,
+    /// What `tool_choice: "auto"` reads outputs with.
+    pub tool_call_parser: Arc<dyn ToolCallParser>,
     engine: OnceLock<EngineClient>,
     next_id: AtomicU64,
 }
@@ -83,6 +90,12 @@ impl AppState {
             }
             Err(error) => return Err(error.into()),
         };
+        let tool_call_parser = serving_parser(
+            &config.tool_call_parser,
+            chat_template.as_ref().is_some_and(|t| t.uses_tools()),
+            |token| tokenizer.token_to_id(token).is_some(),
+        )
+        .map_err(StartupError::ToolCallParser)?;
         Ok(AppState {
             pool: TokenizerPool::new(
                 Arc::new(tokenizer),
@@ -96,6 +109,7 @@ impl AppState {
             )),
             permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
             vocab_size,
+            tool_call_parser,
             engine: OnceLock::new(),
             next_id: AtomicU64::new(0),
             config,

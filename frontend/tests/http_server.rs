@@ -1043,6 +1043,122 @@ async fn echo_prepends_the_prompt() {
 }
 
 /// The status of `GET path` on the binary's port, or None while nothing listens there.
+/// A server whose fake engine generates `text` and stops.
+async fn generating(text: &str) -> Server {
+    let mut server = unready(config()).await;
+    server.tokens = server.encode(text);
+    server.script(Script::Finish(FinishReason::Stop));
+    server.send_ready().await;
+    server
+}
+
+/// The tool calls of a stream, joined as a client joins them: [id, name, arguments] each.
+fn streamed_calls(chunks: &[Value]) -> Vec<[String; 3]> {
+    let mut calls: Vec<[String; 3]> = Vec::new();
+    for chunk in chunks {
+        for delta in chunk["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let index = delta["index"].as_u64().unwrap() as usize;
+            let arguments = delta["function"]["arguments"].as_str().unwrap();
+            if let Some(id) = delta["id"].as_str() {
+                assert_eq!(index, calls.len());
+                assert_eq!(delta["type"], "function");
+                assert_eq!(arguments, "", "a call opens before its arguments");
+                let name = delta["function"]["name"].as_str().unwrap();
+                calls.push([id.into(), name.into(), String::new()]);
+            } else {
+                assert!(delta["function"].get("name").is_none());
+                calls[index][2].push_str(arguments);
+            }
+        }
+    }
+    calls
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+}
+
+#[tokio::test]
+async fn auto_tool_calls_are_read_from_the_output_whole_and_streamed() {
+    let output = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let mut server = generating(output).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": weather_tools()});
+    let (status, whole) = server.post("/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "Let me check.");
+    let call = &choice["message"]["tool_calls"][0];
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], "{\"city\": \"Paris\"}");
+    // SmolLM2's template has no tools: they reach the prompt as the Hermes system prompt.
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let prompt = server
+        .state
+        .pool
+        .tokenizer()
+        .decode(&request.prompt_token_ids, false)
+        .unwrap();
+    assert!(
+        prompt.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\""),
+        "{prompt}"
+    );
+    assert_eq!(request.params.structured_output, None);
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let chunks = chunks(&server.stream("/v1/chat/completions", streamed).await);
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "Let me check.");
+    let calls = streamed_calls(&chunks);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0][1..], ["get_weather", "{\"city\": \"Paris\"}"]);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+}
+
+#[tokio::test]
+async fn a_named_tool_choice_is_forced_with_its_schema_and_read_as_its_arguments() {
+    let mut server = generating("{\"city\":\"Paris\"}").await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": weather_tools(), "stream": true,
+                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    let chunks = chunks(&server.stream("/v1/chat/completions", body).await);
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let forced = request
+        .params
+        .structured_output
+        .expect("the call is forced");
+    assert_eq!(forced.kind, "json_schema");
+    assert_eq!(
+        serde_json::from_str::<Value>(&forced.spec).unwrap(),
+        json!({"type": "object", "properties": {"city": {"type": "string"}}})
+    );
+    let calls = streamed_calls(&chunks);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0][1..], ["get_weather", "{\"city\":\"Paris\"}"]);
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .is_empty()));
+}
+
 fn http_status(port: u16, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;

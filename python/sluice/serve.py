@@ -177,6 +177,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "dashboards work unchanged (default: the frontend's, sluice)",
     )
     group.add_argument(
+        "--tool-call-parser",
+        choices=("auto", "hermes", "llama3_json", "mistral"),
+        default=None,
+        help="how tool_choice auto finds calls in outputs; auto picks by the model's vocabulary, and a chat "
+        "template without tools gets a Hermes-style tool prompt, so hermes (default: the frontend's, auto)",
+    )
+    group.add_argument(
         "--data-parallel-size",
         "-dp",
         type=at_least(1),
@@ -266,6 +273,7 @@ def frontend_argv(
         "tokenizer_workers",
         "exit_grace_seconds",
         "metrics_prefix",
+        "tool_call_parser",
     ):
         value = getattr(args, option)
         if value is not None:

@@ -1,12 +1,14 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template, n choices,
 //! streamed as `chat.completion.chunk`s or answered whole.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::BytesMut;
 
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
@@ -14,12 +16,13 @@ use crate::api::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
 };
-use crate::api::request_fields::with_ignored_fields;
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
+use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
 use crate::api::validate::{self, ValidRequest};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
+use crate::text::tool_call_stream::{read_whole, ToolCallStream};
 
 pub async fn create(
     State(state): State<Arc<AppState>>,
@@ -53,6 +56,14 @@ impl ResponseHeader {
     }
 }
 
+/// The finish reason of a choice that made calls: an output that ended by itself ended in them.
+fn finish_reason(engine_reason: &'static str, made_calls: bool) -> &'static str {
+    match engine_reason {
+        "stop" if made_calls => "tool_calls",
+        reason => reason,
+    }
+}
+
 fn whole(
     header: ResponseHeader,
     results: Vec<ChoiceResult>,
@@ -66,17 +77,27 @@ fn whole(
         Some(vllm_prompt_logprobs(tokens, top_n))
     });
     let logprobs = request.logprobs;
+    let tool_calls = &request.tool_calls;
     let choices = results
         .into_iter()
         .enumerate()
-        .map(|(index, result)| ChatChoice {
-            index: index as u32,
-            logprobs: logprobs.then(|| chat_logprobs(&result.logprobs)),
-            message: AssistantMessage {
-                role: "assistant".into(),
-                content: result.text,
-            },
-            finish_reason: Some(result.finish_reason.to_owned()),
+        .map(|(index, result)| {
+            let (content, calls) = match tool_calls {
+                Some(reader) => read_whole(reader.clone(), &result.text),
+                None => (Some(result.text), Vec::new()),
+            };
+            ChatChoice {
+                index: index as u32,
+                logprobs: logprobs.then(|| chat_logprobs(&result.logprobs)),
+                finish_reason: Some(
+                    finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
+                ),
+                message: AssistantMessage {
+                    role: "assistant".into(),
+                    content,
+                    tool_calls: (!calls.is_empty()).then_some(calls),
+                },
+            }
         })
         .collect();
     ChatCompletionResponse {
@@ -96,6 +117,7 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
     let continuous = request.continuous_usage_stats;
     let continuous_usage =
         move |completion_tokens| continuous.then(|| Usage::new(prompt_tokens, completion_tokens));
+    let tool_calls = request.tool_calls.clone();
     let header = choices.header.clone();
     // As OpenAI does, each choice opens with a delta that carries only the role.
     let opening = choices
@@ -108,6 +130,7 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
                     delta: ChatDelta {
                         role: Some("assistant".into()),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -118,22 +141,63 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
         .collect();
     let header = Arc::new(header);
     let frame_header = header.clone();
+    // Each choice's output read for calls as it grows, when the request has tools.
+    let mut readers: HashMap<u32, ToolCallStream> = HashMap::new();
     let frame = move |update: ChoiceUpdate| {
         let logprobs = (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs));
-        let content =
-            (!update.text.is_empty() || update.finish_reason.is_none()).then_some(update.text);
-        chunk_event(&frame_header.chunk(
-            vec![ChatChunkChoice {
-                index: update.index,
-                delta: ChatDelta {
-                    role: None,
-                    content,
-                },
-                logprobs,
-                finish_reason: update.finish_reason.map(str::to_owned),
-            }],
-            continuous_usage(update.completion_tokens),
-        ))
+        let finished = update.finish_reason.is_some();
+        let (text, calls, made_calls) = match &tool_calls {
+            Some(reader) => {
+                let stream = readers
+                    .entry(update.index)
+                    .or_insert_with(|| ToolCallStream::new(reader.clone()));
+                let piece = stream.push(&update.text, finished);
+                (piece.content, piece.calls, stream.made_calls())
+            }
+            None => (update.text, Vec::new(), false),
+        };
+        let chunk = |delta: ChatDelta, logprobs, finish_reason: Option<&str>| {
+            chunk_event(&frame_header.chunk(
+                vec![ChatChunkChoice {
+                    index: update.index,
+                    delta,
+                    logprobs,
+                    finish_reason: finish_reason.map(str::to_owned),
+                }],
+                continuous_usage(update.completion_tokens),
+            ))
+        };
+        let finish = update
+            .finish_reason
+            .map(|reason| finish_reason(reason, made_calls));
+        if calls.is_empty() {
+            let content = (!text.is_empty() || !finished).then_some(text);
+            let delta = ChatDelta {
+                content,
+                ..ChatDelta::default()
+            };
+            return chunk(delta, logprobs, finish);
+        }
+        // As OpenAI streams calls: a call's id and name in one delta, its arguments in the next.
+        let mut events = BytesMut::new();
+        let mut logprobs = logprobs;
+        if !text.is_empty() {
+            let delta = ChatDelta {
+                content: Some(text),
+                ..ChatDelta::default()
+            };
+            events.extend_from_slice(&chunk(delta, logprobs.take(), None));
+        }
+        let last = calls.len() - 1;
+        for (at, call) in calls.into_iter().enumerate() {
+            let delta = ChatDelta {
+                tool_calls: Some(vec![call]),
+                ..ChatDelta::default()
+            };
+            let finish = if at == last { finish } else { None };
+            events.extend_from_slice(&chunk(delta, logprobs.take(), finish));
+        }
+        events.freeze()
     };
     let closing = move |completion_tokens| {
         include_usage.then(|| {

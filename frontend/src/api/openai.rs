@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::openai_tools::{FunctionDefinition, Tool, ToolCall, ToolCallDelta, ToolChoice};
+
 /// A completions prompt: a string, strings, token ids, or lists of token ids.
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
@@ -155,6 +157,12 @@ pub struct ChatMessage {
     pub content: Option<MessageContent>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant message's calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` message's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
@@ -184,6 +192,13 @@ pub struct ChatCompletionRequest {
     /// vLLM's: each prompt token's logprob plus the top N, in the response's `prompt_logprobs`.
     #[schema(maximum = 20)]
     pub prompt_logprobs: Option<u32>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// The deprecated names of `tools` and `tool_choice`.
+    pub functions: Option<Vec<FunctionDefinition>>,
+    #[schema(value_type = Option<Object>)]
+    pub function_call: Option<serde_json::Value>,
     /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
     #[serde(flatten)]
     #[schema(ignore)]
@@ -271,7 +286,10 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
-    pub content: String,
+    /// None (null) when the assistant only called tools.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -302,6 +320,8 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

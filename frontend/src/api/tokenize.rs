@@ -38,9 +38,14 @@ async fn tokenized(
         }
         (None, Some(messages)) => {
             let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let text =
-                validate::chat_text(state, messages, add_generation_prompt, Default::default())
-                    .await?;
+            let text = validate::chat_text(
+                state,
+                messages,
+                add_generation_prompt,
+                Default::default(),
+                None,
+            )
+            .await?;
             let add_special_tokens = request.add_special_tokens.unwrap_or(false);
             state.pool.encode(text, add_special_tokens).await?
         }

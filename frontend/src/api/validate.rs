@@ -14,17 +14,21 @@ use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
 };
+use crate::api::openai_tools::Tool;
 use crate::api::request_fields::{self, Endpoint};
 use crate::api::structured_output::{self, Constraint};
+use crate::api::tools::{self, ValidTools};
 use crate::engine::protocol::SamplingParams;
 use crate::state::{AppState, SchedulingPolicy};
+use crate::text::tool_call_stream::ToolCallReader;
+use crate::text::tool_prompt;
 
 pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
 /// Completions' default, as in OpenAI's API.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// `developer` is OpenAI's newer name of `system`; the chat template renders it as one.
-const CHAT_ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+const CHAT_ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 fn out_of_range(param: &'static str, message: String) -> ApiError {
     ApiError::InvalidParameter { param, message }
@@ -481,6 +485,7 @@ impl CheckedSampling<'_> {
             best_of: self.best_of,
             prompt_logprobs: self.prompt_logprobs,
             echo_logprobs: self.echo_logprobs,
+            tool_calls: None,
         }
     }
 
@@ -528,6 +533,8 @@ pub struct ValidRequest {
     pub ignored_fields: Vec<String>,
     /// The field that carried the structured output constraint, if one did.
     pub structured_output_field: Option<&'static str>,
+    /// Chat with tools: how each choice's output is read for calls.
+    pub tool_calls: Option<ToolCallReader>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).
@@ -696,12 +703,28 @@ pub async fn chat(
     )?;
     let kwargs = template_kwargs(&request)?;
     let ignored_fields = sampling.ignored_fields(Endpoint::Chat, &request.other_fields)?;
+    let ValidTools {
+        rendered,
+        reader,
+        structured_output: forced_tool_call,
+    } = tools::check_tools(&request, state.tool_call_parser.clone())?;
+    if let (Some(_), Some(constraint)) = (&forced_tool_call, &sampling.structured_output) {
+        return Err(out_of_range(
+            "tool_choice",
+            format!(
+                "a required or named tool_choice is forced with structured output, so it cannot \
+                 be combined with {}",
+                constraint.field
+            ),
+        ));
+    }
     let max_model_len = state.max_model_len()?;
     let text = chat_text(
         state,
         request.messages.clone(),
         request.add_generation_prompt.unwrap_or(true),
         kwargs,
+        rendered,
     )
     .await?;
     // By default none: the template already wrote the special tokens.
@@ -709,28 +732,55 @@ pub async fn chat(
     let token_ids = state.pool.encode(text, add_special_tokens).await?;
     check_prompt_not_empty(&token_ids)?;
     let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
+    let mut params = sampling.params(max_tokens);
+    let forced = forced_tool_call.is_some();
+    if forced_tool_call.is_some() {
+        params.structured_output = forced_tool_call;
+    }
     let prompt = ValidPrompt {
         token_ids,
         echo: None,
-        params: sampling.params(max_tokens),
+        params,
     };
-    Ok(sampling.response(request.model.clone(), vec![prompt], ignored_fields))
+    let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
+    valid.tool_calls = reader;
+    if forced {
+        // A forced call's schema is the tools' parameters: a schema that cannot compile is theirs.
+        valid.structured_output_field = Some("tools");
+    }
+    Ok(valid)
 }
 
-/// Renders checked `messages` with the model's chat template, given the extra variables `kwargs`,
-/// on the tokenizer pool.
+/// Renders checked `messages` (and `tools`) with the model's chat template, given the extra
+/// variables `kwargs`, on the tokenizer pool. A template without tools gets them, and the
+/// history's calls, as Hermes-style text.
 pub async fn chat_text(
     state: &AppState,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
     kwargs: serde_json::Map<String, serde_json::Value>,
+    tools: Option<Vec<Tool>>,
 ) -> Result<String, ApiError> {
     let template = state.chat_template.clone().ok_or_else(|| {
         ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
     })?;
     state
         .pool
-        .run(move |_| template.render_with_kwargs(&messages, add_generation_prompt, &kwargs))
+        .run(move |_| {
+            let mut kwargs = kwargs;
+            if !template.uses_tools() {
+                let messages = tool_prompt::plain_template_messages(&messages, tools.as_deref());
+                return template.render_with_kwargs(&messages, add_generation_prompt, &kwargs);
+            }
+            // The request's tools win over a template variable of the same name.
+            if let Some(tools) = tools {
+                kwargs.insert(
+                    "tools".into(),
+                    serde_json::to_value(tools).expect("tools always serialize"),
+                );
+            }
+            template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)
+        })
         .await?
         .map_err(|error| {
             if error.is_request_error() {
@@ -929,6 +979,8 @@ mod tests {
             role: role.into(),
             content: Some(MessageContent::Text("hi".into())),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         assert_eq!(check_messages(&[]), Err(ApiError::EmptyMessages));
         assert!(check_messages(&[message("system"), message("user")]).is_ok());

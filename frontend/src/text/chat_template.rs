@@ -74,6 +74,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// Whether the template reads the `tools` variable (else tools go in a system prompt).
+    uses_tools: bool,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +120,26 @@ struct TemplateMessage<'a> {
     content: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<TemplateToolCall<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+/// A call as templates read it: like transformers' callers (vLLM), arguments are a JSON value
+/// rather than text, so that templates can iterate them.
+#[derive(Serialize)]
+struct TemplateToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    function: TemplateFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct TemplateFunctionCall<'a> {
+    name: &'a str,
+    arguments: serde_json::Value,
 }
 
 impl ChatTemplate {
@@ -189,11 +211,21 @@ impl ChatTemplate {
         env.add_filter("tojson", python_tojson);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(ChatTemplateError::Syntax)?;
+        let uses_tools = env
+            .get_template(TEMPLATE_NAME)
+            .expect("the template was just added")
+            .undeclared_variables(false)
+            .contains("tools");
         Ok(Self {
             env,
             bos_token,
             eos_token,
+            uses_tools,
         })
+    }
+
+    pub fn uses_tools(&self) -> bool {
+        self.uses_tools
     }
 
     /// Renders the conversation into the prompt text.
@@ -284,10 +316,26 @@ fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTe
         "developer" => "system",
         role => role,
     };
+    let tool_calls = message.tool_calls.as_ref().map(|calls| {
+        calls
+            .iter()
+            .map(|call| TemplateToolCall {
+                id: &call.id,
+                kind: &call.kind,
+                function: TemplateFunctionCall {
+                    name: &call.function.name,
+                    arguments: serde_json::from_str(&call.function.arguments)
+                        .unwrap_or_else(|_| call.function.arguments.clone().into()),
+                },
+            })
+            .collect()
+    });
     Ok(TemplateMessage {
         role,
         content,
         name: message.name.as_deref(),
+        tool_calls,
+        tool_call_id: message.tool_call_id.as_deref(),
     })
 }
 
@@ -590,6 +638,8 @@ mod tests {
             role: role.into(),
             content: Some(MessageContent::Text(content.into())),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 
@@ -678,6 +728,8 @@ mod tests {
                 text_part("world"),
             ])),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         assert_eq!(
             template.render(&[with_parts], true).unwrap(),
@@ -693,6 +745,8 @@ mod tests {
                 text: None,
             }])),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         let error = template.render(&[image], true).unwrap_err();
         assert!(
@@ -707,6 +761,8 @@ mod tests {
                 text: None,
             }])),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         let error = template.render(&[no_text], true).unwrap_err();
         assert!(
@@ -765,6 +821,8 @@ mod tests {
             role: "user".into(),
             content: None,
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         let error = template.render(&[no_content], false).unwrap_err();
         assert!(matches!(error, ChatTemplateError::Render(_)), "{error:?}");
@@ -825,6 +883,36 @@ title CASE<s></s>";
                 .render_with_kwargs(&messages, false, &kwargs)
                 .unwrap(),
             "1 no-thinking"
+        );
+    }
+
+    #[test]
+    fn templates_with_tools_are_seen_and_read_calls_as_json() {
+        let source = "{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}\
+            {% for m in messages %}{% for call in m.tool_calls or [] %}\
+            {{ call.function.name }}({{ call.function.arguments.city }}){% endfor %}\
+            {% if m.tool_call_id %}<{{ m.tool_call_id }}:{{ m.content }}>{% endif %}{% endfor %}";
+        let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
+        assert!(template.uses_tools());
+        assert!(!ChatTemplate::from_model_dir(&default_model_dir())
+            .unwrap()
+            .uses_tools());
+        let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+        ]))
+        .unwrap();
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert(
+            "tools".into(),
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]),
+        );
+        assert_eq!(
+            template
+                .render_with_kwargs(&messages, false, &kwargs)
+                .unwrap(),
+            "[get_weather]get_weather(Paris)<c1:18 C>"
         );
     }
 

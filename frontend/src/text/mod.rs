@@ -6,3 +6,6 @@ pub mod detokenizer;
 pub mod prompt_logprobs;
 pub mod stop_strings;
 pub mod tokenizer_pool;
+pub mod tool_call_stream;
+pub mod tool_parsers;
+pub mod tool_prompt;

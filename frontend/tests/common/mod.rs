@@ -20,5 +20,6 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         tokenizer_workers: 2,
         metrics_prefix: MetricsPrefix::Sluice,
         scheduling_policy: SchedulingPolicy::Fcfs,
+        tool_call_parser: "auto".into(),
     }
 }

@@ -1,0 +1,151 @@
+//! Hermes-style calls (Qwen, Hermes, and the prompt Sluice gives templates without tools): each
+//! call is a JSON object inside `<tool_call>` and `</tool_call>`; everything else is content.
+
+use super::call_json::scan_call;
+use super::{partial_marker_len, CallText, OutputParse, ToolCallParser};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hermes;
+
+/// The call a block's inner text holds: a lone JSON object. None when it is not one (yet).
+fn block_call(inner: &str, closed: bool) -> Option<CallText> {
+    let start = inner.len() - inner.trim_start().len();
+    if start == inner.len() {
+        return (!closed).then(CallText::default);
+    }
+    if !inner[start..].starts_with('{') {
+        return None;
+    }
+    let scanned = scan_call(inner, start);
+    match scanned.end {
+        Some(end) if closed => {
+            (scanned.valid && inner[end..].trim().is_empty()).then_some(scanned.call)
+        }
+        _ if closed => None,
+        _ => Some(scanned.call),
+    }
+}
+
+impl ToolCallParser for Hermes {
+    fn name(&self) -> String {
+        "hermes".into()
+    }
+
+    fn parse(&self, text: &str, finished: bool) -> OutputParse {
+        let mut parse = OutputParse::default();
+        let mut at = 0;
+        loop {
+            let rest = &text[at..];
+            let Some(found) = rest.find(OPEN) else {
+                let held = if finished {
+                    0
+                } else {
+                    partial_marker_len(rest, OPEN)
+                };
+                parse.content.push_str(&rest[..rest.len() - held]);
+                return parse;
+            };
+            let open = at + found;
+            parse.content.push_str(&text[at..open]);
+            let body = open + OPEN.len();
+            let (inner, next) = match text[body..].find(CLOSE) {
+                Some(close) => (&text[body..body + close], Some(body + close + CLOSE.len())),
+                None => (&text[body..], None),
+            };
+            // An unclosed block at the end of a finished output still counts: the model may stop
+            // right after the object.
+            let closed = next.is_some() || finished;
+            match block_call(inner, closed) {
+                Some(call) => parse.calls.push(call),
+                None if closed => parse
+                    .content
+                    .push_str(&text[open..next.unwrap_or(text.len())]),
+                None => {}
+            }
+            match next {
+                Some(next) => at = next,
+                None => return parse,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, arguments: &str) -> CallText {
+        CallText {
+            name: Some(name.into()),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn blocks_are_calls_and_the_rest_is_content() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>";
+        let parse = Hermes.parse(text, true);
+        assert_eq!(parse.content, "Let me check.\n\n");
+        assert_eq!(
+            parse.calls,
+            vec![
+                call("get_weather", "{\"city\": \"Paris\"}"),
+                call("now", "{}")
+            ]
+        );
+    }
+
+    #[test]
+    fn text_without_blocks_is_all_content() {
+        let parse = Hermes.parse("Just an answer, a < b.", true);
+        assert_eq!(parse.content, "Just an answer, a < b.");
+        assert!(parse.calls.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_block_stays_content() {
+        let text = "<tool_call>not json</tool_call> and <tool_call>{\"name\": \"f\"}</tool_call>";
+        let parse = Hermes.parse(text, true);
+        assert_eq!(parse.content, "<tool_call>not json</tool_call> and ");
+        assert_eq!(parse.calls, vec![call("f", "{}")]);
+    }
+
+    #[test]
+    fn an_unclosed_last_block_counts_once_finished() {
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n";
+        assert_eq!(
+            Hermes.parse(text, true).calls,
+            vec![call("f", "{\"a\": 1}")]
+        );
+        let truncated = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1";
+        let parse = Hermes.parse(truncated, true);
+        assert!(parse.calls.is_empty());
+        assert_eq!(parse.content, truncated);
+    }
+
+    #[test]
+    fn growing_output_parses_extend_each_other() {
+        let text =
+            "Sure <tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"x<y\"}}</tool_call> done";
+        let whole = Hermes.parse(text, true);
+        for cut in (0..=text.len()).filter(|&cut| text.is_char_boundary(cut)) {
+            let partial = Hermes.parse(&text[..cut], false);
+            assert!(
+                whole.content.starts_with(&partial.content),
+                "{cut}: {partial:?}"
+            );
+            for (partial, whole) in partial.calls.iter().zip(&whole.calls) {
+                assert!(
+                    partial.name.is_none() || partial.name == whole.name,
+                    "{cut}"
+                );
+                assert!(whole.arguments.starts_with(&partial.arguments), "{cut}");
+            }
+        }
+        assert_eq!(Hermes.parse("Sure <tool_", false).content, "Sure ");
+        assert_eq!(whole.content, "Sure  done");
+    }
+}

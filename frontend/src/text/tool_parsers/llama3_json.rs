@@ -1,0 +1,103 @@
+//! Llama 3.1+ JSON calls: an output that opens with `{` (after `<|python_tag|>`, when special
+//! tokens are kept) is one or more call objects (`"name"` and `"parameters"`), separated by `;`.
+//! Any other output is content.
+
+use super::call_json::scan_call;
+use super::{CallText, OutputParse, ToolCallParser};
+
+pub const PYTHON_TAG: &str = "<|python_tag|>";
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Llama3Json;
+
+/// The calls of `text` from `start`, separated by `;`; once finished, None unless all are valid.
+fn call_sequence(text: &str, mut at: usize, finished: bool) -> Option<Vec<CallText>> {
+    let mut calls = Vec::new();
+    loop {
+        let scanned = scan_call(text, at);
+        calls.push(scanned.call);
+        let end = match scanned.end {
+            Some(end) if scanned.valid => end,
+            _ => return (!finished).then_some(calls),
+        };
+        let rest = text[end..].trim_start();
+        let rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+        if rest.is_empty() {
+            return Some(calls);
+        }
+        if !rest.starts_with('{') {
+            return (!finished).then_some(calls);
+        }
+        at = text.len() - rest.len();
+    }
+}
+
+impl ToolCallParser for Llama3Json {
+    fn name(&self) -> String {
+        "llama3_json".into()
+    }
+
+    fn parse(&self, text: &str, finished: bool) -> OutputParse {
+        let trimmed = text.trim_start();
+        let body = trimmed
+            .strip_prefix(PYTHON_TAG)
+            .unwrap_or(trimmed)
+            .trim_start();
+        if !finished && (body.is_empty() || PYTHON_TAG.starts_with(body)) {
+            return OutputParse::default();
+        }
+        if body.starts_with('{') {
+            if let Some(calls) = call_sequence(text, text.len() - body.len(), finished) {
+                return OutputParse {
+                    content: String::new(),
+                    calls,
+                };
+            }
+        }
+        OutputParse {
+            content: text.to_owned(),
+            calls: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_objects_separated_by_semicolons_are_calls() {
+        let text = "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}";
+        let parse = Llama3Json.parse(text, true);
+        assert_eq!(parse.content, "");
+        let names: Vec<_> = parse
+            .calls
+            .iter()
+            .map(|c| c.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(parse.calls[0].arguments, "{\"x\": 1}");
+    }
+
+    #[test]
+    fn prose_and_broken_json_are_content() {
+        for text in [
+            "The answer is 4.",
+            "{\"name\": \"a\", \"parameters\": {",
+            "{\"x\": 1} and more",
+        ] {
+            let parse = Llama3Json.parse(text, true);
+            assert_eq!(parse.content, text);
+            assert!(parse.calls.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_call_being_written_is_read_as_far_as_it_goes() {
+        let parse = Llama3Json.parse("{\"name\": \"a\", \"parameters\": {\"x\": ", false);
+        assert_eq!(parse.calls[0].name.as_deref(), Some("a"));
+        assert_eq!(parse.calls[0].arguments, "{\"x\": ");
+        assert_eq!(Llama3Json.parse(" ", false), OutputParse::default());
+        assert_eq!(Llama3Json.parse("Hi", false).content, "Hi");
+    }
+}

@@ -1,0 +1,160 @@
+//! Tool-call parsers: each reads a model's output format (Hermes' `<tool_call>` blocks, Llama 3's
+//! bare JSON, Mistral's `[TOOL_CALLS]` array, and the JSON that forced calls are constrained to)
+//! into content and calls, behind one trait. [`REGISTRY`] names the ones `--tool-call-parser`
+//! picks from: a new format is a file implementing [`ToolCallParser`] and one line there.
+
+mod call_json;
+mod forced;
+mod hermes;
+mod llama3_json;
+mod mistral;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+pub use forced::{NamedFunction, RequiredCalls};
+pub use hermes::Hermes;
+pub use llama3_json::Llama3Json;
+pub use mistral::Mistral;
+
+/// One tool call found in an output, perhaps still being written.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallText {
+    /// Known once its JSON string is complete.
+    pub name: Option<String>,
+    /// The arguments' JSON text so far; once the output is finished, `{}` when the call had none.
+    pub arguments: String,
+}
+
+/// What a parser reads in an output so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputParse {
+    /// The text that is not (and can no longer become) a tool call.
+    pub content: String,
+    pub calls: Vec<CallText>,
+}
+
+/// Reads one output format. Parses of a growing output extend each other: a later parse's
+/// `content`, each call's `name` once known, and each call's `arguments` start with the earlier
+/// ones (text that may still turn into a call is held back), so a stream sends differences. Only a
+/// call that turns out malformed breaks this; it then stays in the content of the finished parse.
+pub trait ToolCallParser: Send + Sync + Debug {
+    /// The name `--tool-call-parser` knows it by.
+    fn name(&self) -> String;
+    /// Reads `text`, the whole output so far; `finished` once no more text will come.
+    fn parse(&self, text: &str, finished: bool) -> OutputParse;
+}
+
+type MakeParser = fn() -> Arc<dyn ToolCallParser>;
+
+/// The parsers `--tool-call-parser` picks from, by name.
+pub const REGISTRY: &[(&str, MakeParser)] = &[
+    ("hermes", || Arc::new(Hermes)),
+    ("llama3_json", || Arc::new(Llama3Json)),
+    ("mistral", || Arc::new(Mistral)),
+];
+
+pub fn parser_by_name(name: &str) -> Option<Arc<dyn ToolCallParser>> {
+    REGISTRY
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, make)| make())
+}
+
+/// The parser a model's vocabulary suggests: Mistral's `[TOOL_CALLS]` token, Llama 3's
+/// `<|python_tag|>`, else Hermes (also the format of the prompt given to templates without tools).
+pub fn default_parser_name(has_token: impl Fn(&str) -> bool) -> &'static str {
+    if has_token(mistral::MARKER) {
+        "mistral"
+    } else if has_token(llama3_json::PYTHON_TAG) {
+        "llama3_json"
+    } else {
+        "hermes"
+    }
+}
+
+/// The parser `auto` tool choice reads outputs with: `choice` ("auto" or a registered name; auto
+/// follows the vocabulary), except that a template without tools gets the Hermes prompt and so
+/// the Hermes parser.
+pub fn serving_parser(
+    choice: &str,
+    template_uses_tools: bool,
+    has_token: impl Fn(&str) -> bool,
+) -> Result<Arc<dyn ToolCallParser>, String> {
+    let name = match choice {
+        "auto" => default_parser_name(has_token),
+        name => name,
+    };
+    let parser = parser_by_name(name).ok_or_else(|| {
+        let known: Vec<&str> = REGISTRY.iter().map(|(name, _)| *name).collect();
+        format!(
+            "--tool-call-parser {name:?} is not one of auto, {}",
+            known.join(", ")
+        )
+    })?;
+    Ok(if template_uses_tools {
+        parser
+    } else {
+        Arc::new(Hermes)
+    })
+}
+
+/// How many bytes at the end of `text` begin `marker` (but are not all of it): text to hold back
+/// while the rest of the marker may still come.
+fn partial_marker_len(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&len| text.ends_with(&marker[..len]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registered_parser_answers_to_its_name() {
+        for (name, _) in REGISTRY {
+            assert_eq!(parser_by_name(name).unwrap().name(), *name);
+        }
+        assert!(parser_by_name("nope").is_none());
+    }
+
+    #[test]
+    fn the_default_follows_the_vocabulary() {
+        assert_eq!(default_parser_name(|t| t == "[TOOL_CALLS]"), "mistral");
+        assert_eq!(
+            default_parser_name(|t| t == "<|python_tag|>"),
+            "llama3_json"
+        );
+        assert_eq!(default_parser_name(|_| false), "hermes");
+    }
+
+    #[test]
+    fn serving_parser_takes_the_choice_unless_the_template_has_no_tools() {
+        let mistral = |t: &str| t == "[TOOL_CALLS]";
+        assert_eq!(
+            serving_parser("auto", true, mistral).unwrap().name(),
+            "mistral"
+        );
+        assert_eq!(
+            serving_parser("llama3_json", true, mistral).unwrap().name(),
+            "llama3_json"
+        );
+        assert_eq!(
+            serving_parser("auto", false, mistral).unwrap().name(),
+            "hermes"
+        );
+        let error = serving_parser("qwen", true, mistral).unwrap_err();
+        assert!(error.contains("hermes, llama3_json, mistral"), "{error}");
+    }
+
+    #[test]
+    fn partial_markers_are_held_back() {
+        assert_eq!(partial_marker_len("abc <tool_", "<tool_call>"), 6);
+        assert_eq!(partial_marker_len("abc <", "<tool_call>"), 1);
+        assert_eq!(partial_marker_len("abc", "<tool_call>"), 0);
+        // A whole marker is not partial; the parser has found it already.
+        assert_eq!(partial_marker_len("<tool_call>", "<tool_call>"), 0);
+    }
+}

@@ -109,6 +109,9 @@ class SchedulerOutput:
     finished_req_ids: list[str]
     # Requests preempted since the last step: they leave the batch, and workers keep their tokens.
     preempted_req_ids: list[str]
+    # req_id -> draft tokens to verify after its last known token (speculative decoding; their count
+    # is part of num_scheduled_tokens). The request's output is then 1 to len(drafts) + 1 tokens.
+    scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -154,6 +157,19 @@ class WorkerError:
 Message = (
     InitKVCache | SchedulerOutput | Shutdown | WorkerReady | KVCacheReady | ModelRunnerOutput | WorkerError
 )
+
+
+def _check_str_int_list_map(value: Any) -> dict[str, list[int]]:
+    if type(value) is not dict:
+        raise Invalid(f"expected a map, got {type(value).__name__}")
+    for key, token_ids in value.items():
+        if type(key) is not str:
+            raise Invalid(f"expected str keys, got {type(key).__name__}").at(".<key>")
+        try:
+            INT_LIST.decode(token_ids)
+        except Invalid as exc:
+            raise exc.at(f".{key}") from None
+    return value
 
 
 def _check_str_int_map(value: Any) -> dict[str, int]:
@@ -204,6 +220,10 @@ _MESSAGES = MessageSet(
                     ("total_num_scheduled_tokens", INT),
                     ("finished_req_ids", list_of(STR)),
                     ("preempted_req_ids", list_of(STR)),
+                    (
+                        "scheduled_spec_token_ids",
+                        Codec(_check_str_int_list_map, _check_str_int_list_map),
+                    ),
                 ),
             ),
         ),

@@ -82,10 +82,11 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             num_computed_tokens=[300, 32],
             num_output_tokens=[172, 3],
         ),
-        num_scheduled_tokens={"cmpl-8f14e45f-0": 1, "cmpl-45c48cce-0": 7},
-        total_num_scheduled_tokens=8,
+        num_scheduled_tokens={"cmpl-8f14e45f-0": 4, "cmpl-45c48cce-0": 7},
+        total_num_scheduled_tokens=11,
         finished_req_ids=["cmpl-c9f0f895-1 ✓"],
         preempted_req_ids=["cmpl-d3d94468-0"],
+        scheduled_spec_token_ids={"cmpl-8f14e45f-0": [28705, 13, 65536]},
     ),
     "model_runner_output": ModelRunnerOutput(
         step_id=70000,

@@ -29,6 +29,7 @@ PROTOCOL_KEYS = {
         "total_num_scheduled_tokens",
         "finished_req_ids",
         "preempted_req_ids",
+        "scheduled_spec_token_ids",
     ],
     "model_runner_output": [
         "v",

@@ -7,6 +7,7 @@ tokens of a run without them, and leave every KV block free.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import pytest
@@ -16,7 +17,8 @@ from engine.ngram_proposer import NgramProposer
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.speculation import accepts_drafts
-from sluice.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from sluice.config import CacheConfig, SchedulerConfig, SpeculativeConfig, steps_in_flight
+from sluice.engine_args import add_engine_arguments, config_from_args
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import ModelRunnerOutput, SchedulerOutput
 
@@ -187,3 +189,15 @@ def test_min_tokens_defers_drafts_until_it_is_met():
     request.append_output_token(3)
     request.append_output_token(1)
     assert accepts_drafts(request)
+
+
+def test_cli_options_make_the_speculative_config():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    args = parser.parse_args(["--speculative", "ngram", "--num-speculative-tokens", "3"])
+    args.ngram_prompt_lookup_max = 5
+    config = config_from_args(args, model_path="/models/any")
+    assert config.speculative == SpeculativeConfig("ngram", 3, 2, 5)
+    assert steps_in_flight(config) == 1 and config.scheduler.async_scheduling
+    plain = config_from_args(parser.parse_args([]), model_path="/models/any")
+    assert not plain.speculative.enabled and steps_in_flight(plain) == 2

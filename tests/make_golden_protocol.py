@@ -47,6 +47,9 @@ _STATS = EngineStats(
     # One count per ITERATION_TOKENS_BOUNDS entry, then the steps above them.
     iteration_tokens=[0, 1, 127, 128, 255, 256, 65535, 65536, 0, 0, 0, 0, 0, 2],
     iteration_tokens_sum=70000000,
+    spec_decode_num_drafts=127,
+    spec_decode_num_draft_tokens=65536,
+    spec_decode_num_accepted_tokens=255,
 )
 
 # file stem -> message; the order here is the order of index.json.

@@ -85,11 +85,12 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             num_computed_tokens=[300, 32],
             num_output_tokens=[172, 3],
         ),
-        num_scheduled_tokens={"cmpl-8f14e45f-0": 1, "cmpl-45c48cce-0": 7},
-        total_num_scheduled_tokens=8,
+        num_scheduled_tokens={"cmpl-8f14e45f-0": 4, "cmpl-45c48cce-0": 7},
+        total_num_scheduled_tokens=11,
         finished_req_ids=["cmpl-c9f0f895-1 ✓"],
         preempted_req_ids=["cmpl-d3d94468-0"],
         structured_output_req_ids=["cmpl-8f14e45f-0"],
+        scheduled_spec_token_ids={"cmpl-45c48cce-0": [28705, 13, 65536]},
     ),
     # Two rows of a 40-token vocabulary (two words each); the bytes include a NUL and 0xff.
     "grammar_bitmask": GrammarBitmask(

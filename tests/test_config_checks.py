@@ -37,6 +37,12 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"cpu_bind": "0-4095"}, CpuBindError, r"cores .* this process may not use"),
         ({"cpu_bind": "1-0"}, CpuBindError, r"runs backwards"),
         ({"kv_cache_memory": 0.001}, KVCacheTooSmallError, r"raise --kv-cache-memory"),
+        (
+            {"speculative_config": {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}},
+            InvalidConfigError,
+            r"ngram-prompt-lookup-min <= --ngram-prompt-lookup-max, got 5 and 3",
+        ),
+        ({"speculative_config": {"method": "eagle"}}, InvalidConfigError, r"unknown speculative method"),
     ],
 )
 def test_bad_options_are_refused_before_any_process(

@@ -77,6 +77,9 @@ STATS_KEYS = [
     "num_eager_fallbacks",
     "iteration_tokens",
     "iteration_tokens_sum",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
 ]
 
 

@@ -30,6 +30,7 @@ PROTOCOL_KEYS = {
         "finished_req_ids",
         "preempted_req_ids",
         "structured_output_req_ids",
+        "scheduled_spec_token_ids",
     ],
     "grammar_bitmask": ["v", "type", "step_id", "bitmask"],
     "model_runner_output": [

@@ -213,6 +213,24 @@ impl Metrics {
             engine.num_eager_fallbacks.to_string(),
         );
         metric(
+            "spec_decode_num_drafts_total",
+            "counter",
+            "Speculative decoding: request steps that verified draft tokens.",
+            engine.spec_decode_num_drafts.to_string(),
+        );
+        metric(
+            "spec_decode_num_draft_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens verified.",
+            engine.spec_decode_num_draft_tokens.to_string(),
+        );
+        metric(
+            "spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens accepted (acceptance rate = accepted / draft tokens).",
+            engine.spec_decode_num_accepted_tokens.to_string(),
+        );
+        metric(
             "engine_restarts_total",
             "counter",
             "Times a restarted engine core took over after the engine core was lost.",
@@ -463,9 +481,26 @@ mod tests {
             num_waiting: 2,
             kv_cache_usage: 0.25,
             num_eager_fallbacks: 12,
+            spec_decode_num_drafts: 7,
+            spec_decode_num_draft_tokens: 28,
+            spec_decode_num_accepted_tokens: 19,
             ..Default::default()
         };
         let text = metrics.render(&stats, 0);
+        for (name, value) in [
+            ("spec_decode_num_drafts_total", 7),
+            ("spec_decode_num_draft_tokens_total", 28),
+            ("spec_decode_num_accepted_tokens_total", 19),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE sluice:{name} counter\n")),
+                "{name}"
+            );
+            assert_eq!(
+                line(&text, &format!("sluice:{name}{{")),
+                format!("sluice:{name}{{model_name=\"smol\"}} {value}")
+            );
+        }
         assert_eq!(
             line(&text, "sluice:num_requests_running{"),
             "sluice:num_requests_running{model_name=\"smol\"} 3"

@@ -18,7 +18,7 @@ from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler
 from engine.structured_output import GrammarTokenizer, batch_bitmask, mask_words
-from sluice.config import SluiceConfig
+from sluice.config import SluiceConfig, steps_in_flight
 from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
 from sluice.frontend_seam import EngineStats
@@ -42,7 +42,9 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()
             raise
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len)
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len, config.speculative
+        )
         self.kv_events: KVEventPublisher | None = None
         if config.cache.kv_events_port is not None:
             try:
@@ -53,7 +55,7 @@ class EngineCore:
             self.scheduler.kv_cache_manager.block_pool.kv_events = self.kv_events.pending
         # Steps submitted to the workers whose outputs have not been collected, oldest first.
         self.batch_queue: deque[SchedulerOutput] = deque()
-        self.max_in_flight = 2 if config.scheduler.async_scheduling else 1
+        self.max_in_flight = steps_in_flight(config)
         self.timer = PhaseTimes("engine core")
         self.grammar_tokenizer = GrammarTokenizer(config.model.path, self.vocab_size, self.spec.eos_token_ids)
         self.structured_output_overlap = config.scheduler.structured_output_overlap

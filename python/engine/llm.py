@@ -21,6 +21,7 @@ from sluice.config import (
     ParallelConfig,
     SchedulerConfig,
     SluiceConfig,
+    SpeculativeConfig,
 )
 from sluice.errors import InvalidRequestError
 from sluice.sampling_params import SamplingParams
@@ -71,6 +72,7 @@ class LLM:
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
         kv_events_port: int | None = None,
+        speculative_config: dict[str, Any] | None = None,
     ) -> None:
         if model is None:
             from sluice.default_model import prepare_default_model
@@ -101,6 +103,8 @@ class LLM:
                 capture_sizes=None if capture_sizes is None else tuple(capture_sizes),
             ),
             device=DeviceConfig(device=device, num_threads=num_threads, cpu_bind=cpu_bind),  # type: ignore[arg-type]
+            # vLLM's shape: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, ...}.
+            speculative=SpeculativeConfig(**(speculative_config or {})),
         )
         self._start(config)
 

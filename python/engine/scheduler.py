@@ -8,6 +8,9 @@ what is left of the budget, nothing more.
 Under async scheduling the next step is planned before the last one's tokens are known: a step
 that samples leaves a placeholder, and the gap counts it, so a decoding request is scheduled again
 at once; the worker feeds the token it sampled into that next step itself.
+
+With speculative decoding (engine.speculation) a decoding request's allotment is its one token
+plus draft tokens; what the worker rejects of them is handed back when its output arrives.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections.abc import Iterable
 from engine.engine_core_output import EngineCoreOutput
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from sluice.config import CacheConfig, SchedulerConfig
+from engine.speculation import Speculator
+from sluice.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from sluice.frontend_seam import ITERATION_TOKENS_BOUNDS, EngineStats
 from sluice.sampling_params import params_to_wire
 from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -92,6 +96,7 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         max_model_len: int,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -122,6 +127,11 @@ class Scheduler:
         # Steps per bucket of scheduled tokens (ITERATION_TOKENS_BOUNDS, then one above), and their tokens.
         self.iteration_tokens = [0] * (len(ITERATION_TOKENS_BOUNDS) + 1)
         self.iteration_tokens_sum = 0
+        self.speculator = (
+            Speculator(speculative_config, max_model_len)
+            if speculative_config is not None and speculative_config.enabled
+            else None
+        )
 
     def add_request(self, request: Request) -> None:
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
@@ -150,6 +160,7 @@ class Scheduler:
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
         cached_reqs = CachedRequestData()
+        spec_token_ids: dict[str, list[int]] = {}
         preempted = False
 
         # Running requests first: they hold blocks already and protect inter-token latency.
@@ -161,10 +172,15 @@ class Scheduler:
                 # Its last token is in flight already (async scheduling): nothing left to compute.
                 req_index += 1
                 continue
+            drafts = self._drafts_for(request, num_new_tokens, token_budget)
             while True:
-                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens + len(drafts))
                 if new_block_ids is not None:
                     break
+                if drafts:
+                    # Drafts are a bet: nobody is preempted to make room for them.
+                    drafts = []
+                    continue
                 # Every request before req_index is scheduled; the victim is always at or after it.
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -174,6 +190,9 @@ class Scheduler:
             if new_block_ids is None:
                 break
             self._add_cached(cached_reqs, request, new_block_ids, resumed=False)
+            if drafts:
+                spec_token_ids[request.request_id] = drafts
+                num_new_tokens += len(drafts)
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
@@ -223,7 +242,11 @@ class Scheduler:
         for request_id, num_tokens in num_scheduled_tokens.items():
             request = self.requests[request_id]
             request.num_computed_tokens += num_tokens
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            num_drafts = len(spec_token_ids.get(request_id, ()))
+            if (
+                request.num_computed_tokens - num_drafts
+                == request.num_tokens + request.num_output_placeholders
+            ):
                 # This step samples the request's next token.
                 request.num_output_placeholders += 1
                 if request.grammar is not None:
@@ -245,7 +268,16 @@ class Scheduler:
             finished_req_ids=finished_req_ids,
             preempted_req_ids=preempted_req_ids,
             structured_output_req_ids=structured_output_req_ids,
+            scheduled_spec_token_ids=spec_token_ids,
         )
+
+    def _drafts_for(self, request: Request, num_new_tokens: int, token_budget: int) -> list[int]:
+        """Draft tokens for a request about to compute only its last known token, else none."""
+        if self.speculator is None or request.num_output_placeholders or num_new_tokens != 1:
+            return []
+        if request.num_computed_tokens != request.num_tokens - 1:
+            return []
+        return self.speculator.drafts_for(request, token_budget)
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         """The running request's gap: known tokens plus in-flight placeholders, less what is computed."""
@@ -322,11 +354,18 @@ class Scheduler:
             if not token_ids:
                 continue
             assert request_id in scheduler_output.num_scheduled_tokens
+            assert request.num_computed_tokens >= request.num_tokens, "sampled before its prompt was in"
+            assert request.num_output_placeholders > 0, "a token nobody scheduled"
+            request.num_output_placeholders -= 1
+            num_drafts = len(scheduler_output.scheduled_spec_token_ids.get(request_id, ()))
+            assert 1 <= len(token_ids) <= num_drafts + 1, "the worker keeps a prefix of the drafts plus one"
+            if num_drafts:
+                assert self.speculator is not None
+                self.speculator.record(num_drafts, len(token_ids) - 1)
+                # Rejected drafts were computed but are not tokens: the next step overwrites their KV.
+                request.num_computed_tokens -= num_drafts + 1 - len(token_ids)
             new_token_ids = []
             for token_id in token_ids:
-                assert request.num_computed_tokens >= request.num_tokens, "sampled before its prompt was in"
-                assert request.num_output_placeholders > 0, "a token nobody scheduled"
-                request.num_output_placeholders -= 1
                 request.append_output_token(token_id)
                 if request.grammar is not None:
                     request.grammar.accept_token(token_id)
@@ -421,4 +460,9 @@ class Scheduler:
             # A copy: the engine core compares each step's stats with the last ones it sent.
             iteration_tokens=list(self.iteration_tokens),
             iteration_tokens_sum=self.iteration_tokens_sum,
+            spec_decode_num_drafts=0 if self.speculator is None else self.speculator.num_drafts,
+            spec_decode_num_draft_tokens=0 if self.speculator is None else self.speculator.num_draft_tokens,
+            spec_decode_num_accepted_tokens=0
+            if self.speculator is None
+            else self.speculator.num_accepted_tokens,
         )

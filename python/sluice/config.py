@@ -16,6 +16,8 @@ ExecutorBackend = Literal["mp", "inproc"]
 GraphMode = Literal["full_and_piecewise", "full", "piecewise", "none"]
 # The namespace of the frontend's /metrics names: "vllm" renders vLLM's exact names, for its dashboards.
 MetricsPrefix = Literal["sluice", "vllm"]
+# Where draft tokens come from: "ngram" looks them up in the request's own tokens (prompt lookup).
+SpeculativeMethod = Literal["ngram"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,22 @@ class EngineRestartConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding: guess up to K next tokens cheaply, check them all in one forward pass."""
+
+    # None: off.
+    method: SpeculativeMethod | None = None
+    num_speculative_tokens: int = 4
+    # The n-gram lengths tried, longest first: the request's last n tokens are looked up earlier in it.
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+
+@dataclass(frozen=True, slots=True)
 class SluiceConfig:
     model: ModelConfig
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -105,6 +123,15 @@ class SluiceConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+
+
+def steps_in_flight(config: SluiceConfig) -> int:
+    """Steps the engine core keeps submitted: two under async scheduling, one otherwise.
+
+    Speculative decoding runs one: drafts are looked up after the last token is known, and under
+    async scheduling the next step is planned before it is."""
+    return 2 if config.scheduler.async_scheduling and not config.speculative.enabled else 1
 
 
 def config_to_dict(config: SluiceConfig) -> dict[str, Any]:
@@ -132,6 +159,7 @@ _SECTION_TYPES: dict[str, type] = {
     "parallel": ParallelConfig,
     "graph": GraphConfig,
     "device": DeviceConfig,
+    "speculative": SpeculativeConfig,
 }
 assert all(is_dataclass(kind) for kind in _SECTION_TYPES.values())
 

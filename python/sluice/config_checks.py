@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import get_args
 
 from sluice.capture_sizes import validate_graph_config
-from sluice.config import Device, ExecutorBackend, SluiceConfig
+from sluice.config import Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
 from sluice.cpu_binding import cores_per_rank, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kv_cache_layout import num_kv_blocks
@@ -44,9 +44,25 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         raise InvalidConfigError(
             "--kv-events-port publishes the prefix cache's changes: it needs --enable-prefix-caching"
         )
+    _check_speculative(config)
     cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
     _check_data_parallel(config, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
+
+
+def _check_speculative(config: SluiceConfig) -> None:
+    speculative = config.speculative
+    if speculative.method not in (None, *get_args(SpeculativeMethod)):
+        raise InvalidConfigError(f"unknown speculative method {speculative.method!r}: use ngram")
+    if speculative.num_speculative_tokens < 1:
+        raise InvalidConfigError(
+            f"num_speculative_tokens must be at least 1, got {speculative.num_speculative_tokens}"
+        )
+    if not 1 <= speculative.prompt_lookup_min <= speculative.prompt_lookup_max:
+        raise InvalidConfigError(
+            "the ngram window needs 1 <= --ngram-prompt-lookup-min <= --ngram-prompt-lookup-max, got "
+            f"{speculative.prompt_lookup_min} and {speculative.prompt_lookup_max}"
+        )
 
 
 def _check_data_parallel(config: SluiceConfig, usable: list[int]) -> None:

@@ -24,6 +24,8 @@ from sluice.config import (
     SchedulerConfig,
     SchedulingPolicy,
     SluiceConfig,
+    SpeculativeConfig,
+    SpeculativeMethod,
 )
 from sluice.errors import SluiceError
 
@@ -84,6 +86,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parallel = ParallelConfig()
     graph = GraphConfig()
     device = DeviceConfig()
+    speculative = SpeculativeConfig()
     group = parser.add_argument_group("engine")
     model_help = "a local Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct)"
     if model_positional:
@@ -195,6 +198,34 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         metavar="auto|none|LIST",
         help="pin each worker thread to a core: auto, none, or cores such as 0-1 (ranks split by |)",
     )
+    group.add_argument(
+        "--speculative",
+        default=speculative.method,
+        choices=get_args(SpeculativeMethod),
+        help="speculative decoding: ngram proposes tokens found earlier in the request (prompt lookup); "
+        "greedy requests only, and one step in flight (it turns async scheduling off)",
+    )
+    group.add_argument(
+        "--num-speculative-tokens",
+        type=at_least(1),
+        default=speculative.num_speculative_tokens,
+        metavar="K",
+        help="most draft tokens verified per request and step",
+    )
+    group.add_argument(
+        "--ngram-prompt-lookup-min",
+        type=at_least(1),
+        default=speculative.prompt_lookup_min,
+        metavar="N",
+        help="shortest n-gram of the request's last tokens that the ngram proposer looks up",
+    )
+    group.add_argument(
+        "--ngram-prompt-lookup-max",
+        type=at_least(1),
+        default=speculative.prompt_lookup_max,
+        metavar="N",
+        help="longest n-gram that the ngram proposer looks up (it tries the longest first)",
+    )
 
 
 def model_path_from_args(args: argparse.Namespace) -> str | None:
@@ -241,4 +272,10 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes
         ),
         device=DeviceConfig(device=args.device, num_threads=args.num_threads, cpu_bind=args.cpu_bind),
+        speculative=SpeculativeConfig(
+            method=args.speculative,
+            num_speculative_tokens=args.num_speculative_tokens,
+            prompt_lookup_min=args.ngram_prompt_lookup_min,
+            prompt_lookup_max=args.ngram_prompt_lookup_max,
+        ),
     )

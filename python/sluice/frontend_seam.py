@@ -92,6 +92,11 @@ class EngineStats:
     iteration_tokens: list[int] = field(default_factory=lambda: [0] * (len(ITERATION_TOKENS_BOUNDS) + 1))
     # Tokens computed by all steps, running total.
     iteration_tokens_sum: int = 0
+    # Speculative decoding, running totals: requests' verification steps that had drafts, the draft
+    # tokens verified, and those accepted (the acceptance rate is accepted / draft tokens).
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -153,6 +158,9 @@ _STATS = Record(
         ("num_eager_fallbacks", INT),
         ("iteration_tokens", _ITERATION_TOKENS),
         ("iteration_tokens_sum", INT),
+        ("spec_decode_num_drafts", INT),
+        ("spec_decode_num_draft_tokens", INT),
+        ("spec_decode_num_accepted_tokens", INT),
     ),
 )
 # The same map as a stats utility call's `result`: a plain dict.

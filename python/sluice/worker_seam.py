@@ -128,6 +128,9 @@ class SchedulerOutput:
     # Requests this step samples under a structured output constraint: their next-token bitmask
     # follows in a GrammarBitmask, which the workers wait for only when they sample.
     structured_output_req_ids: list[str] = field(default_factory=list)
+    # req_id -> draft tokens to verify after its last known token (speculative decoding; their count
+    # is part of num_scheduled_tokens). The request's output is then 1 to len(drafts) + 1 tokens.
+    scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -197,6 +200,19 @@ Message = (
 )
 
 
+def _check_str_int_list_map(value: Any) -> dict[str, list[int]]:
+    if type(value) is not dict:
+        raise Invalid(f"expected a map, got {type(value).__name__}")
+    for key, token_ids in value.items():
+        if type(key) is not str:
+            raise Invalid(f"expected str keys, got {type(key).__name__}").at(".<key>")
+        try:
+            INT_LIST.decode(token_ids)
+        except Invalid as exc:
+            raise exc.at(f".{key}") from None
+    return value
+
+
 def _check_str_int_map(value: Any) -> dict[str, int]:
     if type(value) is not dict:
         raise Invalid(f"expected a map, got {type(value).__name__}")
@@ -246,6 +262,10 @@ _MESSAGES = MessageSet(
                     ("finished_req_ids", list_of(STR)),
                     ("preempted_req_ids", list_of(STR)),
                     ("structured_output_req_ids", list_of(STR)),
+                    (
+                        "scheduled_spec_token_ids",
+                        Codec(_check_str_int_list_map, _check_str_int_list_map),
+                    ),
                 ),
             ),
         ),

@@ -99,3 +99,11 @@ class InputBatch:
         self.token_ids.index_put_((index.to(self.device), positions.to(self.device)), sampled)
         self.num_tokens[rows] += 1
         self.sampling.append_output_tokens(rows, sampled)
+
+    def append_token_list(self, row: int, token_ids: list[int]) -> None:
+        """Write a row's new tokens, known on the host, after its last token (a verified draft run)."""
+        start = int(self.num_tokens[row])
+        ids = torch.tensor(token_ids, dtype=torch.int64)
+        self.token_ids[row, start : start + len(token_ids)].copy_(ids, non_blocking=True)
+        self.num_tokens[row] += len(token_ids)
+        self.sampling.append_output_tokens([row] * len(token_ids), ids.to(self.device))

@@ -24,6 +24,7 @@ from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutpu
 from worker.attention.selector import select_attention_backend
 from worker.cpu_model_step import CpuStepRunner, cpu_model_step_for
 from worker.distributed import tensor_parallel_group
+from worker.draft_verifier import accept_drafts, draft_rows, verify_logits_indices
 from worker.grammar_bitmask import apply_grammar_bitmask
 from worker.graphs.dispatcher import build_dispatcher
 from worker.graphs.graph_runner import StepExecutor
@@ -56,6 +57,8 @@ class StepResult:
     num_eager_fallbacks: int
     # None when no row asked for prompt logprobs or predicted a prompt token this step.
     prompt_logprobs: StepPromptLogprobs | None = None
+    # Rows that verified drafts -> the tokens they keep (known on the host already).
+    kept_drafts: dict[int, list[int]] | None = None
 
     def output(self) -> ModelRunnerOutput:
         sampled_lists: list[list[int]] = []
@@ -63,8 +66,13 @@ class StepResult:
         if self.sampler_output is None:
             return ModelRunnerOutput(self.step_id, [], [], [], self.num_eager_fallbacks)
         token_ids = self.sampler_output.token_ids.tolist()
+        kept_drafts = self.kept_drafts or {}
         for row, state in enumerate(self.states):
-            if self.sampled_rows[row]:
+            if row in kept_drafts:
+                state.output_token_ids.extend(kept_drafts[row])
+                sampled_lists.append(kept_drafts[row])
+                logprobs.append(None)
+            elif self.sampled_rows[row]:
                 state.output_token_ids.append(token_ids[row])
                 sampled_lists.append([token_ids[row]])
                 logprobs.append(self.sampler_output.logprobs[row])
@@ -187,6 +195,7 @@ class ModelRunner:
         since = timer.start()
         self._update_states(out)
         batch = self.batch
+        drafts = draft_rows(batch, out.scheduled_spec_token_ids)
         num_rows = batch.num_rows
         if out.total_num_scheduled_tokens == 0:
             return StepResult(out.step_id, [], [], None, [], self.num_eager_fallbacks)
@@ -199,7 +208,11 @@ class ModelRunner:
         since = timer.lap("prepare_inputs", since)
         mode, padded = self.dispatcher.dispatch(shape.batch_descriptor())
         hidden = self.step_executor.run(mode, padded, self.buffers)
-        logits = self.model.compute_logits(hidden[self.buffers.logits_indices[:num_rows]])
+        logits_indices = self.buffers.logits_indices[:num_rows]
+        if drafts is not None:
+            verify_indices = torch.from_numpy(verify_logits_indices(drafts, num_scheduled)).to(self.device)
+            logits_indices = torch.cat([logits_indices, verify_indices])
+        logits = self.model.compute_logits(hidden[logits_indices])
         states = [self.requests[req_id] for req_id in req_ids]
         # From the hidden states before the next step overwrites them; only rows that asked pay for it.
         prompt_logprobs = step_prompt_logprobs(
@@ -212,11 +225,20 @@ class ModelRunner:
             since = timer.lap("wait_for_bitmask", since)
             rows = [batch.req_id_to_row[req_id] for req_id in out.structured_output_req_ids]
             apply_grammar_bitmask(logits, rows, bitmask)
-        sampler_output = self.sampler.sample(logits, self.sampling_state.metadata(num_rows))
+        sampler_output = self.sampler.sample(logits[:num_rows], self.sampling_state.metadata(num_rows))
+        kept_drafts = None
+        if drafts is not None:
+            kept_drafts = accept_drafts(self.sampler, logits[num_rows:], drafts, sampler_output.token_ids)
         since = timer.lap("sample", since)
         # Rows still chunking their prompt sampled from a partial context: their tokens are dropped.
         seq_lens = batch.num_computed_tokens[:num_rows] + num_scheduled
         sampled = seq_lens >= batch.num_tokens[:num_rows]
+        if kept_drafts is not None:
+            for row, tokens in kept_drafts.items():
+                # Rejected drafts are not computed tokens: the next step overwrites their KV slots.
+                seq_lens[row] -= int(num_scheduled[row]) - len(tokens)
+                batch.append_token_list(row, tokens)
+                sampled[row] = False
         batch.num_computed_tokens[:num_rows] = seq_lens
         for state, seq_len in zip(states, seq_lens.tolist(), strict=True):
             state.num_computed_tokens = seq_len
@@ -233,7 +255,8 @@ class ModelRunner:
             sampler_output,
             states,
             self.num_eager_fallbacks,
-            prompt_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            kept_drafts=kept_drafts,
         )
 
 

@@ -253,6 +253,10 @@ class SamplingState:
             ones = torch.ones(len(penalised), dtype=torch.int32, device=self.device)
             self._output_counts.index_put_((counted_rows, token_ids[index]), ones, accumulate=True)
 
+    def is_plain_greedy(self, row: int) -> bool:
+        """The row's next token is the argmax of its raw logits: greedy, and no feature touches them."""
+        return self._occupied[row] and not any(row in rows for rows in self._feature_sets)
+
     def num_output_tokens(self, row: int) -> int:
         return int(self._num_output[row])
 

@@ -284,6 +284,11 @@ pub struct EngineStats {
     pub iteration_tokens: Vec<u64>,
     /// Tokens computed by all steps.
     pub iteration_tokens_sum: u64,
+    /// Speculative decoding: requests' verification steps that had drafts, the draft tokens
+    /// verified, and those accepted (acceptance rate = accepted / draft tokens).
+    pub spec_decode_num_drafts: u64,
+    pub spec_decode_num_draft_tokens: u64,
+    pub spec_decode_num_accepted_tokens: u64,
 }
 
 /// What a utility call returned: `{"ok": true}` for health, the stats map for stats, the
@@ -454,6 +459,9 @@ mod tests {
                 num_eager_fallbacks: 3,
                 iteration_tokens: vec![0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4],
                 iteration_tokens_sum: 70000,
+                spec_decode_num_drafts: 2,
+                spec_decode_num_draft_tokens: 8,
+                spec_decode_num_accepted_tokens: 5,
             },
             timestamp: 1.5,
         }

@@ -955,7 +955,7 @@ mod tests {
             (params.logprobs, params.prompt_logprobs),
             (Some(3), Some(3))
         );
-        let valid = sampling.response("m".into(), Vec::new());
+        let valid = sampling.response("m".into(), Vec::new(), Vec::new());
         assert_eq!((valid.n, valid.best_of), (2, 4));
         assert_eq!(
             (valid.echo_logprobs, valid.prompt_logprobs),
@@ -966,7 +966,7 @@ mod tests {
             serde_json::from_str(r#"{"model":"m","prompt":"x","best_of":2}"#).unwrap();
         let sampling = check_completion_fields(&request, 100).unwrap();
         assert_eq!(sampling.params(4).logprobs, Some(0));
-        assert!(!sampling.response("m".into(), Vec::new()).logprobs);
+        assert!(!sampling.response("m".into(), Vec::new(), Vec::new()).logprobs);
         let request: CompletionRequest =
             serde_json::from_str(r#"{"model":"m","prompt":"x","echo":true}"#).unwrap();
         let params = check_completion_fields(&request, 100).unwrap().params(4);

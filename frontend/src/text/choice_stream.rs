@@ -523,6 +523,7 @@ mod tests {
             wants_logprobs: false,
             include_stop_str_in_output,
             skip_special_tokens,
+            prompt_token_ids: None,
         }
     }
 

@@ -966,7 +966,11 @@ mod tests {
             serde_json::from_str(r#"{"model":"m","prompt":"x","best_of":2}"#).unwrap();
         let sampling = check_completion_fields(&request, 100).unwrap();
         assert_eq!(sampling.params(4).logprobs, Some(0));
-        assert!(!sampling.response("m".into(), Vec::new(), Vec::new()).logprobs);
+        assert!(
+            !sampling
+                .response("m".into(), Vec::new(), Vec::new())
+                .logprobs
+        );
         let request: CompletionRequest =
             serde_json::from_str(r#"{"model":"m","prompt":"x","echo":true}"#).unwrap();
         let params = check_completion_fields(&request, 100).unwrap().params(4);

@@ -1046,7 +1046,8 @@ async fn echo_prepends_the_prompt() {
 /// A server whose fake engine generates `text` and stops.
 async fn generating(text: &str) -> Server {
     let mut server = unready(config()).await;
-    server.tokens = server.encode(text);
+    // The engine stops on the model's end-of-turn token, whose text is not part of the output.
+    server.tokens = server.encode(&format!("{text}<|im_end|>"));
     server.script(Script::Finish(FinishReason::Stop));
     server.send_ready().await;
     server

@@ -286,6 +286,9 @@ def test_utility_calls_answer_health_and_stats(client):
         "num_eager_fallbacks",
         "iteration_tokens",
         "iteration_tokens_sum",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
     ]
     unknown = client.call(13, "reboot")
     assert unknown.result is None and "reboot" in unknown.error

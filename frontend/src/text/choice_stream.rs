@@ -202,9 +202,15 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         };
 
         let mut new_token_ids = output.new_token_ids;
-        // The engine stops on a stop token (EOS or one of stop_token_ids), its last: as in vLLM,
-        // the token's text is not output unless asked for.
-        if output.finish_reason == Some(FinishReason::Stop) && !self.include_stop_str_in_output {
+        // A stop on a stop token (one of stop_token_ids, which the engine names in stop_reason, or a
+        // special token such as EOS) ends with that token: as in vLLM, its text is not output unless
+        // asked for. A stop because a structured output constraint is complete ends on content.
+        if output.finish_reason == Some(FinishReason::Stop)
+            && !self.include_stop_str_in_output
+            && new_token_ids
+                .last()
+                .is_some_and(|&last| output.stop_reason.is_some() || self.is_special(last))
+        {
             new_token_ids.pop();
         }
         let delta = self.detokenize(new_token_ids, finish.is_some()).await?;
@@ -250,6 +256,15 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             prefix_chars,
             prompt_logprobs,
         }))
+    }
+
+    /// Whether `id` is one of the tokenizer's special tokens (EOS, end of turn, ...).
+    fn is_special(&self, id: u32) -> bool {
+        self.pool
+            .tokenizer()
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|token| token.special)
     }
 
     async fn detokenize(&mut self, ids: Vec<u32>, last: bool) -> Result<String, ChoiceError> {
@@ -530,8 +545,23 @@ mod tests {
     /// `ids` one token per output, the engine stopping on the last (a stop token).
     fn stopped_on_last(ids: &[u32]) -> Vec<EngineOutput> {
         let mut outputs: Vec<_> = ids.iter().map(|&id| output(&[id], None)).collect();
-        outputs.last_mut().unwrap().finish_reason = Some(FinishReason::Stop);
+        let last = outputs.last_mut().unwrap();
+        last.finish_reason = Some(FinishReason::Stop);
+        // As the engine does for one of stop_token_ids: it names the token.
+        last.stop_reason = ids.last().copied();
         outputs
+    }
+
+    #[tokio::test]
+    async fn a_stop_on_ordinary_content_keeps_its_last_token() {
+        // A completed structured output constraint stops on content: no stop token to leave out.
+        let ids = token_ids(TEXT);
+        let mut outputs = stopped_on_last(&ids);
+        outputs.last_mut().unwrap().stop_reason = None;
+        let mut choice = choice_of(outputs, spec(&[], false, true));
+        let (updates, error) = drain(&mut choice.stream).await;
+        assert_eq!(error, None);
+        assert_eq!(text_of(&updates), TEXT);
     }
 
     #[tokio::test]

@@ -186,10 +186,25 @@ def test_bad_constraints_are_400_naming_the_field(server: Server, body: dict[str
     assert set(error) == {"message", "type", "param", "code"}
 
 
+UNCOMPILABLE = {"type": "object", "minProperties": "x"}
+
+
 def test_openai_client_raises_bad_request_for_an_uncompilable_schema(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
-        chat(client, "hi", response_format=schema_format({"type": "object", "minProperties": "x"}))
+        chat(client, "hi", response_format=schema_format(UNCOMPILABLE))
     assert raised.value.body["param"] == "response_format"  # type: ignore[index]
+
+
+def test_a_streamed_uncompilable_schema_is_a_400_not_an_error_event(client: openai.OpenAI) -> None:
+    # The engine rejects it while the stream waits for its first answer, before the status line.
+    with pytest.raises(openai.BadRequestError) as raised:
+        chat(client, "hi", response_format=schema_format(UNCOMPILABLE), stream=True)
+    assert raised.value.body["param"] == "response_format"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=8, stream=True, extra_body={"guided_json": UNCOMPILABLE}
+        )
+    assert raised.value.body["param"] == "guided_json"  # type: ignore[index]
 
 
 def test_the_server_still_serves_after_rejections(client: openai.OpenAI) -> None:

@@ -3,7 +3,7 @@ official `openai` package, streamed and not.
 
 SmolLM2's chat template knows nothing of tools, so they reach the model as a Hermes-style system prompt
 and `auto` outputs are read with the Hermes parser. The forced calls (`tool_choice` "required" or a named
-function) need the engine side of structured output: they pass once the structured-output branch is merged.
+function) run on the engine's structured output: the call's JSON is constrained by the tools' schemas.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def test_bad_tool_fields_are_400s_naming_them(
     assert error.value.body["param"] == param, error.value.body
 
 
-# The forced calls below run on the engine's structured output (merged from the structured branch).
+# The forced calls below run on the engine's structured output.
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -232,3 +232,35 @@ def test_required_makes_at_least_one_call(client: openai.OpenAI, stream: bool) -
     ((_, name, arguments),) = calls
     assert name in ("get_weather", "get_time")
     assert isinstance(json.loads(arguments), dict)
+
+
+def test_a_forced_call_with_a_response_format_is_a_400_naming_tool_choice(client: openai.OpenAI) -> None:
+    # Both would constrain the same output; vLLM refuses the pair too.
+    with pytest.raises(openai.BadRequestError) as raised:
+        chat(
+            client,
+            QUESTION,
+            tools=[WEATHER],
+            tool_choice="required",
+            response_format={"type": "json_object"},
+        )
+    assert raised.value.body["param"] == "tool_choice", raised.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_whose_schema_cannot_compile_is_a_400_naming_tools(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    # The frontend passes the parameters on as JSON; the engine's grammar compiler rejects them, and
+    # the rejection names the field the schema came from, not the forced call's response_format.
+    broken = {
+        "type": "function",
+        "function": {"name": "broken", "parameters": {"type": "object", "minProperties": "x"}},
+    }
+    choice = {"type": "function", "function": {"name": "broken"}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        if stream:
+            streamed(client, QUESTION, tools=[broken], tool_choice=choice)
+        else:
+            chat(client, QUESTION, tools=[broken], tool_choice=choice)
+    assert raised.value.body["param"] == "tools", raised.value.body  # type: ignore[index]

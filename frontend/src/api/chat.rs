@@ -34,7 +34,7 @@ pub async fn create(
     let choices = fan_out::start(&state, "chatcmpl", &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
     let response = if request.stream {
-        stream(choices, prompt_tokens, &request)
+        stream(choices, prompt_tokens, &request).await?
     } else {
         let header = choices.header.clone();
         let results = choices.collect().await?;
@@ -111,7 +111,11 @@ fn whole(
     }
 }
 
-fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Response {
+async fn stream(
+    choices: Choices,
+    prompt_tokens: u32,
+    request: &ValidRequest,
+) -> Result<Response, ApiError> {
     let include_usage = request.include_usage;
     // vLLM's continuous usage: each chunk counts its choice's tokens so far.
     let continuous = request.continuous_usage_stats;
@@ -207,7 +211,10 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
             ))
         })
     };
-    event_stream_response(sse_events(opening, choices.merged(), frame, closing))
+    let updates = choices.stream_updates().await?;
+    Ok(event_stream_response(sse_events(
+        opening, updates, frame, closing,
+    )))
 }
 
 fn chat_logprobs(entries: &[TokenLogprob]) -> ChatLogprobs {

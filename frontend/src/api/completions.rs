@@ -32,7 +32,7 @@ pub async fn create(
     let choices = fan_out::start(&state, "cmpl", &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
     let response = if request.stream {
-        stream(choices, prompt_tokens, &request)
+        stream(choices, prompt_tokens, &request).await?
     } else {
         let header = choices.header.clone();
         let results = best_of::select(choices.collect().await?, request.best_of, request.n);
@@ -85,7 +85,11 @@ fn whole(
     header.response(choices, Some(Usage::new(prompt_tokens, completion_tokens)))
 }
 
-fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Response {
+async fn stream(
+    choices: Choices,
+    prompt_tokens: u32,
+    request: &ValidRequest,
+) -> Result<Response, ApiError> {
     let include_usage = request.include_usage;
     // vLLM's continuous usage: each chunk counts its own prompt and its choice's tokens so far.
     let prompt_lens: Vec<u32> = request
@@ -134,7 +138,13 @@ fn stream(choices: Choices, prompt_tokens: u32, request: &ValidRequest) -> Respo
             ))
         })
     };
-    event_stream_response(sse_events(Vec::new(), choices.merged(), frame, closing))
+    let updates = choices.stream_updates().await?;
+    Ok(event_stream_response(sse_events(
+        Vec::new(),
+        updates,
+        frame,
+        closing,
+    )))
 }
 
 /// The generated tokens' logprobs, from `start_offset` in the text, led by the prompt's when the

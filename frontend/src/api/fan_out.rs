@@ -149,6 +149,24 @@ impl Choices {
         .boxed()
     }
 
+    /// The merged updates of a streamed response. The engine compiles a structured output
+    /// constraint and rejects one it cannot compile as the request's first answer; a constrained
+    /// stream waits for that first answer before its 200 status line goes out, so that the
+    /// rejection is the 400 it is for a whole response, not an error event in a 200 stream.
+    pub async fn stream_updates(
+        self,
+    ) -> Result<BoxStream<'static, Result<ChoiceUpdate, ApiError>>, ApiError> {
+        let constrained = self.structured_output_field.is_some();
+        let mut updates = self.merged();
+        if !constrained {
+            return Ok(updates);
+        }
+        match updates.next().await {
+            Some(Err(error)) if error.status().is_client_error() => Err(error),
+            first => Ok(stream::iter(first).chain(updates).boxed()),
+        }
+    }
+
     /// Runs every choice to its end; the first error fails the whole response (the other engine
     /// requests are aborted as their streams drop).
     pub async fn collect(self) -> Result<Vec<ChoiceResult>, ApiError> {

@@ -58,7 +58,8 @@ SYSTEMS = ("off", "off, sync", "ngram")
 
 def chat_prompt(llm: LLM, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    return list(llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    encoded = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(encoded["input_ids"])
 
 
 def make_generate(llm: LLM):

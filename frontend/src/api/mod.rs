@@ -20,3 +20,4 @@ pub mod structured_output;
 pub mod tokenize;
 pub mod tools;
 pub mod validate;
+pub mod whole_number;

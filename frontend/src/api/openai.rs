@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::api::openai_tools::{FunctionDefinition, Tool, ToolCall, ToolCallDelta, ToolChoice};
+use crate::api::whole_number;
 
 /// A completions prompt: a string, strings, token ids, or lists of token ids.
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
@@ -56,19 +57,23 @@ pub struct StreamOptions {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct SamplingFields {
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub max_tokens: Option<u32>,
     #[schema(minimum = 0.0)]
     pub temperature: Option<f64>,
     #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,
     #[schema(minimum = -1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub top_k: Option<i64>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f64>,
     #[schema(minimum = 1, maximum = 128)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub n: Option<u32>,
     pub stop: Option<StopSequences>,
     pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub seed: Option<i64>,
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f64>,
@@ -79,6 +84,7 @@ pub struct SamplingFields {
     /// Token ids as JSON object keys, which are always strings.
     pub logit_bias: Option<BTreeMap<String, f64>>,
     pub ignore_eos: Option<bool>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub min_tokens: Option<u32>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -91,6 +97,7 @@ pub struct SamplingFields {
     /// vLLM with a fast tokenizer.
     pub spaces_between_special_tokens: Option<bool>,
     /// vLLM's: under `--scheduling-policy priority` a lower value runs earlier; under fcfs only 0.
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub priority: Option<i64>,
     /// Accepted and does nothing, as OpenAI's storage, tiers and caching hints do not apply here.
     pub metadata: Option<BTreeMap<String, String>>,
@@ -116,6 +123,7 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
     /// Completions take an int: the sampled token plus the top N.
     #[schema(maximum = 20)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
     /// Text after the completion (fill-in-the-middle): a 400 unless empty.
@@ -125,9 +133,11 @@ pub struct CompletionRequest {
     /// Candidates generated per prompt, of which the `n` with the highest cumulative logprob are
     /// returned; at least `n`, not with `stream`.
     #[schema(minimum = 1, maximum = 128)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub best_of: Option<u32>,
     /// vLLM's: each prompt token's logprob plus the top N, in each choice's `prompt_logprobs`.
     #[schema(maximum = 20)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub prompt_logprobs: Option<u32>,
     /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
     #[serde(flatten)]
@@ -174,10 +184,12 @@ pub struct ChatCompletionRequest {
     pub sampling: SamplingFields,
     /// The newer name of max_tokens; when both are given this one wins, as in OpenAI's API.
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub max_completion_tokens: Option<u32>,
     /// Chat takes a bool, and `top_logprobs` for how many alternatives.
     pub logprobs: Option<bool>,
     #[schema(maximum = 20)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
     /// vLLM's: variables for the chat template (`enable_thinking`, ...); they cannot replace
@@ -191,6 +203,7 @@ pub struct ChatCompletionRequest {
     pub add_special_tokens: Option<bool>,
     /// vLLM's: each prompt token's logprob plus the top N, in the response's `prompt_logprobs`.
     #[schema(maximum = 20)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub prompt_logprobs: Option<u32>,
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
@@ -455,6 +468,45 @@ mod tests {
                 .is_err()
         );
         assert!(serde_json::from_str::<CompletionRequest>(r#"{"prompt":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn integer_fields_take_whole_floats_as_vllm_does() {
+        let body = r#"{"model":"m","prompt":"x","max_tokens":5.0,"n":2.0,"seed":-7.0,
+            "logprobs":1.0,"best_of":2,"top_k":-1.0}"#;
+        let req: CompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.sampling.max_tokens, Some(5));
+        assert_eq!(req.sampling.n, Some(2));
+        assert_eq!(req.sampling.seed, Some(-7));
+        assert_eq!(req.sampling.top_k, Some(-1));
+        assert_eq!((req.logprobs, req.best_of), (Some(1), Some(2)));
+        let body = r#"{"model":"m","messages":[],"max_completion_tokens":8.0,"top_logprobs":2.0}"#;
+        let req: ChatCompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.max_completion_tokens, Some(8));
+        assert_eq!(req.top_logprobs, Some(2));
+        for fraction in [
+            r#"{"model":"m","prompt":"x","max_tokens":5.5}"#,
+            r#"{"model":"m","prompt":"x","n":-1.0}"#,
+        ] {
+            let error = serde_json::from_str::<CompletionRequest>(fraction).unwrap_err();
+            assert!(error.to_string().contains("integer") || error.to_string().contains("range"));
+        }
+    }
+
+    #[test]
+    fn stream_options_must_be_an_object() {
+        for options in ["[]", "[true]", "1", "\"x\""] {
+            let body = format!(r#"{{"model":"m","prompt":"x","stream_options":{options}}}"#);
+            assert!(
+                serde_json::from_str::<CompletionRequest>(&body).is_err(),
+                "stream_options {options} was accepted"
+            );
+            let body = format!(r#"{{"model":"m","messages":[],"stream_options":{options}}}"#);
+            assert!(
+                serde_json::from_str::<ChatCompletionRequest>(&body).is_err(),
+                "stream_options {options} was accepted in chat"
+            );
+        }
     }
 
     #[test]

@@ -112,3 +112,26 @@ def test_a_text_part_without_text_says_the_text_is_missing(server: Server) -> No
     response = server.request("POST", "/v1/chat/completions", {"model": MODEL, "messages": image})
     assert response.status == 400
     assert '"image_url" is not supported' in response.body["error"]["message"]
+
+
+def test_whole_floats_count_as_integers_and_fractions_do_not(server: Server) -> None:
+    # vLLM's pydantic models read `4.0` as 4 where an integer is asked for; 4.5 is an error.
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4.0, "n": 2.0, "temperature": 0}
+    response = server.request("POST", "/v1/completions", body)
+    assert response.status == 200, response.body
+    assert len(response.body["choices"]) == 2
+    assert response.body["usage"]["completion_tokens"] <= 8
+    response = server.request("POST", "/v1/completions", {**body, "max_tokens": 4.5})
+    assert response.status == 400, response.body
+    assert "integer" in response.body["error"]["message"], response.body
+
+
+def test_a_message_without_content_renders_as_empty_as_in_vllm(client: openai.OpenAI) -> None:
+    def tokens(content: Any) -> object:
+        messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content}]
+        return client.post("/../tokenize", body={"messages": messages}, cast_to=object)
+
+    assert tokens(None) == tokens("")
+    messages: Any = [{"role": "user", "content": None}]
+    result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert result.choices[0].finish_reason in ("stop", "length")

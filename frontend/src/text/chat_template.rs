@@ -117,7 +117,7 @@ impl SpecialToken {
 #[derive(Serialize)]
 struct TemplateMessage<'a> {
     role: &'a str,
-    content: Option<Cow<'a, str>>,
+    content: Cow<'a, str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -294,11 +294,12 @@ fn default_template(source: Option<TemplateSource>) -> Option<String> {
 }
 
 /// A message as templates see it: content parts are joined into one string,
-/// one part per line, as vLLM does for text-only templates.
+/// one part per line, as vLLM does for text-only templates; no content (an assistant's
+/// calls, say) is the empty string, as vLLM renders it.
 fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTemplateError> {
     let content = match &message.content {
-        None => None,
-        Some(MessageContent::Text(text)) => Some(Cow::Borrowed(text.as_str())),
+        None => Cow::Borrowed(""),
+        Some(MessageContent::Text(text)) => Cow::Borrowed(text.as_str()),
         Some(MessageContent::Parts(parts)) => {
             let texts = parts
                 .iter()
@@ -308,7 +309,7 @@ fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTe
                     _ => Err(ChatTemplateError::UnsupportedContentPart(part.kind.clone())),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Some(Cow::Owned(texts.join("\n")))
+            Cow::Owned(texts.join("\n"))
         }
     };
     // OpenAI's `developer` role is the newer name of `system`, which templates know.
@@ -815,7 +816,24 @@ mod tests {
         assert!(matches!(error, ChatTemplateError::Syntax(_)));
         assert!(!error.is_request_error());
 
-        // The default template concatenates content, which a missing one cannot be.
+        // A template that fails on the messages it is given fails the request.
+        let template =
+            ChatTemplate::from_source("{{ messages[0].content.nope() }}".into(), None, None)
+                .unwrap();
+        let message = ChatMessage {
+            role: "user".into(),
+            content: None,
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        };
+        let error = template.render(&[message], false).unwrap_err();
+        assert!(matches!(error, ChatTemplateError::Render(_)), "{error:?}");
+        assert!(error.is_request_error());
+    }
+
+    #[test]
+    fn no_content_renders_as_the_empty_string_as_in_vllm() {
         let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
         let no_content = ChatMessage {
             role: "user".into(),
@@ -824,8 +842,14 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
         };
-        let error = template.render(&[no_content], false).unwrap_err();
-        assert!(matches!(error, ChatTemplateError::Render(_)), "{error:?}");
+        let empty = ChatMessage {
+            content: Some(MessageContent::Text(String::new())),
+            ..no_content.clone()
+        };
+        assert_eq!(
+            template.render(&[no_content], true).unwrap(),
+            template.render(&[empty], true).unwrap()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 """Structured output inside the engine core, without a server: compiling constraints (llguidance on
-the default model's vocabulary), the bitmask the workers apply, and the scheduler's rule that a
-structured request waits for its in-flight token under async scheduling."""
+the default model's vocabulary), the bitmask the workers apply, and async scheduling: a structured
+request is planned while its last token is in flight (its mask follows once the token is in), or
+waits for that token with --no-structured-output-overlap; the tokens are the same either way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import LLM
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.structured_output import GrammarTokenizer, RequestGrammar, batch_bitmask, mask_words
@@ -77,11 +79,11 @@ def test_bitmask_sets_disallowed_logits_to_minus_infinity() -> None:
     assert logits[0].isfinite().nonzero().flatten().tolist() == [34]
 
 
-def test_structured_request_waits_for_its_token_under_async_scheduling(
-    grammar_tokenizer: GrammarTokenizer,
-) -> None:
+def structured_and_plain_requests(
+    grammar_tokenizer: GrammarTokenizer, overlap: bool
+) -> tuple[Scheduler, Request]:
     scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, structured_output_overlap=overlap),
         CacheConfig(block_size=4),
         num_blocks=64,
         max_model_len=256,
@@ -93,6 +95,25 @@ def test_structured_request_waits_for_its_token_under_async_scheduling(
     plain = Request("p", [100, 101, 102], SamplingParams(max_tokens=16), eos_token_ids=(EOS,))
     scheduler.add_request(structured)
     scheduler.add_request(plain)
+    return scheduler, structured
+
+
+def test_a_structured_request_is_planned_while_its_token_is_in_flight(
+    grammar_tokenizer: GrammarTokenizer,
+) -> None:
+    scheduler, _ = structured_and_plain_requests(grammar_tokenizer, overlap=True)
+    first = scheduler.schedule()
+    assert first.structured_output_req_ids == ["s"]
+    # Planned before the first step's tokens are known: the engine core sends its mask after them.
+    second = scheduler.schedule()
+    assert sorted(second.num_scheduled_tokens) == ["p", "s"]
+    assert second.structured_output_req_ids == ["s"]
+
+
+def test_without_the_overlap_a_structured_request_waits_for_its_token(
+    grammar_tokenizer: GrammarTokenizer,
+) -> None:
+    scheduler, structured = structured_and_plain_requests(grammar_tokenizer, overlap=False)
     first = scheduler.schedule()
     assert first.structured_output_req_ids == ["s"]
     # Planned before the first step's tokens are known: only the plain request goes on.
@@ -108,3 +129,49 @@ def test_structured_request_waits_for_its_token_under_async_scheduling(
     third = scheduler.schedule()
     assert "s" in third.num_scheduled_tokens and third.structured_output_req_ids == ["s"]
     assert structured.output_token_ids == digit
+
+
+def test_a_row_without_a_grammar_allows_every_token(grammar_tokenizer: GrammarTokenizer) -> None:
+    vocab_size = grammar_tokenizer.vocab_size
+    grammar = grammar_tokenizer.compile(StructuredOutput("choice", json.dumps(["yes"])))
+    bitmask = GrammarBitmask(0, batch_bitmask([None, grammar], mask_words(vocab_size)))
+    allowed = allowed_tokens(bitmask, 2, vocab_size)
+    assert allowed[0].all(), "a request that ended has no constraint left"
+    assert 0 < int(allowed[1].sum()) < vocab_size
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_structured_tokens_are_the_same_with_async_scheduling_on_and_off(default_model_path: Path) -> None:
+    # Worker processes, where a mask that follows its step must not wait on the step before's output.
+    # Seeded sampling; requests end while their next step is in flight, and a small pool preempts.
+    prompts = [f"Describe person number {i} as JSON with a name and an age:" for i in range(6)]
+    params = SamplingParams(
+        max_tokens=40,
+        temperature=0.8,
+        seed=5,
+        structured_output=StructuredOutput("json_schema", json.dumps(SCHEMA)),
+    )
+    outputs = {}
+    for async_scheduling in (True, False):
+        llm = LLM(
+            model=str(default_model_path),
+            dtype="float32",
+            executor="mp",
+            async_scheduling=async_scheduling,
+            max_model_len=256,
+            num_kv_blocks=16,
+            max_num_seqs=4,
+        )
+        outputs[async_scheduling] = [r.outputs[0] for r in llm.generate(prompts, params)]
+        llm.engine.shutdown()
+    assert [o.token_ids for o in outputs[True]] == [o.token_ids for o in outputs[False]]
+    for output in outputs[True]:
+        if output.finish_reason == "stop":
+            value = json.loads(output.text)
+            assert set(value) == {"name", "age"} and isinstance(value["age"], int), output.text

@@ -59,6 +59,8 @@ class EngineCore:
         self.timer = PhaseTimes("engine core")
         self.grammar_tokenizer = GrammarTokenizer(config.model.path, self.vocab_size, self.spec.eos_token_ids)
         self.structured_output_overlap = config.scheduler.structured_output_overlap
+        # The step submitted last, when its bitmask needs the tokens of the step before it.
+        self.step_awaiting_bitmask: SchedulerOutput | None = None
 
     def add_request(
         self,
@@ -113,14 +115,21 @@ class EngineCore:
             since = timer.lap("schedule", since)
             if scheduler_output.total_num_scheduled_tokens == 0 and not has_news:
                 break
-            if scheduler_output.structured_output_req_ids and not self.structured_output_overlap:
+            if not scheduler_output.structured_output_req_ids:
+                self.executor.submit(scheduler_output)
+            elif not self.structured_output_overlap:
                 bitmask = self._grammar_bitmask(scheduler_output)
                 self.executor.submit(scheduler_output)
                 self.executor.submit_bitmask(bitmask)
             else:
+                # The workers run the forward meanwhile; they need the mask only to sample.
                 self.executor.submit(scheduler_output)
-                if scheduler_output.structured_output_req_ids:
-                    # The workers run the forward meanwhile; they need the mask only to sample.
+                if self.batch_queue:
+                    # The step in flight may carry these requests' last tokens: the masks follow
+                    # once it is folded in (below).
+                    assert self.step_awaiting_bitmask is None, "one step in flight before this one"
+                    self.step_awaiting_bitmask = scheduler_output
+                else:
                     self.executor.submit_bitmask(self._grammar_bitmask(scheduler_output))
             timer.lap("submit", since)
             self.batch_queue.append(scheduler_output)
@@ -130,6 +139,7 @@ class EngineCore:
         if not self.batch_queue:
             return []
         scheduler_output = self.batch_queue.popleft()
+        assert scheduler_output is not self.step_awaiting_bitmask, "its bitmask was never sent"
         since = timer.start()
         try:
             runner_output = self.executor.collect()
@@ -140,15 +150,22 @@ class EngineCore:
         since = timer.lap("wait_for_workers", since)
         assert runner_output.step_id == scheduler_output.step_id, "steps come back in order"
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self.step_awaiting_bitmask is not None:
+            self.executor.submit_bitmask(self._grammar_bitmask(self.step_awaiting_bitmask))
+            self.step_awaiting_bitmask = None
         timer.lap("update", since)
         timer.count_step()
         return outputs
 
     def _grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarBitmask:
         requests = self.scheduler.requests
-        grammars = [requests[rid].grammar for rid in scheduler_output.structured_output_req_ids]
-        assert all(g is not None for g in grammars)
-        bitmask = batch_bitmask(grammars, mask_words(self.vocab_size))  # type: ignore[arg-type]
+        # A request that ended (a stop, an abort) after the step was planned has no mask: its
+        # token is dropped, and a row that allows every token keeps the sampler's input finite.
+        grammars = [
+            request.grammar if (request := requests.get(rid)) is not None else None
+            for rid in scheduler_output.structured_output_req_ids
+        ]
+        bitmask = batch_bitmask(grammars, mask_words(self.vocab_size))
         return GrammarBitmask(step_id=scheduler_output.step_id, bitmask=bitmask)
 
     def sentinels(self) -> list[int]:

@@ -101,6 +101,8 @@ class Scheduler:
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         self.policy = scheduler_config.policy
+        # The engine core sends a structured step's masks after the step before it is folded in.
+        self.masks_follow_tokens_in_flight = scheduler_config.structured_output_overlap
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -283,8 +285,9 @@ class Scheduler:
         """The running request's gap: known tokens plus in-flight placeholders, less what is computed."""
         placeholders = request.num_output_placeholders
         params = request.sampling_params
-        # Its next mask needs the token in flight: a structured request waits for it (async scheduling).
-        if placeholders and request.grammar is not None:
+        # Its next mask needs the token in flight: unless the mask is sent once that token is folded
+        # in, a structured request waits for it (async scheduling).
+        if placeholders and request.grammar is not None and not self.masks_follow_tokens_in_flight:
             return 0
         # Its last token is already in flight: scheduling more would compute tokens that get dropped.
         if placeholders and (

@@ -127,9 +127,11 @@ class RequestGrammar:
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
 
-def batch_bitmask(grammars: list[RequestGrammar], num_words: int) -> bytes:
-    """The next-token bitmasks of `grammars`, one row each, as little-endian int32 words."""
-    rows = np.empty((len(grammars), num_words), dtype="<i4")
+def batch_bitmask(grammars: list[RequestGrammar | None], num_words: int) -> bytes:
+    """The next-token bitmasks of `grammars`, one row each, as little-endian int32 words; None
+    allows every token."""
+    rows = np.full((len(grammars), num_words), -1, dtype="<i4")
     for row, grammar in zip(rows, grammars, strict=True):
-        grammar.fill_bitmask(row)
+        if grammar is not None:
+            grammar.fill_bitmask(row)
     return rows.tobytes()

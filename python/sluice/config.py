@@ -37,7 +37,9 @@ class SchedulerConfig:
     # Two batches in flight: step N+1 is planned, with placeholders, while step N runs.
     async_scheduling: bool = True
     # A structured request's next-token bitmask is computed while its step's forward runs (sent
-    # after the step); off: computed before the step is sent.
+    # after the step): under async scheduling, once the step before it is folded in, so that a
+    # structured request is planned while its last token is in flight. Off: computed before the
+    # step is sent, and a structured request waits for its in-flight token.
     structured_output_overlap: bool = True
 
 

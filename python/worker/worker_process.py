@@ -72,13 +72,23 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
     """
     outputs.send(encode(WorkerReady(rank=rank)))
     pending: StepResult | None = None
+
+    def receive_bitmask(step_id: int) -> GrammarBitmask:
+        # The engine core may compute this step's masks only from the previous step's tokens:
+        # those go out first, while this step's forward is launched.
+        nonlocal pending
+        if pending is not None:
+            _send_output(rank, pending, outputs, worker.model_runner.timer)
+            pending = None
+        return _receive_bitmask(inputs, step_id)
+
     while True:
         if pending is not None and not inputs.poll(0):
             _send_output(rank, pending, outputs, worker.model_runner.timer)
             pending = None
         message = decode(inputs.recv())
         if isinstance(message, SchedulerOutput):
-            launched = worker.execute_model(message, lambda step_id: _receive_bitmask(inputs, step_id))
+            launched = worker.execute_model(message, receive_bitmask)
             if pending is not None:
                 _send_output(rank, pending, outputs, worker.model_runner.timer)
             pending = launched
@@ -92,7 +102,8 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
 
 
 def _receive_bitmask(inputs: zmq.Socket, step_id: int) -> GrammarBitmask:
-    """The bitmask the engine core sends right after a structured step: the next input message."""
+    """A structured step's bitmask: the next input message after the step (sent at once, or once the
+    step before it is folded in)."""
     message = decode(inputs.recv())
     if not isinstance(message, GrammarBitmask) or message.step_id != step_id:
         raise TypeError(f"expected the grammar bitmask of step {step_id}, got {message!r:.200}")

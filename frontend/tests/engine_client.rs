@@ -452,6 +452,70 @@ async fn a_lost_engine_is_replaced_by_the_next_one_on_the_same_addresses() {
     );
 }
 
+fn counted(num_running: u64, hits: u64, iteration_tokens: Vec<u64>) -> Message {
+    Message::Outputs(Outputs {
+        outputs: Vec::new(),
+        stats: EngineStats {
+            num_running,
+            prefix_cache_queries: 2 * hits,
+            prefix_cache_hits: hits,
+            num_preemptions: 1,
+            iteration_tokens_sum: iteration_tokens.iter().sum(),
+            iteration_tokens,
+            spec_decode_num_accepted_tokens: 3,
+            ..EngineStats::default()
+        },
+        timestamp: 0.0,
+    })
+}
+
+async fn stats_when(client: &EngineClient, ready: impl Fn(&EngineStats) -> bool) -> EngineStats {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(stats) = client.latest_stats().filter(|stats| ready(stats)) {
+            return stats;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no such stats");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn counters_carry_on_across_a_restart_and_gauges_do_not() {
+    let (mut engine, client) = start(|config| config.reconnect = true).await;
+    engine.send(counted(4, 10, vec![5, 1])).await;
+    stats_when(&client, |stats| stats.prefix_cache_hits == 10).await;
+    let dir = engine.dir.clone();
+    engine.die().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while client.latest_stats().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lost engine's stats stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut successor = FakeEngine::bind(dir).await;
+    successor.send_ready().await;
+    successor.send(counted(1, 4, vec![2, 0, 7])).await;
+    let stats = stats_when(&client, |stats| stats.prefix_cache_hits > 4).await;
+    assert_eq!(stats.num_running, 1, "a gauge is the live engine core's");
+    assert_eq!(
+        (stats.prefix_cache_hits, stats.prefix_cache_queries),
+        (14, 28)
+    );
+    assert_eq!(stats.num_preemptions, 2);
+    assert_eq!(stats.spec_decode_num_accepted_tokens, 6);
+    assert_eq!(stats.iteration_tokens, vec![7, 1, 7]);
+    assert_eq!(stats.iteration_tokens_sum, 15);
+    // A second report of the same engine core adds nothing twice.
+    successor.send(counted(0, 5, vec![2, 0, 7])).await;
+    let stats = stats_when(&client, |stats| stats.num_running == 0).await;
+    assert_eq!(stats.prefix_cache_hits, 15);
+}
+
 #[tokio::test]
 async fn undecodable_frame_is_an_engine_failure() {
     let (mut engine, client) = start(|_| {}).await;

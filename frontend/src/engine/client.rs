@@ -197,6 +197,7 @@ impl EngineClient {
             next_call_id: 0,
             health: health_tx,
             stats: stats_tx,
+            lost_totals: EngineStats::default(),
             restarts: restarts.clone(),
             ready: ready.clone(),
             tasks: Vec::new(),
@@ -366,6 +367,8 @@ struct Actor {
     next_call_id: u64,
     health: watch::Sender<EngineHealth>,
     stats: watch::Sender<Option<EngineStats>>,
+    /// The running totals of the engine cores lost so far, added to every successor's stats.
+    lost_totals: EngineStats,
     restarts: Arc<AtomicU64>,
     /// The first engine core's `ready`, which every successor must repeat.
     ready: Ready,
@@ -481,11 +484,11 @@ impl Actor {
                         .into(),
                     );
                 }
-                self.stats.send_replace(Some(step.stats));
+                self.publish_stats(step.stats);
             }
             Message::UtilityResult(result) => {
                 if let Some(UtilityValue::Stats(stats)) = &result.result {
-                    self.stats.send_replace(Some(stats.clone()));
+                    self.publish_stats(stats.clone());
                 }
                 if let Some(reply) = self.calls.remove(&result.call_id) {
                     let _ = reply.send(match result.error {
@@ -501,6 +504,11 @@ impl Actor {
                 other.type_name()
             )),
         }
+    }
+
+    fn publish_stats(&self, stats: EngineStats) {
+        self.stats
+            .send_replace(Some(stats.plus_totals_of(&self.lost_totals)));
     }
 
     /// Starts the socket tasks of `connection` as the current generation.
@@ -544,8 +552,11 @@ impl Actor {
         self.health
             .send_replace(EngineHealth::Restarting(reason.clone()));
         self.fail_in_flight(&EngineError::Restarting(reason));
-        // The lost engine core's gauges describe nothing that still exists.
-        self.stats.send_replace(None);
+        // The lost engine core's gauges describe nothing that still exists; its totals carry on.
+        // (What was published already holds the totals of the engine cores lost before it.)
+        if let Some(last) = self.stats.send_replace(None) {
+            self.lost_totals = last;
+        }
         self.stop_tasks();
         self.generation += 1;
         let (config, generation, events) =

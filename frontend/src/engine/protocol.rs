@@ -291,6 +291,29 @@ pub struct EngineStats {
     pub spec_decode_num_accepted_tokens: u64,
 }
 
+impl EngineStats {
+    /// These stats with the running totals of `lost`, an engine core that was replaced, added in:
+    /// a restart starts its counters from zero, which Prometheus would read as a counter reset.
+    /// The gauges are this engine core's own.
+    pub fn plus_totals_of(mut self, lost: &EngineStats) -> EngineStats {
+        self.prefix_cache_queries += lost.prefix_cache_queries;
+        self.prefix_cache_hits += lost.prefix_cache_hits;
+        self.num_preemptions += lost.num_preemptions;
+        self.num_eager_fallbacks += lost.num_eager_fallbacks;
+        if self.iteration_tokens.len() < lost.iteration_tokens.len() {
+            self.iteration_tokens.resize(lost.iteration_tokens.len(), 0);
+        }
+        for (count, lost) in self.iteration_tokens.iter_mut().zip(&lost.iteration_tokens) {
+            *count += lost;
+        }
+        self.iteration_tokens_sum += lost.iteration_tokens_sum;
+        self.spec_decode_num_drafts += lost.spec_decode_num_drafts;
+        self.spec_decode_num_draft_tokens += lost.spec_decode_num_draft_tokens;
+        self.spec_decode_num_accepted_tokens += lost.spec_decode_num_accepted_tokens;
+        self
+    }
+}
+
 /// What a utility call returned: `{"ok": true}` for health, the stats map for stats, the
 /// snapshot for kv_cache. Untagged: each shape has keys the others lack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

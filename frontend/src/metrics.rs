@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::engine::protocol::{EngineStats, ITERATION_TOKENS_BOUNDS};
+use crate::engine::protocol::{EngineStats, FinishReason, ITERATION_TOKENS_BOUNDS};
 
 /// Latency buckets in seconds, from vLLM's choices for the same histograms.
 const TTFT_BUCKETS: &[f64] = &[
@@ -30,9 +30,6 @@ const TOKEN_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
     50000.0, 100000.0,
 ];
-
-/// Finish reasons a request can end with; each has its own success counter series.
-pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 
 /// The namespace of every metric name: ours, or vLLM's for dashboards built for vLLM.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -113,7 +110,8 @@ fn render_histogram(
 pub struct Metrics {
     prefix: MetricsPrefix,
     model_name: String,
-    request_success: [AtomicU64; FINISH_REASONS.len()],
+    /// One counter per finish reason, in `FinishReason::ALL`'s order.
+    request_success: [AtomicU64; FinishReason::ALL.len()],
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
     time_to_first_token: Histogram,
@@ -253,10 +251,11 @@ impl Metrics {
             out,
             "# HELP {name} Finished requests by finish reason.\n# TYPE {name} counter"
         );
-        for (reason, count) in FINISH_REASONS.iter().zip(&self.request_success) {
+        for (reason, count) in FinishReason::ALL.iter().zip(&self.request_success) {
             let _ = writeln!(
                 out,
-                "{name}{{{labels},finished_reason=\"{reason}\"}} {}",
+                "{name}{{{labels},finished_reason=\"{}\"}} {}",
+                reason.as_str(),
                 count.load(Ordering::Relaxed)
             );
         }
@@ -411,17 +410,16 @@ impl RequestMetrics {
         self.last_token_at = Some(now);
     }
 
-    /// Records the request's end; only the first call counts. An unknown reason is a bug
-    /// upstream, so it is counted as an error.
-    pub fn on_finish(&mut self, finish_reason: &str) {
+    /// Records the request's end; only the first call counts.
+    pub fn on_finish(&mut self, finish_reason: FinishReason) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
         let metrics = &self.metrics;
-        let index = FINISH_REASONS
+        let index = FinishReason::ALL
             .iter()
             .position(|&r| r == finish_reason)
-            .unwrap_or(FINISH_REASONS.len() - 1);
+            .expect("every reason is in ALL");
         metrics.request_success[index].fetch_add(1, Ordering::Relaxed);
         metrics
             .e2e_request_latency
@@ -579,11 +577,11 @@ mod tests {
         }
         assert_eq!(read("generation_tokens_total"), 7.0);
         assert_eq!(read("prompt_tokens_total"), 10.0);
-        choices[0].on_finish("length");
-        choices[1].on_finish("stop");
+        choices[0].on_finish(FinishReason::Length);
+        choices[1].on_finish(FinishReason::Stop);
         assert_eq!(read("request_max_num_generation_tokens_count"), 0.0);
-        choices[2].on_finish("stop");
-        choices[2].on_finish("abort");
+        choices[2].on_finish(FinishReason::Stop);
+        choices[2].on_finish(FinishReason::Abort);
         assert_eq!(read("request_max_num_generation_tokens_count"), 1.0);
         assert_eq!(read("request_max_num_generation_tokens_sum"), 3.0);
         assert_eq!(read("request_generation_tokens_count"), 3.0);
@@ -606,7 +604,7 @@ mod tests {
         // Scheduled 0.2 s after arrival; the first token arrives now, 0.5 s after it.
         request.on_output(0, Some(1000.2));
         request.on_output(1, Some(1000.2));
-        request.on_finish("stop");
+        request.on_finish(FinishReason::Stop);
         let text = metrics.render(&EngineStats::default(), 0);
         let read = |name: &str| value(&text, &format!("sluice:{name}{{model_name=\"m\"}} "));
         assert_eq!(read("request_queue_time_seconds_count"), 1.0);

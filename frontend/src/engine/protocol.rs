@@ -216,6 +216,20 @@ pub enum FinishReason {
     Error,
 }
 
+impl FinishReason {
+    pub const ALL: [FinishReason; 4] = [Self::Stop, Self::Length, Self::Abort, Self::Error];
+
+    /// The name on the wire, in responses and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// One request's share of an engine step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineOutput {

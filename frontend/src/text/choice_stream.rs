@@ -149,7 +149,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                 Ok(Some(update)) => return Some(Ok(update)),
                 Ok(None) => continue,
                 Err(error) => {
-                    self.finish("error");
+                    self.finish(FinishReason::Error);
                     return Some(Err(error));
                 }
             }
@@ -183,15 +183,14 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         };
         let finish = match output.finish_reason {
             None => None,
-            Some(FinishReason::Stop) => Some("stop"),
-            Some(FinishReason::Length) => Some("length"),
+            Some(reason @ (FinishReason::Stop | FinishReason::Length)) => Some(reason),
             Some(FinishReason::Abort) => {
                 return Err(self.fail("the engine aborted the request".into()))
             }
             Some(FinishReason::Error) => {
                 let reason = output.error.unwrap_or_else(|| "unknown error".into());
                 if let Some(param) = output.invalid_param {
-                    self.finish("error");
+                    self.finish(FinishReason::Error);
                     return Err(ChoiceError::Invalid {
                         param,
                         message: reason,
@@ -222,7 +221,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                 if self.include_stop_str_in_output {
                     text.push_str(self.stop.stop_string(stop_index));
                 }
-                (text, Some("stop"))
+                (text, Some(FinishReason::Stop))
             }
             StopStep::Continue { mut text } => {
                 if finish.is_some() {
@@ -250,7 +249,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             index: self.index,
             text,
             logprobs,
-            finish_reason,
+            finish_reason: finish_reason.map(FinishReason::as_str),
             completion_tokens: self.completion_tokens,
             cumulative_logprob: self.cumulative_logprob,
             prefix_chars,
@@ -330,7 +329,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
     }
 
     fn fail(&mut self, reason: String) -> ChoiceError {
-        self.finish("error");
+        self.finish(FinishReason::Error);
         ChoiceError::Engine(reason)
     }
 }
@@ -338,7 +337,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
 impl<O> ChoiceStream<O> {
     /// Ends the choice: counts it, frees its permit, and drops its engine outputs, which aborts
     /// the engine request when the engine has not finished it (a stop string matched).
-    fn finish(&mut self, reason: &'static str) {
+    fn finish(&mut self, reason: FinishReason) {
         if self.finished {
             return;
         }
@@ -352,7 +351,7 @@ impl<O> ChoiceStream<O> {
 impl<O> Drop for ChoiceStream<O> {
     fn drop(&mut self) {
         // A stream dropped before its end is a client that went away.
-        self.finish("abort");
+        self.finish(FinishReason::Abort);
     }
 }
 

@@ -130,7 +130,9 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
     [
         ("completions", {"suffix": " and that is all."}, "suffix"),
         ("completions", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
-        ("completions", {"extra_body": {"truncate_prompt_tokens": 4}}, "truncate_prompt_tokens"),
+        ("completions", {"extra_body": {"bad_words": ["Paris"]}}, "bad_words"),
+        ("completions", {"extra_body": {"truncate_prompt_tokens": 0}}, "truncate_prompt_tokens"),
+        ("chat", {"extra_body": {"truncate_prompt_tokens": 5000}}, "truncate_prompt_tokens"),
         ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
         ("chat", {"modalities": ["text", "audio"]}, "modalities"),
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
@@ -146,6 +148,28 @@ def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
     else:
         got = refused_param(client.chat.completions.create, messages=MESSAGES, max_tokens=2, **fields)
     assert got == param
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.OpenAI) -> None:
+    tokens = client.post("/../tokenize", body={"prompt": PROMPT}, cast_to=object)["tokens"]  # type: ignore[index]
+    assert len(tokens) > 3
+    tail = client.post("/../detokenize", body={"tokens": tokens[-3:]}, cast_to=object)["prompt"]  # type: ignore[index]
+    cut = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        echo=True,
+        extra_body={"truncate_prompt_tokens": 3},
+    )
+    assert cut.usage.prompt_tokens == 3
+    # The echo is the text the model saw, and the model continued from the same three tokens.
+    as_ids = client.completions.create(model=MODEL, prompt=tokens[-3:], max_tokens=4, temperature=0)
+    assert cut.choices[0].text == tail + as_ids.choices[0].text
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, extra_body={"truncate_prompt_tokens": 6}
+    )
+    assert chat.usage.prompt_tokens == 6
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:

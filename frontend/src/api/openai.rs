@@ -86,6 +86,10 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub min_tokens: Option<u32>,
+    /// vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len).
+    #[schema(minimum = -1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub truncate_prompt_tokens: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,

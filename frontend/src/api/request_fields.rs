@@ -75,10 +75,6 @@ const COMMON: &[Unsupported] = &[
         "custom logits processors are not implemented",
     ),
     unsupported(
-        "truncate_prompt_tokens",
-        "prompts are never truncated; send a shorter one",
-    ),
-    unsupported(
         "return_tokens_as_token_ids",
         "logprob tokens are always text",
     ),

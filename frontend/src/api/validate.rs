@@ -317,6 +317,31 @@ pub fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
     }
 }
 
+/// vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the last max_model_len),
+/// and whether any were cut.
+pub fn truncated_prompt(
+    mut ids: Vec<u32>,
+    keep: Option<i64>,
+    max_model_len: u32,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let keep = match keep {
+        None => return Ok((ids, false)),
+        Some(-1) => max_model_len as usize,
+        Some(keep) if keep >= 1 && keep <= i64::from(max_model_len) => keep as usize,
+        Some(keep) => {
+            return Err(out_of_range(
+                "truncate_prompt_tokens",
+                format!(
+                    "truncate_prompt_tokens must be -1 or between 1 and max_model_len                      ({max_model_len}), got {keep}"
+                ),
+            ))
+        }
+    };
+    let cut = ids.len().saturating_sub(keep);
+    ids.drain(..cut);
+    Ok((ids, cut > 0))
+}
+
 pub fn check_prompt_not_empty(ids: &[u32]) -> Result<(), ApiError> {
     if ids.is_empty() {
         Err(out_of_range("prompt", "the prompt is empty".into()))
@@ -593,19 +618,25 @@ pub async fn completion(
     for input in inputs {
         check_prompt_not_empty(&input.ids)?;
         check_token_ids("prompt", &input.ids, state.vocab_size)?;
+        let (ids, cut) = truncated_prompt(
+            input.ids,
+            request.sampling.truncate_prompt_tokens,
+            max_model_len,
+        )?;
         let max_tokens = effective_max_tokens(
-            input.ids.len(),
+            ids.len(),
             request.sampling.max_tokens,
             Some(DEFAULT_COMPLETION_MAX_TOKENS),
             max_model_len,
         )?;
+        // A cut prompt echoes what the model saw.
         let echo = match (echo, input.text) {
             (false, _) => None,
-            (true, Some(text)) => Some(text),
-            (true, None) => Some(state.pool.decode(input.ids.clone(), true).await?),
+            (true, Some(text)) if !cut => Some(text),
+            (true, _) => Some(state.pool.decode(ids.clone(), true).await?),
         };
         prompts.push(ValidPrompt {
-            token_ids: input.ids,
+            token_ids: ids,
             echo,
             params: sampling.params(max_tokens),
         });
@@ -731,6 +762,11 @@ pub async fn chat(
     let add_special_tokens = request.add_special_tokens.unwrap_or(false);
     let token_ids = state.pool.encode(text, add_special_tokens).await?;
     check_prompt_not_empty(&token_ids)?;
+    let (token_ids, _) = truncated_prompt(
+        token_ids,
+        request.sampling.truncate_prompt_tokens,
+        max_model_len,
+    )?;
     let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
     let mut params = sampling.params(max_tokens);
     let forced = forced_tool_call.is_some();
@@ -1014,6 +1050,32 @@ mod tests {
             param_of(effective_max_tokens(101, Some(1), None, 100)),
             "prompt"
         );
+    }
+
+    #[test]
+    fn truncate_prompt_tokens_keeps_the_last_tokens() {
+        assert_eq!(
+            truncated_prompt(vec![1, 2, 3, 4], None, 8).unwrap(),
+            (vec![1, 2, 3, 4], false)
+        );
+        assert_eq!(
+            truncated_prompt(vec![1, 2, 3, 4], Some(2), 8).unwrap(),
+            (vec![3, 4], true)
+        );
+        assert_eq!(
+            truncated_prompt(vec![1, 2, 3, 4], Some(6), 8).unwrap(),
+            (vec![1, 2, 3, 4], false)
+        );
+        assert_eq!(
+            truncated_prompt(vec![1, 2, 3, 4], Some(-1), 3).unwrap(),
+            (vec![2, 3, 4], true)
+        );
+        for keep in [0, -2, 9] {
+            assert_eq!(
+                param_of(truncated_prompt(vec![1], Some(keep), 8)),
+                "truncate_prompt_tokens"
+            );
+        }
     }
 
     #[test]

@@ -172,6 +172,35 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.Ope
     assert chat.usage.prompt_tokens == 6
 
 
+def test_continue_final_message_continues_the_assistants_text(client: openai.OpenAI) -> None:
+    start = "The capital of France is"
+    messages: Any = [*MESSAGES, {"role": "assistant", "content": start}]
+
+    def tokens(body: dict[str, Any]) -> list[int]:
+        return client.post("/../tokenize", body=body, cast_to=object)["tokens"]  # type: ignore[index]
+
+    # The rendered conversation with its generation prompt, then the start of the answer.
+    prompt = tokens({"messages": MESSAGES}) + tokens({"prompt": start, "add_special_tokens": False})
+    as_tokens = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    continued = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"continue_final_message": True},
+    )
+    assert continued.usage.prompt_tokens == len(prompt)
+    assert continued.choices[0].message.content == as_tokens.choices[0].text
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=2,
+            extra_body={"continue_final_message": True, "add_generation_prompt": True},
+        )
+    assert raised.value.body["param"] == "continue_final_message"  # type: ignore[index]
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:
     text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = text.split()

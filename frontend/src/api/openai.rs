@@ -196,6 +196,9 @@ pub struct ChatCompletionRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub top_logprobs: Option<u32>,
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's: the model continues the final message (a prefilled assistant answer) instead of
+    /// starting a new one; add_generation_prompt then defaults to false.
+    pub continue_final_message: Option<bool>,
     /// vLLM's: variables for the chat template (`enable_thinking`, ...); they cannot replace
     /// `messages`, `add_generation_prompt` or the special tokens.
     pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,

@@ -115,10 +115,6 @@ const CHAT: &[Unsupported] = &[
         "the model's own chat template is used; chat_template_kwargs sets its variables",
     ),
     unsupported(
-        "continue_final_message",
-        "the last message is never continued; use /v1/completions with the rendered prompt",
-    ),
-    unsupported(
         "echo",
         "chat does not echo; /v1/completions echoes its prompt",
     ),

@@ -42,6 +42,7 @@ async fn tokenized(
                 state,
                 messages,
                 add_generation_prompt,
+                false,
                 Default::default(),
                 None,
             )

@@ -20,6 +20,7 @@ use crate::api::structured_output::{self, Constraint};
 use crate::api::tools::{self, ValidTools};
 use crate::engine::protocol::SamplingParams;
 use crate::state::{AppState, SchedulingPolicy};
+use crate::text::chat_template::continue_final_message;
 use crate::text::tool_call_stream::ToolCallReader;
 use crate::text::tool_prompt;
 
@@ -750,10 +751,21 @@ pub async fn chat(
         ));
     }
     let max_model_len = state.max_model_len()?;
+    let continue_final = request.continue_final_message.unwrap_or(false);
+    let add_generation_prompt = request.add_generation_prompt.unwrap_or(!continue_final);
+    if continue_final && add_generation_prompt {
+        return Err(out_of_range(
+            "continue_final_message",
+            "continue_final_message continues the final message, and add_generation_prompt starts \
+             a new one: set add_generation_prompt to false"
+                .into(),
+        ));
+    }
     let text = chat_text(
         state,
         request.messages.clone(),
-        request.add_generation_prompt.unwrap_or(true),
+        add_generation_prompt,
+        continue_final,
         kwargs,
         rendered,
     )
@@ -788,12 +800,14 @@ pub async fn chat(
 }
 
 /// Renders checked `messages` (and `tools`) with the model's chat template, given the extra
-/// variables `kwargs`, on the tokenizer pool. A template without tools gets them, and the
-/// history's calls, as Hermes-style text.
+/// variables `kwargs`, on the tokenizer pool, ending open for the final message's continuation
+/// if `continue_final`. A template without tools gets them, and the history's calls, as
+/// Hermes-style text.
 pub async fn chat_text(
     state: &AppState,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
+    continue_final: bool,
     kwargs: serde_json::Map<String, serde_json::Value>,
     tools: Option<Vec<Tool>>,
 ) -> Result<String, ApiError> {
@@ -804,18 +818,24 @@ pub async fn chat_text(
         .pool
         .run(move |_| {
             let mut kwargs = kwargs;
-            if !template.uses_tools() {
+            let rendered = if template.uses_tools() {
+                // The request's tools win over a template variable of the same name.
+                if let Some(tools) = tools {
+                    kwargs.insert(
+                        "tools".into(),
+                        serde_json::to_value(tools).expect("tools always serialize"),
+                    );
+                }
+                template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)?
+            } else {
                 let messages = tool_prompt::plain_template_messages(&messages, tools.as_deref());
-                return template.render_with_kwargs(&messages, add_generation_prompt, &kwargs);
+                template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)?
+            };
+            if continue_final {
+                continue_final_message(rendered, &messages)
+            } else {
+                Ok(rendered)
             }
-            // The request's tools win over a template variable of the same name.
-            if let Some(tools) = tools {
-                kwargs.insert(
-                    "tools".into(),
-                    serde_json::to_value(tools).expect("tools always serialize"),
-                );
-            }
-            template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)
         })
         .await?
         .map_err(|error| {

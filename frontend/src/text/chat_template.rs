@@ -48,6 +48,8 @@ pub enum ChatTemplateError {
     UnsupportedContentPart(String),
     #[error("a content part of type \"text\" has no \"text\" string")]
     MissingPartText,
+    #[error("continue_final_message: the final message's text does not appear in the rendered conversation")]
+    FinalMessageNotRendered,
 }
 
 impl ChatTemplateError {
@@ -59,6 +61,7 @@ impl ChatTemplateError {
                 | Self::Render(_)
                 | Self::UnsupportedContentPart(_)
                 | Self::MissingPartText
+                | Self::FinalMessageNotRendered
         )
     }
 }
@@ -291,6 +294,34 @@ fn default_template(source: Option<TemplateSource>) -> Option<String> {
             .find(|named| named.name == "default")
             .map(|named| named.template),
     }
+}
+
+/// `rendered` (a conversation rendered without a generation prompt) cut after the final message's
+/// text, so that the model continues that message, as transformers' `continue_final_message`
+/// does: whatever the template writes after the text (the end of the turn) goes.
+pub fn continue_final_message(
+    rendered: String,
+    messages: &[ChatMessage],
+) -> Result<String, ChatTemplateError> {
+    let Some(last) = messages.last() else {
+        return Ok(rendered);
+    };
+    let message = template_message(last)?;
+    let trimmed = message.content.trim();
+    let start = rendered
+        .rfind(trimmed)
+        .filter(|_| !trimmed.is_empty())
+        .ok_or(ChatTemplateError::FinalMessageNotRendered)?;
+    // Trailing spaces of the text stay where the template kept them ("The answer is ").
+    let kept = message.content.trim_start();
+    let end = if rendered[start..].starts_with(kept) {
+        start + kept.len()
+    } else {
+        start + trimmed.len()
+    };
+    let mut rendered = rendered;
+    rendered.truncate(end);
+    Ok(rendered)
 }
 
 /// A message as templates see it: content parts are joined into one string,
@@ -938,6 +969,43 @@ title CASE<s></s>";
                 .unwrap(),
             "[get_weather]get_weather(Paris)<c1:18 C>"
         );
+    }
+
+    #[test]
+    fn continue_final_message_cuts_after_the_final_text() {
+        let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
+        let messages = [
+            message("user", "Name a colour."),
+            message("assistant", "The colour is "),
+        ];
+        let rendered = template.render(&messages, false).unwrap();
+        assert!(
+            rendered.ends_with("The colour is <|im_end|>\n"),
+            "{rendered:?}"
+        );
+        assert_eq!(
+            continue_final_message(rendered.clone(), &messages).unwrap(),
+            rendered.strip_suffix("<|im_end|>\n").unwrap(),
+            "the end of the turn goes; the text stays, with the space the template kept"
+        );
+        // A template that trims the text: the cut is after the trimmed text.
+        let trimming = ChatTemplate::from_source(
+            "{% for m in messages %}[{{ m.content | trim }}]{% endfor %}".into(),
+            None,
+            None,
+        )
+        .unwrap();
+        let rendered = trimming.render(&messages, false).unwrap();
+        assert_eq!(
+            continue_final_message(rendered, &messages).unwrap(),
+            "[Name a colour.][The colour is"
+        );
+        let empty = [message("user", "Hi"), message("assistant", "  ")];
+        let rendered = template.render(&empty, false).unwrap();
+        assert!(matches!(
+            continue_final_message(rendered, &empty),
+            Err(ChatTemplateError::FinalMessageNotRendered)
+        ));
     }
 
     #[test]

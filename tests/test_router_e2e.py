@@ -111,9 +111,14 @@ class Router:
         return f"http://127.0.0.1:{self.port}"
 
     def call(
-        self, method: str, path: str, body: bytes | None = None, key: str | None = API_KEY
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        key: str | None = API_KEY,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **(headers or {})}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -237,6 +242,8 @@ def test_every_router_route_but_health_and_the_playground_needs_one_key_and_erro
             status, _, body = router.call(method, path)
             error = json.loads(body)["error"]
             assert status == expected and set(error) == {"message", "type", "param", "code"}, (path, body)
+        status, _, body = router.call("GET", "/v1/models", headers={"X-Big": "v" * 100_000})
+        assert status == 431 and json.loads(body)["error"]["code"] == "request_header_fields_too_large", body
         for pair in ([API_KEY, "wrong"], ["wrong", API_KEY]):
             connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
             try:

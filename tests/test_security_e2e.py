@@ -176,6 +176,19 @@ def test_unknown_routes_and_methods_get_openai_errors(server: Server) -> None:
         assert_openai_error(status, body, 405, status)
 
 
+def test_a_head_over_the_bounds_is_a_431_in_openai_shape(server: Server) -> None:
+    # The served bounds are 100 headers and 64 KiB of them; hyper's own, which answer a bare 431,
+    # are well above both.
+    many = {f"X-Extra-{i}": "1" for i in range(150)}
+    status, _, body = call(server, "GET", "/v1/models", headers={**bearer(), **many})
+    error = assert_openai_error(status, body, 431, status)
+    assert error["code"] == "request_header_fields_too_large" and "150" not in error["message"]
+    status, _, body = call(server, "GET", "/v1/models", headers={**bearer(), "X-Big": "v" * 100_000})
+    assert_openai_error(status, body, 431, status)
+    status, _, _ = call(server, "GET", "/v1/models", headers={**bearer(), "X-Fine": "v" * 8_000})
+    assert status == 200
+
+
 def test_the_model_card_is_served_and_an_unknown_model_is_404(server: Server) -> None:
     with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0) as client:
         card = client.models.retrieve(MODEL)

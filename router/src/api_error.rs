@@ -23,6 +23,9 @@ pub enum RouterError {
     InvalidJson(String),
     #[error("request body is too large")]
     PayloadTooLarge,
+    /// Too many headers, or too many header bytes.
+    #[error("{0}")]
+    HeadTooLarge(String),
     #[error("the request body did not arrive within {}s", .0.as_secs_f64())]
     BodyReadTimeout(Duration),
     #[error("this router keeps no KV index: only --policy cache-aware follows KV events")]
@@ -44,6 +47,7 @@ impl RouterError {
             RouterError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             RouterError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RouterError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             RouterError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             RouterError::NoKvIndex => StatusCode::NOT_FOUND,
             RouterError::NoReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -60,6 +64,9 @@ impl RouterError {
             RouterError::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
             RouterError::InvalidJson(_) => ("invalid_request_error", "invalid_json"),
             RouterError::PayloadTooLarge => ("invalid_request_error", "payload_too_large"),
+            RouterError::HeadTooLarge(_) => {
+                ("invalid_request_error", "request_header_fields_too_large")
+            }
             RouterError::BodyReadTimeout(_) => ("invalid_request_error", "request_timeout"),
             RouterError::NoKvIndex => ("invalid_request_error", "no_kv_index"),
             RouterError::NoReplica { .. } => ("server_error", "no_replica_available"),

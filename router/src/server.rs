@@ -12,6 +12,7 @@ use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_frontend::api::auth::{authorize, AuthFailure};
+use sluice_frontend::api::connections;
 use sluice_frontend::api::playground;
 
 use crate::api_error::RouterError;
@@ -36,7 +37,16 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
             state.clone(),
             require_api_key,
         ))
+        .layer(middleware::from_fn(bounded_head))
         .with_state(state)
+}
+
+/// A head over the served bounds (the frontend's) is a 431 before anything else reads it.
+async fn bounded_head(request: Request, next: Next) -> Response {
+    match connections::head_too_large(request.headers()) {
+        Some(why) => RouterError::HeadTooLarge(why).into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` on

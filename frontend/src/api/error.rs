@@ -38,6 +38,9 @@ pub enum ApiError {
     BodyReadTimeout(std::time::Duration),
     #[error("too many large request bodies are in flight, retry later")]
     BodiesInFlight,
+    /// Too many headers, or too many header bytes.
+    #[error("{0}")]
+    HeadTooLarge(String),
     #[error("no route {0}")]
     NoSuchRoute(String),
     #[error("method {0} is not allowed on this route")]
@@ -80,6 +83,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::BodiesInFlight => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::NoSuchRoute(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
@@ -116,6 +120,7 @@ impl ApiError {
             ApiError::InvalidApiKey => Some("invalid_api_key"),
             ApiError::QueueFull | ApiError::BodiesInFlight => Some("rate_limit_exceeded"),
             ApiError::PayloadTooLarge => Some("request_too_large"),
+            ApiError::HeadTooLarge(_) => Some("request_header_fields_too_large"),
             ApiError::EngineUnavailable(_) => Some("engine_unavailable"),
             _ => None,
         }

@@ -190,6 +190,7 @@ fn error_description(status: u16) -> &'static str {
         408 => "The request body did not arrive in time",
         404 => "The model does not exist",
         413 => "The request body is too large",
+        431 => "The request has too many headers, or too many header bytes",
         429 => "The waiting queue is full; retry later",
         500 => "An internal error",
         503 => "The engine core is not available",
@@ -259,10 +260,12 @@ fn responses(route: &Route) -> Responses {
     responses
 }
 
-/// The route's own errors, and those of the layers in front of every route: the API key on all
-/// but /health (a second Authorization header is a 400), and a body's deadline and byte budget.
+/// The route's own errors, and those of the layers in front of every route: the head's bounds,
+/// the API key on all but /health (a second Authorization header is a 400), and a body's
+/// deadline and byte budget.
 fn error_statuses(route: &Route) -> std::collections::BTreeSet<u16> {
     let mut statuses: std::collections::BTreeSet<u16> = route.errors.iter().copied().collect();
+    statuses.insert(431);
     if route.path != "/health" {
         statuses.extend([400, 401]);
     }

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
+use axum::extract::Request;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
-use axum::middleware;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,7 +16,7 @@ use axum::{Json, Router};
 use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, chat, completions, openapi, playground, tokenize, validate};
+use crate::api::{auth, chat, completions, connections, openapi, playground, tokenize, validate};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 
@@ -50,7 +51,16 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             auth::require_api_key,
         ))
+        .layer(middleware::from_fn(bounded_head))
         .with_state(state)
+}
+
+/// A head over the served bounds is a 431 before anything else reads it.
+async fn bounded_head(request: Request, next: Next) -> Response {
+    match connections::head_too_large(request.headers()) {
+        Some(why) => ApiError::HeadTooLarge(why).into_response(),
+        None => next.run(request).await,
+    }
 }
 
 async fn no_such_route(method: Method, uri: Uri) -> ApiError {

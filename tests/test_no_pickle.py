@@ -1,6 +1,7 @@
-"""No pickle anywhere: no source imports a pickling module or pyzmq's pickling calls, and every frame
+"""No pickle anywhere: no source imports a pickling module or pyzmq's pickling calls; every frame
 the real frontend and the real engine core exchange, captured on their sockets while they serve a
-completion and a utility call, is one of the protocol's msgpack messages.
+completion and a utility call, is one of the protocol's msgpack messages; and so is every frame the
+engine core and its worker process exchange while they run plain and structured requests.
 
 Unpickling bytes from a socket runs whatever they say; msgpack only ever builds plain values.
 """
@@ -17,13 +18,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 
+from engine import LLM, SamplingParams
 from serve_fixtures import free_port
+from sluice import worker_seam
 from sluice.binaries import FRONTEND, rust_binary
 from sluice.frontend_seam import decode
+from sluice.sampling_params import StructuredOutput
 
 ROOT = Path(__file__).resolve().parent.parent
 PICKLING = re.compile(
@@ -164,3 +169,34 @@ def test_the_frontend_and_engine_core_exchange_only_msgpack(tapped_server: tuple
     for direction, frame in tap.frames:
         assert frame[:1] != bytes([PICKLE_PROTO]), (direction, frame[:32])
         decode(frame)
+
+
+def test_the_engine_core_and_its_worker_exchange_only_msgpack(default_model_path: Path) -> None:
+    llm = LLM(model=str(default_model_path), executor="mp", max_model_len=128, num_kv_blocks=32)
+    executor = llm.engine.executor
+    frames: list[tuple[str, bytes]] = []
+    # Each frame is kept as it goes into, or comes out of, the executor's real sockets.
+    (to_worker,) = executor.inputs
+    send, recv = to_worker.send, executor.results.recv
+
+    def sent(data: Any, *args: Any, **kwargs: Any) -> Any:
+        frames.append(("to worker", bytes(data)))
+        return send(data, *args, **kwargs)
+
+    def received(*args: Any, **kwargs: Any) -> Any:
+        data = recv(*args, **kwargs)
+        frames.append(("to engine", bytes(data)))
+        return data
+
+    to_worker.send, executor.results.recv = sent, received
+    try:
+        llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=4, temperature=0.0))
+        digits = StructuredOutput("regex", "[0-9]{3}")
+        llm.generate(["Pick a number:"], SamplingParams(max_tokens=8, structured_output=digits))
+    finally:
+        llm.engine.shutdown()
+    kinds = set()
+    for direction, frame in frames:
+        assert frame[:1] != bytes([PICKLE_PROTO]), (direction, frame[:32])
+        kinds.add(type(worker_seam.decode(frame)).__name__)
+    assert {"SchedulerOutput", "GrammarBitmask", "ModelRunnerOutput", "Shutdown"} <= kinds, kinds

@@ -201,6 +201,38 @@ def test_continue_final_message_continues_the_assistants_text(client: openai.Ope
     assert raised.value.body["param"] == "continue_final_message"  # type: ignore[index]
 
 
+def test_return_token_ids_puts_the_prompts_and_outputs_ids_in_the_response(client: openai.OpenAI) -> None:
+    def tokens(body: dict[str, Any]) -> list[int]:
+        return client.post("/../tokenize", body=body, cast_to=object)["tokens"]  # type: ignore[index]
+
+    shown = {"extra_body": {"return_token_ids": True}, "max_tokens": 6, "temperature": 0}
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, **shown).model_dump()
+    (choice,) = whole["choices"]
+    assert choice["prompt_token_ids"] == tokens({"prompt": PROMPT})
+    assert len(choice["token_ids"]) == whole["usage"]["completion_tokens"] == 6
+    text = client.post("/../detokenize", body={"tokens": choice["token_ids"]}, cast_to=object)["prompt"]  # type: ignore[index]
+    assert text == choice["text"]
+    chunks = [
+        c.model_dump() for c in client.completions.create(model=MODEL, prompt=PROMPT, stream=True, **shown)
+    ]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == choice["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).model_dump()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, **shown).model_dump()
+    assert chat["prompt_token_ids"] == tokens({"messages": MESSAGES})
+    assert len(chat["choices"][0]["token_ids"]) == chat["usage"]["completion_tokens"]
+    streamed = [
+        c.model_dump()
+        for c in client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **shown)
+    ]
+    assert streamed[0]["prompt_token_ids"] == chat["prompt_token_ids"]
+    ids = [t for c in streamed for choice in c["choices"] for t in choice.get("token_ids") or []]
+    assert ids == chat["choices"][0]["token_ids"]
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:
     text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = text.split()

@@ -46,6 +46,7 @@ pub async fn create(
 impl ResponseHeader {
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
         ChatCompletionChunk {
+            prompt_token_ids: None,
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
             created: self.created,
@@ -78,6 +79,7 @@ fn whole(
     });
     let logprobs = request.logprobs;
     let tool_calls = &request.tool_calls;
+    let shown_ids = request.return_token_ids;
     let choices = results
         .into_iter()
         .enumerate()
@@ -88,6 +90,7 @@ fn whole(
             };
             ChatChoice {
                 index: index as u32,
+                token_ids: shown_ids.then_some(result.token_ids),
                 logprobs: logprobs.then(|| chat_logprobs(&result.logprobs)),
                 finish_reason: Some(
                     finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
@@ -108,6 +111,7 @@ fn whole(
         choices,
         usage: Usage::new(prompt_tokens, completion_tokens),
         prompt_logprobs,
+        prompt_token_ids: shown_ids.then(|| request.prompts[0].token_ids.clone()),
     }
 }
 
@@ -123,12 +127,14 @@ async fn stream(
         move |completion_tokens| continuous.then(|| Usage::new(prompt_tokens, completion_tokens));
     let tool_calls = request.tool_calls.clone();
     let header = choices.header.clone();
-    // As OpenAI does, each choice opens with a delta that carries only the role.
+    let shown_ids = request.return_token_ids;
+    // As OpenAI does, each choice opens with a delta that carries only the role (and, with
+    // return_token_ids, the prompt's ids, as vLLM sends them).
     let opening = choices
         .streams
         .iter()
         .map(|choice| {
-            chunk_event(&header.chunk(
+            let mut chunk = header.chunk(
                 vec![ChatChunkChoice {
                     index: choice.index(),
                     delta: ChatDelta {
@@ -138,9 +144,12 @@ async fn stream(
                     },
                     logprobs: None,
                     finish_reason: None,
+                    token_ids: None,
                 }],
                 continuous_usage(0),
-            ))
+            );
+            chunk.prompt_token_ids = shown_ids.then(|| request.prompts[0].token_ids.clone());
+            chunk_event(&chunk)
         })
         .collect();
     let header = Arc::new(header);
@@ -160,13 +169,16 @@ async fn stream(
             }
             None => (update.text, Vec::new(), false),
         };
-        let chunk = |delta: ChatDelta, logprobs, finish_reason: Option<&str>| {
+        // The update's token ids go with its first chunk.
+        let mut token_ids = shown_ids.then_some(update.token_ids);
+        let mut chunk = |delta: ChatDelta, logprobs, finish_reason: Option<&str>| {
             chunk_event(&frame_header.chunk(
                 vec![ChatChunkChoice {
                     index: update.index,
                     delta,
                     logprobs,
                     finish_reason: finish_reason.map(str::to_owned),
+                    token_ids: token_ids.take(),
                 }],
                 continuous_usage(update.completion_tokens),
             ))

@@ -61,11 +61,15 @@ fn whole(
     request: &ValidRequest,
 ) -> CompletionResponse {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let n = request.n as usize;
+    let shown_ids = request.return_token_ids;
     let choices = results
         .into_iter()
         .enumerate()
         .map(|(index, result)| CompletionChoice {
             index: index as u32,
+            prompt_token_ids: shown_ids.then(|| request.prompts[index / n].token_ids.clone()),
+            token_ids: shown_ids.then_some(result.token_ids),
             logprobs: request.logprobs.then(|| {
                 logprobs_with_echo(
                     result.prompt_logprobs.as_deref(),
@@ -103,7 +107,16 @@ async fn stream(
     let frame_header = header.clone();
     // Each choice's text offset so far, for its logprobs' text_offset.
     let mut offsets: BTreeMap<u32, u32> = BTreeMap::new();
+    // With return_token_ids, each prompt's ids, sent with its choices' first chunks.
+    let prompt_ids: Option<Vec<Vec<u32>>> = request.return_token_ids.then(|| {
+        request
+            .prompts
+            .iter()
+            .map(|prompt| prompt.token_ids.clone())
+            .collect()
+    });
     let frame = move |update: ChoiceUpdate| {
+        let first = !offsets.contains_key(&update.index);
         let offset = offsets.entry(update.index).or_default();
         let shown = !update.logprobs.is_empty() || update.prompt_logprobs.is_some();
         let logprobs = shown.then(|| {
@@ -126,6 +139,11 @@ async fn stream(
                 logprobs,
                 finish_reason: update.finish_reason.map(str::to_owned),
                 prompt_logprobs: None,
+                prompt_token_ids: prompt_ids
+                    .as_ref()
+                    .filter(|_| first)
+                    .map(|ids| ids[(update.index / n) as usize].clone()),
+                token_ids: prompt_ids.is_some().then_some(update.token_ids),
             }],
             usage,
         ))

@@ -36,6 +36,7 @@ pub struct ChoiceResult {
     /// Characters of the echo prefix that `text` starts with.
     pub prefix_chars: u32,
     pub prompt_logprobs: Option<Vec<PromptToken>>,
+    pub token_ids: Vec<u32>,
 }
 
 /// A request's choices, started on the engine.
@@ -180,6 +181,7 @@ impl Choices {
             result.completion_tokens = update.completion_tokens;
             result.cumulative_logprob = update.cumulative_logprob;
             result.prefix_chars += update.prefix_chars;
+            result.token_ids.extend(update.token_ids);
             if update.prompt_logprobs.is_some() {
                 result.prompt_logprobs = update.prompt_logprobs;
             }

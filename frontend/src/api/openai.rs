@@ -86,6 +86,9 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub min_tokens: Option<u32>,
+    /// vLLM's: the prompt's and the output's token ids in the response (`prompt_token_ids`,
+    /// each choice's `token_ids`); streamed, the prompt's come with a choice's first chunk.
+    pub return_token_ids: Option<bool>,
     /// vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len).
     #[schema(minimum = -1)]
     #[serde(default, deserialize_with = "whole_number::optional")]
@@ -270,6 +273,12 @@ pub struct CompletionChoice {
     /// first), the actual token and the top N, keyed by token id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<Option<BTreeMap<String, PromptTokenLogprob>>>>,
+    /// vLLM's, only with `return_token_ids` (streamed: in a choice's first chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's, only with `return_token_ids`: the generated tokens (streamed: the chunk's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// Both the whole response and each stream chunk (`object` is "text_completion" in both).
@@ -318,6 +327,9 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<String>,
+    /// vLLM's, only with `return_token_ids`: the generated tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -332,6 +344,9 @@ pub struct ChatCompletionResponse {
     /// first), the actual token and the top N, keyed by token id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<Option<BTreeMap<String, PromptTokenLogprob>>>>,
+    /// vLLM's, only with `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -350,6 +365,9 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<String>,
+    /// vLLM's, only with `return_token_ids`: the chunk's generated tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -360,6 +378,9 @@ pub struct ChatCompletionChunk {
     pub model: String,
     pub choices: Vec<ChatChunkChoice>,
     pub usage: Option<Usage>,
+    /// vLLM's, only with `return_token_ids`: in each choice's opening chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -537,6 +558,7 @@ mod tests {
             delta: ChatDelta::default(),
             logprobs: None,
             finish_reason: None,
+            token_ids: None,
         };
         let json = serde_json::to_string(&chunk).unwrap();
         assert_eq!(

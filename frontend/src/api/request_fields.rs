@@ -78,10 +78,6 @@ const COMMON: &[Unsupported] = &[
         "return_tokens_as_token_ids",
         "logprob tokens are always text",
     ),
-    unsupported(
-        "return_token_ids",
-        "responses do not carry token ids; /tokenize gives the prompt's",
-    ),
     unsupported("cache_salt", "the prefix cache is shared by all requests"),
     unsupported(
         "kv_transfer_params",

@@ -180,6 +180,7 @@ mod tests {
             cumulative_logprob: 0.0,
             prefix_chars: 0,
             prompt_logprobs: None,
+            token_ids: Vec::new(),
         })
     }
 

@@ -512,6 +512,7 @@ impl CheckedSampling<'_> {
             prompt_logprobs: self.prompt_logprobs,
             echo_logprobs: self.echo_logprobs,
             tool_calls: None,
+            return_token_ids: fields.return_token_ids.unwrap_or(false),
         }
     }
 
@@ -561,6 +562,8 @@ pub struct ValidRequest {
     pub structured_output_field: Option<&'static str>,
     /// Chat with tools: how each choice's output is read for calls.
     pub tool_calls: Option<ToolCallReader>,
+    /// vLLM's `return_token_ids`: the prompt's and each choice's token ids in the response.
+    pub return_token_ids: bool,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

@@ -42,6 +42,8 @@ pub struct ChoiceUpdate {
     pub prefix_chars: u32,
     /// The prompt's tokens with their logprobs, once, when the choice shows them.
     pub prompt_logprobs: Option<Vec<PromptToken>>,
+    /// The tokens the engine generated in this update (a stop token too, whose text is left out).
+    pub token_ids: Vec<u32>,
 }
 
 /// Why a choice ended without a finish reason.
@@ -200,6 +202,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             }
         };
 
+        let token_ids = output.new_token_ids.clone();
         let mut new_token_ids = output.new_token_ids;
         // A stop on a stop token (one of stop_token_ids, which the engine names in stop_reason, or a
         // special token such as EOS) ends with that token: as in vLLM, its text is not output unless
@@ -254,6 +257,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             cumulative_logprob: self.cumulative_logprob,
             prefix_chars,
             prompt_logprobs,
+            token_ids,
         }))
     }
 

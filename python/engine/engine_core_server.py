@@ -141,19 +141,20 @@ class EngineCoreServer:
     def run(self) -> int:
         """Send ready, serve until stopped or failed; returns the process exit status."""
         try:
-            self._send_blocking(
-                Ready(
-                    max_model_len=self.engine.max_model_len,
-                    num_kv_blocks=self.engine.num_kv_blocks,
-                    block_size=self.engine.config.cache.block_size,
-                )
-            )
+            # Logged first: whoever has the ready message can count on finding this line.
             logger.info(
                 "ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
                 self.engine.config.model.path,
                 self.engine.max_model_len,
                 self.engine.num_kv_blocks,
                 self.engine.config.cache.block_size,
+            )
+            self._send_blocking(
+                Ready(
+                    max_model_len=self.engine.max_model_len,
+                    num_kv_blocks=self.engine.num_kv_blocks,
+                    block_size=self.engine.config.cache.block_size,
+                )
             )
             while not self.stop_requested:
                 if not self.engine.has_unfinished_requests():

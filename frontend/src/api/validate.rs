@@ -333,7 +333,7 @@ pub fn truncated_prompt(
             return Err(out_of_range(
                 "truncate_prompt_tokens",
                 format!(
-                    "truncate_prompt_tokens must be -1 or between 1 and max_model_len                      ({max_model_len}), got {keep}"
+                    "truncate_prompt_tokens must be -1 or between 1 and max_model_len ({max_model_len}), got {keep}"
                 ),
             ))
         }

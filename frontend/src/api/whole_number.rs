@@ -22,10 +22,10 @@ where
         return T::try_from(value).map(Some).map_err(|_| out_of_range());
     }
     let float = number.as_f64().expect("a JSON number is u64, i64 or f64");
-    // i64's range as floats: -2^63 is exact, 2^63 is the first value past the end.
-    if float.fract() != 0.0
-        || !(-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&float)
-    {
+    // Past 2^53 a float is no longer exact: an integer out of i64's range (which JSON parsing
+    // turns into a float) must not round into it.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if float.fract() != 0.0 || float.abs() > EXACT {
         return Err(D::Error::custom(format!(
             "expected an integer, got {number}"
         )));
@@ -59,6 +59,11 @@ mod tests {
         assert_eq!((fields.count, fields.seed), (Some(5), Some(-3)));
         let fields = read(r#"{"count": 1e3}"#).unwrap();
         assert_eq!(fields.count, Some(1000));
+        let fields = read(r#"{"seed": -9223372036854775808, "count": 4294967295.0}"#).unwrap();
+        assert_eq!(
+            (fields.count, fields.seed),
+            (Some(u32::MAX), Some(i64::MIN))
+        );
         let fields = read(r#"{"count": null}"#).unwrap();
         assert_eq!((fields.count, fields.seed), (None, None));
         assert_eq!(read("{}").unwrap().count, None);
@@ -75,6 +80,8 @@ mod tests {
             r#"{"count": 1e300}"#,
             r#"{"seed": 9.3e18}"#,
             r#"{"seed": 18446744073709551615}"#,
+            r#"{"seed": -9223372036854775809}"#,
+            r#"{"seed": 9007199254740994.0}"#,
         ] {
             let error = read(json).unwrap_err().to_string();
             assert!(

@@ -2,6 +2,7 @@
 
 Checks, with the real `openai` client against http://127.0.0.1:PORT/v1:
 - /v1/models lists the model; a chat completion and a streamed one come back whole;
+- the router's index of cached blocks fills from the replicas' KV events, which cross containers;
 - under load (streams in flight on both replicas), the replica container is killed (SIGKILL):
   - every stream in flight on it when it died ends with an error soon after, never hangs;
   - every other request succeeds: the streams on the other replica, and new requests sent after the kill
@@ -14,6 +15,7 @@ Exit status 0 when every check holds; otherwise the failed check is printed and 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -28,6 +30,8 @@ from openai import OpenAI
 _STREAM_TOKENS = 256
 _LOAD_STREAMS = 8
 _AFTER_KILL_REQUESTS = 6
+# How long the replicas' KV events may take to reach the router's index.
+_EVENTS_WITHIN_S = 15.0
 # A stream broken by the dead replica must end within this long of the kill.
 _ERROR_WITHIN_S = 20.0
 _CLIENT_TIMEOUT_S = 120.0
@@ -61,6 +65,29 @@ def router_in_flight(base: str) -> dict[str, float]:
     return {
         match.group(1): float(match.group(2)) for match in re.finditer(_IN_FLIGHT_SAMPLE, text, re.MULTILINE)
     }
+
+
+def kv_events_reach_the_router(base: str, api_key: str) -> None:
+    """The router's index holds some replica's blocks: only KV events put them there, so a replica
+    socket bound where the router cannot reach it (loopback in another container) fails this."""
+    request = urllib.request.Request(
+        f"{base}/sluice/kv_index", headers={"Authorization": f"Bearer {api_key}"}
+    )
+    deadline = time.monotonic() + _EVENTS_WITHIN_S
+    while True:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            index: dict[str, list[str]] = json.loads(response.read())
+        held = {replica: len(hashes) for replica, hashes in index.items()}
+        if any(held.values()):
+            print(
+                f"compose_e2e: the router's index holds {held} blocks, from the replicas' KV events",
+                flush=True,
+            )
+            return
+        check(
+            time.monotonic() < deadline, f"no KV event reached the router in {_EVENTS_WITHIN_S:.0f} s: {held}"
+        )
+        time.sleep(0.5)
 
 
 def stream_once(client: OpenAI, model: str, prompt: str, outcome: Outcome, max_tokens: int) -> None:
@@ -190,6 +217,7 @@ def main() -> None:
     client = OpenAI(base_url=f"{base}/v1", api_key=args.api_key, timeout=_CLIENT_TIMEOUT_S, max_retries=0)
     try:
         model = basic_requests(client)
+        kv_events_reach_the_router(base, args.api_key)
         kill_replica_under_load(client, model, base, compose, args.victim)
     except CheckFailed as failure:
         print(f"compose_e2e: FAILED: {failure}", file=sys.stderr)

@@ -4,8 +4,10 @@ and a real engine publishing over a real ZeroMQ PUB socket whose events rebuild 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -253,6 +255,41 @@ def test_kv_events_need_prefix_caching() -> None:
             executor="inproc",
             enable_prefix_caching=False,
             kv_events_port=free_port(),
+        )
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses on which some socket listens on TCP `port`, read from the kernel's table."""
+    addresses = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, local_port = local.split(":")
+        if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+            addresses.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return addresses
+
+
+@pytest.mark.parametrize(("host", "expected"), [(None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+def test_the_events_socket_binds_loopback_unless_widened(host: str | None, expected: str) -> None:
+    port = free_port()
+    widened = {} if host is None else {"kv_events_host": host}
+    llm = LLM(
+        model=str(tiny_model_dir("llama")), dtype="float32", executor="inproc", kv_events_port=port, **widened
+    )
+    try:
+        assert _listening_addresses(port) == {expected}
+    finally:
+        llm.engine.shutdown()
+
+
+def test_a_host_that_cannot_be_bound_is_a_clear_error() -> None:
+    with pytest.raises(InvalidConfigError, match="--kv-events-host 192.0.2.1 --kv-events-port"):
+        LLM(
+            model=str(tiny_model_dir("llama")),
+            dtype="float32",
+            executor="inproc",
+            kv_events_port=free_port(),
+            kv_events_host="192.0.2.1",
         )
 
 

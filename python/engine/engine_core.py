@@ -48,7 +48,7 @@ class EngineCore:
         self.kv_events: KVEventPublisher | None = None
         if config.cache.kv_events_port is not None:
             try:
-                self.kv_events = KVEventPublisher(config.cache.kv_events_port)
+                self.kv_events = KVEventPublisher(config.cache.kv_events_host, config.cache.kv_events_port)
             except BaseException:
                 self.executor.shutdown()
                 raise

@@ -18,7 +18,7 @@ _LINGER_MS = 500
 
 
 class KVEventPublisher:
-    def __init__(self, port: int) -> None:
+    def __init__(self, host: str, port: int) -> None:
         self.port = port
         self.pending: list[KVEvent] = []
         # The seq of the last message sent; 0 before the first.
@@ -26,12 +26,16 @@ class KVEventPublisher:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.PUB)
         self._socket.linger = _LINGER_MS
+        # ZeroMQ takes an IPv6 address in brackets, and only on a socket with IPv6 turned on.
+        ipv6 = ":" in host
+        self._socket.ipv6 = ipv6
+        endpoint = f"tcp://[{host}]:{port}" if ipv6 else f"tcp://{host}:{port}"
         try:
-            self._socket.bind(f"tcp://0.0.0.0:{port}")
+            self._socket.bind(endpoint)
         except zmq.ZMQError as exc:
             self.close()
             raise InvalidConfigError(
-                f"--kv-events-port {port}: cannot bind tcp://0.0.0.0:{port}: {exc}"
+                f"--kv-events-host {host} --kv-events-port {port}: cannot bind {endpoint}: {exc}"
             ) from None
 
     def publish(self) -> None:

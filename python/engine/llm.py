@@ -72,6 +72,7 @@ class LLM:
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
         kv_events_port: int | None = None,
+        kv_events_host: str = "127.0.0.1",
         speculative_config: dict[str, Any] | None = None,
     ) -> None:
         if model is None:
@@ -92,6 +93,7 @@ class LLM:
                 enable_prefix_caching=enable_prefix_caching,
                 num_gpu_blocks_override=num_kv_blocks,
                 kv_events_port=kv_events_port,
+                kv_events_host=kv_events_host,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=tensor_parallel_size,

@@ -51,8 +51,10 @@ class CacheConfig:
     # Overrides the memory budget with an exact block count (tests that force preemption).
     num_gpu_blocks_override: int | None = None
     # Publish the prefix cache's changes (KV events) for routers on a ZeroMQ PUB socket bound on
-    # tcp://0.0.0.0:PORT; None: publish nothing and build no events.
+    # tcp://HOST:PORT; None: publish nothing and build no events.
     kv_events_port: int | None = None
+    # Loopback unless widened: a router on another host (a pod, a container) needs 0.0.0.0.
+    kv_events_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)

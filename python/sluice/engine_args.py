@@ -138,7 +138,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         type=_port,
         default=cache.kv_events_port,
         metavar="PORT",
-        help="publish KV-cache events for cache-aware routers on tcp://0.0.0.0:PORT (needs prefix caching)",
+        help="publish KV-cache events for cache-aware routers on tcp://HOST:PORT (needs prefix caching)",
+    )
+    group.add_argument(
+        "--kv-events-host",
+        default=cache.kv_events_host,
+        metavar="HOST",
+        help="the address the KV-events socket binds: loopback by default; 0.0.0.0 for a router on another host",
     )
     group.add_argument("--scheduling-policy", default=scheduler.policy, choices=get_args(SchedulingPolicy))
     group.add_argument(
@@ -261,6 +267,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             enable_prefix_caching=args.enable_prefix_caching,
             num_gpu_blocks_override=args.num_kv_blocks,
             kv_events_port=args.kv_events_port,
+            kv_events_host=args.kv_events_host,
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=args.tensor_parallel_size,

@@ -25,6 +25,9 @@ use super::kv_index::{Applied, KvIndex, Snapshot};
 /// Between attempts to reach a replica that is down or publishes no events.
 const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+/// ZeroMQ retries a refused connection for ever; after this long the router says so (once) and
+/// starts over, so that a socket bound where the router cannot reach it is not a silent fallback.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A subscription reaches the publisher a moment after connect; the snapshot waits that long so
 /// that a message published in between is rarely lost (a loss shows as a gap, then a resync).
 const SUBSCRIBE_SETTLE: Duration = Duration::from_millis(50);
@@ -119,9 +122,15 @@ async fn follow_events(
     let mut socket = SubSocket::new();
     let mut monitor = socket.monitor();
     let endpoint = format!("tcp://{host}:{port}");
-    socket
-        .connect(&endpoint)
+    tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(&endpoint))
         .await
+        .map_err(|_| {
+            format!(
+                "cannot connect to {endpoint} in {} s (does the replica bind its KV events where \
+                 the router can reach them? see --kv-events-host)",
+                CONNECT_TIMEOUT.as_secs()
+            )
+        })?
         .map_err(|err| format!("cannot connect to {endpoint}: {err}"))?;
     socket
         .subscribe("")

@@ -4,11 +4,14 @@ default model, with the official `openai` client (and raw HTTP where the client 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from serve_fixtures import Server, running_server
 
@@ -135,3 +138,19 @@ def test_a_message_without_content_renders_as_empty_as_in_vllm(client: openai.Op
     messages: Any = [{"role": "user", "content": None}]
     result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     assert result.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_long_text_tokenizes_as_the_tokenizer_does_it_whole(
+    client: openai.OpenAI, default_model_path: Path
+) -> None:
+    # 300 KB: the frontend encodes it in pieces (--tokenize-piece-bytes, 16 KiB) for a bounded peak
+    # of memory; the ids must be the whole text's.
+    rng = random.Random(7)
+    parts = ["river", "Ab", "42", "é", "世界", "👋🏽", ".", "'s", "<|im_start|>", "don't", "a1", "\t", "--"]
+    gaps = [" ", " ", "  ", "\n", ""]
+    text = "".join(rng.choice(parts) + rng.choice(gaps) for _ in range(60_000))
+    assert len(text.encode()) > 250_000
+    expected = Tokenizer.from_file(str(default_model_path / "tokenizer.json")).encode(text).ids
+    tokenized: Any = client.post("/../tokenize", body={"prompt": text}, cast_to=object)
+    assert tokenized["count"] == len(expected)
+    assert tokenized["tokens"] == expected

@@ -11,6 +11,7 @@ use crate::api::routes;
 use crate::engine::client::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
+use crate::text::piecewise_encoder::DEFAULT_PIECE_BYTES;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -67,6 +68,10 @@ struct Args {
     drain_timeout_s: f64,
     #[arg(long, default_value_t = 2)]
     tokenizer_workers: usize,
+    /// Texts longer than this are encoded in pieces of this size, with the same ids and a
+    /// bounded peak of memory, where the tokenizer allows it exactly; 0: every text whole.
+    #[arg(long, default_value_t = DEFAULT_PIECE_BYTES)]
+    tokenize_piece_bytes: usize,
     /// Seconds between engine death and exiting with code 3.
     #[arg(long, default_value_t = 2.0)]
     exit_grace_seconds: f64,
@@ -102,6 +107,7 @@ impl Args {
             body_read_timeout: seconds("--body-read-timeout-s", self.body_read_timeout_s)?,
             max_body_bytes_in_flight: self.max_body_bytes_in_flight,
             tokenizer_workers: self.tokenizer_workers,
+            tokenize_piece_bytes: self.tokenize_piece_bytes,
             metrics_prefix: self.metrics_prefix,
             scheduling_policy: self.scheduling_policy,
             tool_call_parser: self.tool_call_parser.clone(),

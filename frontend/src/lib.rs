@@ -3,6 +3,7 @@
 //! Layers, each using only those below it: `api` (HTTP routes, validation, fan-out, framing)
 //! over `state` (what the handlers share) over `text` (tokenizer, detokenizer, stop strings,
 //! chat template, choice streams) and `engine` (the ZeroMQ seam to the engine core).
+pub mod allocator;
 pub mod api;
 pub mod cli;
 pub mod engine;

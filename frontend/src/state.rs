@@ -34,6 +34,8 @@ pub struct ServerConfig {
     /// Body bytes that all requests being read or handled may hold together.
     pub max_body_bytes_in_flight: usize,
     pub tokenizer_workers: usize,
+    /// Texts longer than this are encoded in pieces where exact; 0: whole.
+    pub tokenize_piece_bytes: usize,
     pub metrics_prefix: MetricsPrefix,
     /// The engine core's scheduling policy, which decides whether a request may carry a priority.
     pub scheduling_policy: SchedulingPolicy,
@@ -101,6 +103,7 @@ impl AppState {
                 Arc::new(tokenizer),
                 config.tokenizer_workers.max(1),
                 TOKENIZER_QUEUE_DEPTH,
+                config.tokenize_piece_bytes,
             ),
             chat_template,
             metrics: Arc::new(Metrics::new(

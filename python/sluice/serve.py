@@ -142,6 +142,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokenizer-workers", type=int, default=None, help="tokenizer threads (default: the frontend's)"
     )
     group.add_argument(
+        "--tokenize-piece-bytes",
+        type=int,
+        default=None,
+        help="texts longer than this are encoded in pieces of this size (the same ids, a bounded peak of "
+        "memory) where the tokenizer allows it exactly; 0: every text whole (default: the frontend's, 16384)",
+    )
+    group.add_argument(
         "--exit-grace-seconds",
         type=float,
         default=None,
@@ -271,6 +278,7 @@ def frontend_argv(
         "body_read_timeout_s",
         "drain_timeout_s",
         "tokenizer_workers",
+        "tokenize_piece_bytes",
         "exit_grace_seconds",
         "metrics_prefix",
         "tool_call_parser",

@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
+use crate::allocator::release_free_memory;
 use crate::api::error::ApiError;
 
 /// The budget's unit, so that a budget of gigabytes fits a semaphore's u32 acquire.
@@ -98,17 +99,6 @@ fn body_error(error: &axum::Error) -> ApiError {
         source = cause.source();
     }
     ApiError::InvalidRequest(format!("cannot read the request body: {error}"))
-}
-
-/// glibc keeps freed memory in per-thread arenas; after a large encode (the tokenizer's
-/// intermediate buffers are tens of times the text) that is hundreds of MB the process never
-/// reuses. malloc_trim returns the free pages of every arena.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]

@@ -446,7 +446,7 @@ mod tests {
     }
 
     fn choice_of(outputs: Vec<EngineOutput>, spec: ChoiceSpec) -> Choice {
-        let pool = TokenizerPool::new(Arc::new(load_default_model_tokenizer()), 1, 16);
+        let pool = TokenizerPool::new(Arc::new(load_default_model_tokenizer()), 1, 16, 0);
         let permits = Arc::new(Semaphore::new(1));
         let permit = permits.clone().try_acquire_owned().unwrap();
         let outputs_dropped = Arc::new(AtomicBool::new(false));

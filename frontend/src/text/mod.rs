@@ -3,6 +3,7 @@
 pub mod chat_template;
 pub mod choice_stream;
 pub mod detokenizer;
+pub mod piecewise_encoder;
 pub mod prompt_logprobs;
 pub mod stop_strings;
 pub mod tokenizer_pool;

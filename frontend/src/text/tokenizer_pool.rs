@@ -14,6 +14,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::text::detokenizer::IncrementalDetokenizer;
+use crate::text::piecewise_encoder::PiecewiseEncoder;
 
 type Job = Box<dyn FnOnce(&Tokenizer) + Send>;
 
@@ -44,12 +45,20 @@ pub fn load_tokenizer(model_dir: &Path) -> Result<Tokenizer, TokenizerPoolError>
 pub struct TokenizerPool {
     jobs: mpsc::Sender<Job>,
     tokenizer: Arc<Tokenizer>,
+    /// Long texts in pieces; None: whole (turned off, or a tokenizer that cannot be cut exactly).
+    piecewise: Option<Arc<PiecewiseEncoder>>,
 }
 
 impl TokenizerPool {
     /// Starts `workers` threads; at most `queue_depth` jobs wait for a worker
-    /// before callers are made to wait in turn.
-    pub fn new(tokenizer: Arc<Tokenizer>, workers: usize, queue_depth: usize) -> Self {
+    /// before callers are made to wait in turn. Texts longer than `piece_bytes` are encoded in
+    /// pieces of that size where the tokenizer allows it exactly; 0 encodes every text whole.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        workers: usize,
+        queue_depth: usize,
+        piece_bytes: usize,
+    ) -> Self {
         assert!(
             workers > 0 && queue_depth > 0,
             "pool needs workers and a queue"
@@ -66,7 +75,15 @@ impl TokenizerPool {
                 .spawn(move || run_worker(&tokenizer, &receiver))
                 .expect("spawning a tokenizer thread");
         }
-        Self { jobs, tokenizer }
+        let piecewise = (piece_bytes > 0)
+            .then(|| PiecewiseEncoder::for_tokenizer(&tokenizer, piece_bytes))
+            .flatten()
+            .map(Arc::new);
+        Self {
+            jobs,
+            tokenizer,
+            piecewise,
+        }
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -97,13 +114,17 @@ impl TokenizerPool {
         text: String,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerPoolError> {
+        let piecewise = self.piecewise.clone();
         self.run(move |tokenizer| {
             // encode_fast: the same ids, without the offsets nobody reads (a large share of a long
             // prompt's transient memory).
-            tokenizer
-                .encode_fast(text, add_special_tokens)
-                .map(|encoding| encoding.get_ids().to_vec())
-                .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
+            match piecewise {
+                Some(piecewise) => piecewise.encode(tokenizer, &text, add_special_tokens),
+                None => tokenizer
+                    .encode_fast(text, add_special_tokens)
+                    .map(|encoding| encoding.get_ids().to_vec()),
+            }
+            .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
         })
         .await?
     }
@@ -182,7 +203,7 @@ mod tests {
     use super::*;
 
     fn default_pool(workers: usize) -> TokenizerPool {
-        TokenizerPool::new(Arc::new(load_default_model_tokenizer()), workers, 16)
+        TokenizerPool::new(Arc::new(load_default_model_tokenizer()), workers, 16, 0)
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         body_read_timeout: Duration::from_secs(10),
         max_body_bytes_in_flight: 1 << 24,
         tokenizer_workers: 2,
+        tokenize_piece_bytes: 16_384,
         metrics_prefix: MetricsPrefix::Sluice,
         scheduling_policy: SchedulingPolicy::Fcfs,
         tool_call_parser: "auto".into(),

@@ -8,11 +8,14 @@ use serde::Deserialize;
 use serde_json::Value;
 use sluice_frontend::api::openai::{ChatMessage, Prompt};
 use sluice_frontend::text::chat_template::{ChatTemplate, ChatTemplateError};
+use sluice_frontend::text::piecewise_encoder::{PiecewiseEncoder, DEFAULT_PIECE_BYTES};
 use sluice_frontend::text::tokenizer_pool::load_tokenizer;
 use tokenizers::Tokenizer;
 
 pub struct PromptTokenizer {
     tokenizer: Tokenizer,
+    /// Long prompts in pieces, as the frontend encodes them: the same ids, a bounded peak.
+    piecewise: Option<PiecewiseEncoder>,
     /// None when the model has none: the frontend then refuses chat requests.
     chat_template: Option<ChatTemplate>,
 }
@@ -27,6 +30,7 @@ impl PromptTokenizer {
             Err(err) => return Err(err.to_string()),
         };
         Ok(PromptTokenizer {
+            piecewise: PiecewiseEncoder::for_tokenizer(&tokenizer, DEFAULT_PIECE_BYTES),
             tokenizer,
             chat_template,
         })
@@ -62,8 +66,18 @@ impl PromptTokenizer {
     }
 
     fn encode(&self, text: String, add_special_tokens: bool) -> Option<Vec<u32>> {
-        let encoding = self.tokenizer.encode(text, add_special_tokens).ok()?;
-        Some(encoding.get_ids().to_vec())
+        match &self.piecewise {
+            Some(piecewise) => piecewise
+                .encode(&self.tokenizer, &text, add_special_tokens)
+                .ok(),
+            None => Some(
+                self.tokenizer
+                    .encode_fast(text, add_special_tokens)
+                    .ok()?
+                    .get_ids()
+                    .to_vec(),
+            ),
+        }
     }
 }
 

@@ -11,6 +11,8 @@ priority is checked by validate.rs's unit tests.
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from serve_fixtures import Server, running_server
 
@@ -349,3 +352,53 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(
     assert with_effort == plain + tokens_of("<|im_start|>system\nReasoning: low<|im_end|>\n")
     # The template's own variables cannot be replaced.
     assert prompt_tokens(extra_body={"chat_template_kwargs": {"add_generation_prompt": False}}) == plain
+
+
+def test_tokenize_renders_messages_as_chat_does_and_reports_its_fields(
+    server: Server, client: openai.OpenAI, default_model_path: Path
+) -> None:
+    def tokenize(body: dict[str, Any]) -> Any:
+        return client.post("/../tokenize", body={"model": MODEL, **body}, cast_to=object)
+
+    continued: Any = [*MESSAGES, {"role": "assistant", "content": "The capital of France is"}]
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}}]
+    for messages, extra in [
+        (continued, {"continue_final_message": True}),
+        (MESSAGES, {"chat_template_kwargs": {"system_note": "Answer in French."}}),
+        (MESSAGES, {"tools": tools}),
+    ]:
+        chat = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, extra_body={"return_token_ids": True, **extra}
+        ).model_dump()
+        tokens = tokenize({"messages": messages, **extra})["tokens"]
+        assert tokens == chat["prompt_token_ids"], extra
+        assert tokens != tokenize({"messages": messages})["tokens"], f"{extra} changed nothing"
+
+    vocabulary = Tokenizer.from_file(str(default_model_path / "tokenizer.json"))
+    shown = tokenize({"prompt": PROMPT, "return_token_strs": True})
+    assert shown["token_strs"] == [vocabulary.id_to_token(i) for i in shown["tokens"]]
+    assert "token_strs" not in tokenize({"prompt": PROMPT})
+
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        body = json.dumps({"prompt": PROMPT, "frobnicate_level": 2})
+        connection.request("POST", "/tokenize", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader(HEADER) == "frobnicate_level"
+        assert json.loads(response.read())["tokens"] == shown["tokens"]
+    finally:
+        connection.close()
+    for body, param in [
+        ({"prompt": PROMPT, "add_generation_prompt": True}, "add_generation_prompt"),
+        ({"prompt": PROMPT, "tools": tools}, "tools"),
+        ({"messages": MESSAGES, "chat_template": "{{ messages }}"}, "chat_template"),
+        (
+            {"messages": continued, "continue_final_message": True, "add_generation_prompt": True},
+            "continue_final_message",
+        ),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            tokenize(body)
+        assert refused.value.body["param"] == param, refused.value.body  # type: ignore[index]

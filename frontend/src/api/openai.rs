@@ -404,8 +404,22 @@ pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
+    /// Default: true for a prompt, false for messages (the template writes them).
     pub add_special_tokens: Option<bool>,
+    /// Messages only, as in chat: default true, or false with continue_final_message.
     pub add_generation_prompt: Option<bool>,
+    /// Messages only, as in chat.
+    pub continue_final_message: Option<bool>,
+    /// Messages only, as in chat.
+    pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
+    /// Messages only: rendered as chat renders them.
+    pub tools: Option<Vec<Tool>>,
+    /// vLLM's: each token's text (the vocabulary's string) in `token_strs`.
+    pub return_token_strs: Option<bool>,
+    /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other_fields: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -413,6 +427,9 @@ pub struct TokenizeResponse {
     pub count: usize,
     pub max_model_len: u32,
     pub tokens: Vec<u32>,
+    /// With `return_token_strs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_strs: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]

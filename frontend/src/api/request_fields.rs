@@ -116,20 +116,32 @@ const CHAT: &[Unsupported] = &[
     ),
 ];
 
+/// Fields /tokenize refuses: what would make its count differ from the chat request's.
+const TOKENIZE: &[Unsupported] = &[
+    unsupported(
+        "chat_template",
+        "the model's own chat template is used; chat_template_kwargs sets its variables",
+    ),
+    unsupported("mm_processor_kwargs", "this model takes text only"),
+];
+
 /// Which endpoint a request came to, for the fields it refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Completions,
     Chat,
+    Tokenize,
 }
 
 impl Endpoint {
     fn unsupported(self) -> impl Iterator<Item = &'static Unsupported> {
-        let own = match self {
-            Endpoint::Completions => COMPLETIONS,
-            Endpoint::Chat => CHAT,
+        // Generation's refusals are sampling features: /tokenize samples nothing.
+        let (common, own) = match self {
+            Endpoint::Completions => (COMMON, COMPLETIONS),
+            Endpoint::Chat => (COMMON, CHAT),
+            Endpoint::Tokenize => (&[][..], TOKENIZE),
         };
-        COMMON.iter().chain(own)
+        common.iter().chain(own)
     }
 }
 
@@ -295,6 +307,19 @@ mod tests {
         assert_eq!(
             ignored_fields(Endpoint::Chat, &fields(json!({"prompt_embeds": "x"})), []),
             Ok(vec!["prompt_embeds".to_string()])
+        );
+        // /tokenize samples nothing: generation's refusals are unknown there.
+        assert_eq!(
+            refused(Endpoint::Tokenize, json!({"chat_template": "{{ x }}"})),
+            "chat_template"
+        );
+        assert_eq!(
+            ignored_fields(
+                Endpoint::Tokenize,
+                &fields(json!({"use_beam_search": true})),
+                []
+            ),
+            Ok(vec!["use_beam_search".to_string()])
         );
     }
 

@@ -4,63 +4,47 @@ use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::api::error::ApiError;
 use crate::api::openai::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::api::request_fields::with_ignored_fields;
 use crate::api::{admission, validate};
 use crate::state::AppState;
 
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Result<Json<TokenizeRequest>, JsonRejection>,
-) -> Result<Json<TokenizeResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let Json(request) = body?;
-    Ok(Json(tokenized(&state, request).await?))
-}
-
-/// vLLM's /tokenize: a prompt (special tokens added by default), or messages rendered through
-/// the chat template (which holds the special tokens already).
-async fn tokenized(
-    state: &AppState,
-    request: TokenizeRequest,
-) -> Result<TokenizeResponse, ApiError> {
-    if let Some(model) = &request.model {
-        validate::check_model(state, model)?;
-    }
-    let _waiting = admission::admit(state, 1)?;
-    let tokens = match (request.prompt, request.messages) {
-        (Some(prompt), None) => {
-            let add_special_tokens = request.add_special_tokens.unwrap_or(true);
-            state.pool.encode(prompt, add_special_tokens).await?
-        }
-        (None, Some(messages)) => {
-            let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
-            let text = validate::chat_text(
-                state,
-                messages,
-                add_generation_prompt,
-                false,
-                Default::default(),
-                None,
-            )
-            .await?;
-            let add_special_tokens = request.add_special_tokens.unwrap_or(false);
-            state.pool.encode(text, add_special_tokens).await?
-        }
-        _ => {
-            return Err(ApiError::InvalidRequest(
-                "give exactly one of `prompt` and `messages`".into(),
-            ))
-        }
-    };
-    Ok(TokenizeResponse {
+    // Validated first, as generation is: a request that can never succeed is a 400, not a 429.
+    let valid = validate::tokenize(&state, request).await?;
+    let _waiting = admission::admit(&state, 1)?;
+    let tokens = state
+        .pool
+        .encode(valid.text, valid.add_special_tokens)
+        .await?;
+    // vLLM's token_strs: the vocabulary's strings (byte-level symbols, as the tokenizer has them).
+    let token_strs = valid.return_token_strs.then(|| {
+        let tokenizer = state.pool.tokenizer();
+        tokens
+            .iter()
+            .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
+            .collect()
+    });
+    let response = TokenizeResponse {
         count: tokens.len(),
         max_model_len: state.max_model_len()?,
         tokens,
-    })
+        token_strs,
+    };
+    Ok(with_ignored_fields(
+        Json(response).into_response(),
+        &valid.ignored_fields,
+    ))
 }
 
 pub async fn detokenize(

@@ -13,6 +13,7 @@ use crate::api::admission;
 use crate::api::error::ApiError;
 use crate::api::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
+    TokenizeRequest,
 };
 use crate::api::openai_tools::Tool;
 use crate::api::request_fields::{self, Endpoint};
@@ -246,15 +247,15 @@ pub const REASONING_EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "h
 
 /// The chat template's extra variables: `chat_template_kwargs`, and `reasoning_effort` as one more.
 pub fn template_kwargs(
-    request: &ChatCompletionRequest,
+    chat_template_kwargs: Option<&BTreeMap<String, serde_json::Value>>,
+    reasoning_effort: Option<&String>,
 ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let mut kwargs: serde_json::Map<String, serde_json::Value> = request
-        .chat_template_kwargs
-        .clone()
+    let mut kwargs: serde_json::Map<String, serde_json::Value> = chat_template_kwargs
+        .cloned()
         .unwrap_or_default()
         .into_iter()
         .collect();
-    if let Some(effort) = &request.reasoning_effort {
+    if let Some(effort) = reasoning_effort {
         if !REASONING_EFFORTS.contains(&effort.as_str()) {
             return Err(out_of_range(
                 "reasoning_effort",
@@ -736,7 +737,10 @@ pub async fn chat(
         request.sampling.priority.unwrap_or(0),
         state.config.scheduling_policy,
     )?;
-    let kwargs = template_kwargs(&request)?;
+    let kwargs = template_kwargs(
+        request.chat_template_kwargs.as_ref(),
+        request.reasoning_effort.as_ref(),
+    )?;
     let ignored_fields = sampling.ignored_fields(Endpoint::Chat, &request.other_fields)?;
     let ValidTools {
         rendered,
@@ -754,16 +758,10 @@ pub async fn chat(
         ));
     }
     let max_model_len = state.max_model_len()?;
-    let continue_final = request.continue_final_message.unwrap_or(false);
-    let add_generation_prompt = request.add_generation_prompt.unwrap_or(!continue_final);
-    if continue_final && add_generation_prompt {
-        return Err(out_of_range(
-            "continue_final_message",
-            "continue_final_message continues the final message, and add_generation_prompt starts \
-             a new one: set add_generation_prompt to false"
-                .into(),
-        ));
-    }
+    let (add_generation_prompt, continue_final) = chat_ending(
+        request.add_generation_prompt,
+        request.continue_final_message,
+    )?;
     let text = chat_text(
         state,
         request.messages.clone(),
@@ -800,6 +798,108 @@ pub async fn chat(
         valid.structured_output_field = Some("tools");
     }
     Ok(valid)
+}
+
+/// `add_generation_prompt` and `continue_final_message` with their defaults: continuing the final
+/// message turns the generation prompt off by default, and both at once is a 400.
+fn chat_ending(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<(bool, bool), ApiError> {
+    let continue_final = continue_final_message.unwrap_or(false);
+    let add_generation_prompt = add_generation_prompt.unwrap_or(!continue_final);
+    if continue_final && add_generation_prompt {
+        return Err(out_of_range(
+            "continue_final_message",
+            "continue_final_message continues the final message, and add_generation_prompt starts \
+             a new one: set add_generation_prompt to false"
+                .into(),
+        ));
+    }
+    Ok((add_generation_prompt, continue_final))
+}
+
+/// A `/tokenize` request that passed validation: the text to encode, complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidTokenize {
+    /// The prompt, or the messages rendered with the chat template.
+    pub text: String,
+    pub add_special_tokens: bool,
+    pub return_token_strs: bool,
+    pub ignored_fields: Vec<String>,
+}
+
+/// `POST /tokenize` (vLLM's): a prompt, or messages rendered as chat renders them, so that the
+/// count is the chat request's prompt length.
+pub async fn tokenize(
+    state: &AppState,
+    request: TokenizeRequest,
+) -> Result<ValidTokenize, ApiError> {
+    if let Some(model) = &request.model {
+        check_model(state, model)?;
+    }
+    let ignored_fields =
+        request_fields::ignored_fields(Endpoint::Tokenize, &request.other_fields, [])?;
+    let chat_only = [
+        (
+            "add_generation_prompt",
+            request.add_generation_prompt.is_some(),
+        ),
+        (
+            "continue_final_message",
+            request.continue_final_message.is_some(),
+        ),
+        (
+            "chat_template_kwargs",
+            request.chat_template_kwargs.is_some(),
+        ),
+        ("tools", request.tools.is_some()),
+    ];
+    let (text, add_special_tokens) = match (request.prompt, request.messages) {
+        (Some(prompt), None) => {
+            if let Some((param, _)) = chat_only.iter().find(|(_, given)| *given) {
+                return Err(ApiError::InvalidParameter {
+                    param,
+                    message: format!("{param} applies to messages, not to a prompt"),
+                });
+            }
+            (prompt, request.add_special_tokens.unwrap_or(true))
+        }
+        (None, Some(messages)) => {
+            check_messages(&messages)?;
+            let tools = request.tools.filter(|tools| !tools.is_empty());
+            if let Some(tools) = &tools {
+                tools::check_tool_definitions(tools)?;
+            }
+            let kwargs = template_kwargs(request.chat_template_kwargs.as_ref(), None)?;
+            let (add_generation_prompt, continue_final) = chat_ending(
+                request.add_generation_prompt,
+                request.continue_final_message,
+            )?;
+            let text = chat_text(
+                state,
+                messages,
+                add_generation_prompt,
+                continue_final,
+                kwargs,
+                tools,
+            )
+            .await?;
+            // The template already wrote the special tokens.
+            (text, request.add_special_tokens.unwrap_or(false))
+        }
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give exactly one of `prompt` and `messages`".into(),
+            ))
+        }
+    };
+    Ok(ValidTokenize {
+        text,
+        add_special_tokens,
+        return_token_strs: request.return_token_strs.unwrap_or(false),
+        ignored_fields,
+    })
 }
 
 /// Renders checked `messages` (and `tools`) with the model's chat template, given the extra

@@ -305,12 +305,12 @@ def rss_mib(pid: int) -> float:
 def test_frontend_memory_returns_near_its_baseline_after_a_burst_of_large_requests(server: Server) -> None:
     [frontend] = [pid for pid in descendants(server.process.pid) if "sluice-frontend" in cmdline(pid)]
     before = rss_mib(frontend)
-    words = [f"w{i % 997}x{i % 13}" for i in range(300_000)]
-    body = {"prompt": " ".join(words)[: 2 * 2**20]}
+    words = [f"w{i % 997}x{i % 13}" for i in range(600_000)]
+    body = {"prompt": " ".join(words)[: 4 * 2**20]}
     statuses: list[int] = []
     threads = [
         threading.Thread(target=lambda: statuses.append(call(server, "POST", "/tokenize", body, bearer())[0]))
-        for _ in range(6)
+        for _ in range(8)
     ]
     for thread in threads:
         thread.start()
@@ -320,10 +320,12 @@ def test_frontend_memory_returns_near_its_baseline_after_a_burst_of_large_reques
         time.sleep(0.02)
     time.sleep(2.0)
     after = rss_mib(frontend)
-    assert statuses == [200] * 6, statuses
-    # The burst did grow the frontend, and what it took was given back.
-    assert peak - before > 64, (before, peak, after)
-    assert after - before < 0.25 * (peak - before), (before, peak, after)
+    assert statuses == [200] * 8, statuses
+    # Long texts are encoded in pieces: the burst costs about its bodies (8 x 4 MB, read, parsed and
+    # encoded), not the ~150 bytes per byte of text that a whole encode holds (over 1 GB here).
+    assert peak - before < 200, (before, peak, after)
+    # And what it took is given back (fixed malloc thresholds; glibc's adaptive ones keep tens of MiB).
+    assert after - before < 16, (before, peak, after)
 
 
 def test_sigint_stops_serve_despite_a_half_sent_request(server: Server) -> None:

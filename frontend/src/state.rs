@@ -9,7 +9,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Semaphore;
 
-use crate::api::error::ApiError;
 use crate::engine::client::{EngineClient, EngineClientConfig, EngineError};
 use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
@@ -79,6 +78,11 @@ pub struct AppState {
     next_id: AtomicU64,
 }
 
+/// Before the engine core's ready message there is nothing to serve with; `api` answers 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the engine core is not ready yet")]
+pub struct EngineNotReady;
+
 impl AppState {
     /// Loads the tokenizer and chat template of `config.model_dir`.
     pub fn load(config: ServerConfig) -> Result<Self, StartupError> {
@@ -124,11 +128,9 @@ impl AppState {
         let _ = self.engine.set(engine);
     }
 
-    /// The engine client, or a 503 while the engine core is not ready yet.
-    pub fn engine(&self) -> Result<&EngineClient, ApiError> {
-        self.engine
-            .get()
-            .ok_or_else(|| ApiError::EngineUnavailable("the engine core is not ready yet".into()))
+    /// The engine client, or EngineNotReady (a 503) while the engine core is not ready yet.
+    pub fn engine(&self) -> Result<&EngineClient, EngineNotReady> {
+        self.engine.get().ok_or(EngineNotReady)
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -145,7 +147,7 @@ impl AppState {
         self.engine.get().and_then(EngineClient::latest_stats)
     }
 
-    pub fn max_model_len(&self) -> Result<u32, ApiError> {
+    pub fn max_model_len(&self) -> Result<u32, EngineNotReady> {
         Ok(self.engine()?.ready().max_model_len)
     }
 

@@ -10,7 +10,7 @@
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::api::error::ApiError;
-use crate::api::openai::Prompt;
+use crate::schema::openai::Prompt;
 use crate::state::AppState;
 
 /// Refuses with a 400 a request of `engine_requests` choices that could never be admitted.

@@ -12,14 +12,14 @@ use bytes::BytesMut;
 
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
-use crate::api::openai::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
-};
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
 use crate::api::validate::{self, ValidRequest};
+use crate::schema::openai::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
+};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::tool_call_stream::{read_whole, ToolCallStream};

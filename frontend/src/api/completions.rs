@@ -11,13 +11,13 @@ use axum::Json;
 use crate::api::best_of;
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
-use crate::api::openai::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
-};
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
 use crate::api::validate::{self, ValidRequest};
+use crate::schema::openai::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
+};
 use crate::state::{AppState, Arrival};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;

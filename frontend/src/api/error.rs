@@ -9,6 +9,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::engine::client::EngineError;
+use crate::state::EngineNotReady;
 use crate::text::tokenizer_pool::TokenizerPoolError;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -177,6 +178,12 @@ impl From<EngineError> for ApiError {
 impl From<TokenizerPoolError> for ApiError {
     fn from(error: TokenizerPoolError) -> Self {
         ApiError::Internal(error.to_string())
+    }
+}
+
+impl From<EngineNotReady> for ApiError {
+    fn from(not_ready: EngineNotReady) -> Self {
+        ApiError::EngineUnavailable(not_ready.to_string())
     }
 }
 

@@ -1,4 +1,5 @@
-//! The OpenAI-compatible HTTP API: routes, wire types, validation, fan-out and SSE framing.
+//! The OpenAI-compatible HTTP API: routes, validation, fan-out and SSE framing (the wire types are
+//! `crate::schema`'s).
 pub mod admission;
 pub mod auth;
 pub mod best_of;
@@ -7,8 +8,6 @@ pub mod completions;
 pub mod connections;
 pub mod error;
 pub mod fan_out;
-pub mod openai;
-pub mod openai_tools;
 pub mod openapi;
 pub mod playground;
 pub mod prompt_logprobs;
@@ -20,4 +19,3 @@ pub mod structured_output;
 pub mod tokenize;
 pub mod tools;
 pub mod validate;
-pub mod whole_number;

@@ -18,12 +18,12 @@ use utoipa::openapi::{
 use utoipa::OpenApi;
 
 use crate::api::error::ErrorResponse;
-use crate::api::openai::{
+use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot};
+use crate::schema::openai::{
     ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
     CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
     TokenizeResponse,
 };
-use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot};
 
 /// The component schemas; every schema these reference is collected with them.
 #[derive(OpenApi)]

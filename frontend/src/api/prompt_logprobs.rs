@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::openai::{CompletionLogprobs, PromptTokenLogprob};
+use crate::schema::openai::{CompletionLogprobs, PromptTokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;
 
 /// The prompt's part of an echoing choice's logprobs: the first token has neither a logprob nor

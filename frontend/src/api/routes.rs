@@ -14,10 +14,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::api::error::ApiError;
-use crate::api::openai::{ModelCard, ModelList};
 use crate::api::request_body::{self, BodyLimits};
 use crate::api::{auth, chat, completions, connections, openapi, playground, tokenize, validate};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
+use crate::schema::openai::{ModelCard, ModelList};
 use crate::state::{unix_time, AppState};
 
 pub fn router(state: Arc<AppState>) -> Router {

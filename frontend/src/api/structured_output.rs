@@ -6,8 +6,8 @@
 use serde_json::{Map, Value};
 
 use crate::api::error::ApiError;
-use crate::api::openai::SamplingFields;
 use crate::engine::protocol::StructuredOutput;
+use crate::schema::openai::SamplingFields;
 
 /// A request's constraint and the field that carried it (the param of its errors).
 #[derive(Debug, Clone, PartialEq)]

@@ -8,11 +8,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::api::error::ApiError;
-use crate::api::openai::{
-    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
-};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::{admission, validate};
+use crate::schema::openai::{
+    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+};
 use crate::state::AppState;
 
 pub async fn tokenize(

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::api::error::ApiError;
-use crate::api::openai::ChatCompletionRequest;
-use crate::api::openai_tools::{Tool, ToolChoice};
 use crate::engine::protocol::StructuredOutput;
+use crate::schema::openai::ChatCompletionRequest;
+use crate::schema::openai_tools::{Tool, ToolChoice};
 use crate::text::tool_call_stream::ToolCallReader;
 use crate::text::tool_parsers::{NamedFunction, RequiredCalls, ToolCallParser};
 

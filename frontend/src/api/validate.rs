@@ -11,15 +11,15 @@ use futures::future::try_join_all;
 
 use crate::api::admission;
 use crate::api::error::ApiError;
-use crate::api::openai::{
-    ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
-    TokenizeRequest,
-};
-use crate::api::openai_tools::Tool;
 use crate::api::request_fields::{self, Endpoint};
 use crate::api::structured_output::{self, Constraint};
 use crate::api::tools::{self, ValidTools};
 use crate::engine::protocol::SamplingParams;
+use crate::schema::openai::{
+    ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, SamplingFields, StopSequences,
+    TokenizeRequest,
+};
+use crate::schema::openai_tools::Tool;
 use crate::state::{AppState, SchedulingPolicy};
 use crate::text::chat_template::continue_final_message;
 use crate::text::tool_call_stream::ToolCallReader;
@@ -956,7 +956,7 @@ pub async fn chat_text(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::openai::MessageContent;
+    use crate::schema::openai::MessageContent;
 
     fn param_of(result: Result<impl std::fmt::Debug, ApiError>) -> &'static str {
         match result.unwrap_err() {

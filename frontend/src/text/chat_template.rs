@@ -18,7 +18,7 @@ use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::api::openai::{ChatMessage, MessageContent};
+use crate::schema::openai::{ChatMessage, MessageContent};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -662,7 +662,7 @@ fn civil_date(days_since_epoch: i64) -> (i64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::openai::ContentPart;
+    use crate::schema::openai::ContentPart;
     use crate::text::tokenizer_pool::default_model_dir;
 
     fn message(role: &str, content: &str) -> ChatMessage {

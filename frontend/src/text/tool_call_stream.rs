@@ -8,7 +8,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::api::openai_tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+use crate::schema::openai_tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
 use crate::text::tool_parsers::ToolCallParser;
 
 /// How a request's outputs are read for tool calls.

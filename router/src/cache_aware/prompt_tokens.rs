@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_frontend::api::openai::{ChatMessage, Prompt};
+use sluice_frontend::schema::openai::{ChatMessage, Prompt};
 use sluice_frontend::text::chat_template::{ChatTemplate, ChatTemplateError};
 use sluice_frontend::text::piecewise_encoder::{PiecewiseEncoder, DEFAULT_PIECE_BYTES};
 use sluice_frontend::text::tokenizer_pool::load_tokenizer;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::openai_tools::{FunctionDefinition, Tool, ToolCall, ToolCallDelta, ToolChoice};
-use crate::api::whole_number;
+use crate::schema::openai_tools::{FunctionDefinition, Tool, ToolCall, ToolCallDelta, ToolChoice};
+use crate::schema::whole_number;
 
 /// A completions prompt: a string, strings, token ids, or lists of token ids.
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]

@@ -248,6 +248,12 @@ def test_running_requests_do_not_count_against_the_waiting_limit(server: Server)
         waiter.start()
         limited = None
         deadline = time.monotonic() + 10
+        # A /tokenize that arrived first would hold a place and make the large request a 429: probe
+        # only once the engine reports it waiting.
+        while time.monotonic() < deadline and not outcome:
+            if server.metrics().get("sluice:num_requests_waiting", 0.0) >= 1:
+                break
+            time.sleep(0.02)
         while limited is None and time.monotonic() < deadline and not outcome:
             status, headers, body = call(server, "POST", "/tokenize", {"prompt": "hi"}, bearer())
             if status == 429:

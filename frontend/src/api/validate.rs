@@ -758,15 +758,11 @@ pub async fn chat(
         ));
     }
     let max_model_len = state.max_model_len()?;
-    let (add_generation_prompt, continue_final) = chat_ending(
-        request.add_generation_prompt,
-        request.continue_final_message,
-    )?;
     let text = chat_text(
         state,
         request.messages.clone(),
-        add_generation_prompt,
-        continue_final,
+        request.add_generation_prompt,
+        request.continue_final_message,
         kwargs,
         rendered,
     )
@@ -872,15 +868,11 @@ pub async fn tokenize(
                 tools::check_tool_definitions(tools)?;
             }
             let kwargs = template_kwargs(request.chat_template_kwargs.as_ref(), None)?;
-            let (add_generation_prompt, continue_final) = chat_ending(
-                request.add_generation_prompt,
-                request.continue_final_message,
-            )?;
             let text = chat_text(
                 state,
                 messages,
-                add_generation_prompt,
-                continue_final,
+                request.add_generation_prompt,
+                request.continue_final_message,
                 kwargs,
                 tools,
             )
@@ -903,17 +895,19 @@ pub async fn tokenize(
 }
 
 /// Renders checked `messages` (and `tools`) with the model's chat template, given the extra
-/// variables `kwargs`, on the tokenizer pool, ending open for the final message's continuation
-/// if `continue_final`. A template without tools gets them, and the history's calls, as
-/// Hermes-style text.
+/// variables `kwargs`, on the tokenizer pool, ending as the request's `add_generation_prompt` and
+/// `continue_final_message` (`continue_final`) ask (see `chat_ending`). A template without tools gets them, and the
+/// history's calls, as Hermes-style text.
 pub async fn chat_text(
     state: &AppState,
     messages: Vec<ChatMessage>,
-    add_generation_prompt: bool,
-    continue_final: bool,
+    add_generation_prompt: Option<bool>,
+    continue_final: Option<bool>,
     kwargs: serde_json::Map<String, serde_json::Value>,
     tools: Option<Vec<Tool>>,
 ) -> Result<String, ApiError> {
+    let (add_generation_prompt, continue_final) =
+        chat_ending(add_generation_prompt, continue_final)?;
     let template = state.chat_template.clone().ok_or_else(|| {
         ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
     })?;

@@ -102,6 +102,24 @@ impl PiecewiseEncoder {
     }
 }
 
+/// The ids of `text`: in pieces with `piecewise`, else whole (the tokenizer cannot be cut, or
+/// cutting is turned off). `encode_fast` either way: the same ids, without the offsets nobody
+/// reads (a large share of a long prompt's transient memory).
+pub fn encode_ids(
+    piecewise: Option<&PiecewiseEncoder>,
+    tokenizer: &Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> tokenizers::Result<Vec<u32>> {
+    match piecewise {
+        Some(piecewise) => piecewise.encode(tokenizer, text, add_special_tokens),
+        None => Ok(tokenizer
+            .encode_fast(text, add_special_tokens)?
+            .get_ids()
+            .to_vec()),
+    }
+}
+
 /// The post-processor's ids before and after a text: what `encode(.., true)` adds around
 /// `encode(.., false)`; None if it changes more than that.
 fn added_around(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {

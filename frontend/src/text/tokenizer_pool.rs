@@ -14,7 +14,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::text::detokenizer::IncrementalDetokenizer;
-use crate::text::piecewise_encoder::PiecewiseEncoder;
+use crate::text::piecewise_encoder::{encode_ids, PiecewiseEncoder};
 
 type Job = Box<dyn FnOnce(&Tokenizer) + Send>;
 
@@ -116,15 +116,8 @@ impl TokenizerPool {
     ) -> Result<Vec<u32>, TokenizerPoolError> {
         let piecewise = self.piecewise.clone();
         self.run(move |tokenizer| {
-            // encode_fast: the same ids, without the offsets nobody reads (a large share of a long
-            // prompt's transient memory).
-            match piecewise {
-                Some(piecewise) => piecewise.encode(tokenizer, &text, add_special_tokens),
-                None => tokenizer
-                    .encode_fast(text, add_special_tokens)
-                    .map(|encoding| encoding.get_ids().to_vec()),
-            }
-            .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
+            encode_ids(piecewise.as_deref(), tokenizer, &text, add_special_tokens)
+                .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))
         })
         .await?
     }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use sluice_frontend::schema::openai::{ChatMessage, Prompt};
 use sluice_frontend::text::chat_template::{ChatTemplate, ChatTemplateError};
-use sluice_frontend::text::piecewise_encoder::{PiecewiseEncoder, DEFAULT_PIECE_BYTES};
+use sluice_frontend::text::piecewise_encoder::{encode_ids, PiecewiseEncoder, DEFAULT_PIECE_BYTES};
 use sluice_frontend::text::tokenizer_pool::load_tokenizer;
 use tokenizers::Tokenizer;
 
@@ -66,18 +66,13 @@ impl PromptTokenizer {
     }
 
     fn encode(&self, text: String, add_special_tokens: bool) -> Option<Vec<u32>> {
-        match &self.piecewise {
-            Some(piecewise) => piecewise
-                .encode(&self.tokenizer, &text, add_special_tokens)
-                .ok(),
-            None => Some(
-                self.tokenizer
-                    .encode_fast(text, add_special_tokens)
-                    .ok()?
-                    .get_ids()
-                    .to_vec(),
-            ),
-        }
+        encode_ids(
+            self.piecewise.as_ref(),
+            &self.tokenizer,
+            &text,
+            add_special_tokens,
+        )
+        .ok()
     }
 }
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    SWITCHES_OFF,
     BENCH_DIR,
     LOCK_ENV,
     TARGETS,
@@ -40,12 +41,6 @@ from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
 from vllm_peer import vllm_env, vllm_python, vllm_venv
 
-# Each optimisation's off switch, as sluice_driver.py options; the default Sluice has all of them on.
-SWITCHES_OFF = {
-    "no async scheduling": ["--no-async-scheduling"],
-    "no graph dispatcher": ["--enforce-eager"],
-    "in-process executor": ["--executor", "inproc"],
-}
 # Off switches that are environment variables of the worker (the packed GEMM is chosen in C++ at load).
 ENV_SWITCHES_OFF = {"no packed linear": {"SLUICE_PACKED_LINEAR": "0"}}
 SLUICE = "sluice"

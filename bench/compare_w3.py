@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import LOCK_ENV, TARGETS, bench_lock, log, machine_busy_seconds, spread, w1_prompts
+from harness import LOCK_ENV, SWITCHES_OFF, TARGETS, bench_lock, log, machine_busy_seconds, spread, w1_prompts
 from plot_ratios import RatioBar, plot_ratios
 from servers import Server, start_sluice, start_vllm
 from vllm_peer import vllm_venv
@@ -35,11 +35,6 @@ from w3_client import run_w3
 
 SLUICE = "sluice"
 VLLM = "vllm"
-SWITCHES_OFF = {
-    "no async scheduling": ["--no-async-scheduling"],
-    "no graph dispatcher": ["--enforce-eager"],
-    "in-process executor": ["--executor", "inproc"],
-}
 # The figures of a run, the way they are printed and judged: (field, label, target key).
 METRICS = (
     ("out_tok_s", "tok/s", "W3 throughput"),

@@ -45,6 +45,14 @@ class Target:
         return f"{'>=' if self.higher_is_better else '<='} {self.ratio:g}x"
 
 
+# Each optimisation's off switch, as options of `sluice serve` and sluice_driver.py alike; the
+# default Sluice has all of them on.
+SWITCHES_OFF = {
+    "no async scheduling": ["--no-async-scheduling"],
+    "no graph dispatcher": ["--enforce-eager"],
+    "in-process executor": ["--executor", "inproc"],
+    "libgomp's spin count": ["--omp-spin-count", "inherit"],
+}
 TARGETS = {
     "W1": Target("output tok/s", 1.6, higher_is_better=True),
     "W2": Target("ms per token", 0.65, higher_is_better=False),

@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--executor", default="mp", choices=["mp", "inproc"])
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--cpu-bind", default="auto")
+    parser.add_argument("--omp-spin-count", default="auto")
     args = parser.parse_args()
 
     from engine import LLM, SamplingParams
@@ -39,6 +40,7 @@ def main() -> None:
         executor=args.executor,
         num_threads=args.num_threads,
         cpu_bind=args.cpu_bind,
+        omp_spin_count=args.omp_spin_count,
     )
 
     def generate(prompts: list[list[int]], max_tokens: int) -> list[int]:

@@ -151,3 +151,15 @@ def test_a_dying_child_ends_serve_nonzero_leaving_nothing(victim: str, tmp_path:
         while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [(pid, cmdline(pid)) for pid in children if alive(pid)]
+
+
+def test_every_engine_core_and_worker_gets_the_default_spin_count(dp_server: Server) -> None:
+    assert not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ), "the test needs libgomp's default"
+    engine_pids = [
+        pid for pids in replica_processes(dp_server) for pid in pids if "sluice-frontend" not in cmdline(pid)
+    ]
+    # Per replica an engine core and its worker.
+    assert len(engine_pids) == 4, engine_pids
+    for pid in engine_pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"GOMP_SPINCOUNT=10000" in environ, (pid, cmdline(pid))

@@ -161,3 +161,21 @@ def test_a_cpu_worker_runs_one_thread_pinned_to_each_core_unless_binding_is_off(
     assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
     assert os.sched_getaffinity(0) == cores
     llm.engine.shutdown()
+
+
+def _environment(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().partition("=")[::2] for entry in entries if entry)
+
+
+def test_a_worker_process_gets_the_spin_count_of_omp_spin_count(default_model_path, monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for spec, expected in (("auto", "10000"), (250, "250"), ("inherit", None)):
+        llm = LLM(model=str(default_model_path), dtype="float32", omp_spin_count=spec)
+        try:
+            [pid] = _worker_pids(llm)
+            assert _environment(pid).get("GOMP_SPINCOUNT") == expected, spec
+            assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+        finally:
+            llm.engine.shutdown()

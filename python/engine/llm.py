@@ -71,6 +71,7 @@ class LLM:
         graph_mode: str = "full_and_piecewise",
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
+        omp_spin_count: str | int = "auto",
         kv_events_port: int | None = None,
         kv_events_host: str = "127.0.0.1",
         speculative_config: dict[str, Any] | None = None,
@@ -104,7 +105,12 @@ class LLM:
                 mode=graph_mode,  # type: ignore[arg-type]
                 capture_sizes=None if capture_sizes is None else tuple(capture_sizes),
             ),
-            device=DeviceConfig(device=device, num_threads=num_threads, cpu_bind=cpu_bind),  # type: ignore[arg-type]
+            device=DeviceConfig(
+                device=device,  # type: ignore[arg-type]
+                num_threads=num_threads,
+                cpu_bind=cpu_bind,
+                omp_spin_count=str(omp_spin_count),
+            ),
             # vLLM's shape: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, ...}.
             speculative=SpeculativeConfig(**(speculative_config or {})),
         )

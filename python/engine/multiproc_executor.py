@@ -25,6 +25,7 @@ from typing import TypeVar
 import zmq
 
 from sluice.config import SluiceConfig, config_to_dict
+from sluice.cpu_binding import worker_environment
 from sluice.errors import WorkerDiedError
 from sluice.worker_seam import (
     GrammarBitmask,
@@ -111,7 +112,8 @@ class MultiprocExecutor:
                 "--config",
                 config_json,
             ]
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+            env = worker_environment(config.device, os.environ)
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
             self.workers.append(_WorkerProcess(rank, process))
         self.poller = zmq.Poller()
         self.poller.register(self.results, zmq.POLLIN)

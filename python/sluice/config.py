@@ -83,6 +83,10 @@ class DeviceConfig:
     # CPU cores the workers' threads are pinned to, one thread per core: "auto" (the allowed cores,
     # split among the ranks), "none" (no pinning), or a list such as "0-1" or "0,1|2,3" (ranks split by |).
     cpu_bind: str = "auto"
+    # How long an idle OpenMP thread of a worker process spins before it sleeps (libgomp's
+    # GOMP_SPINCOUNT): "auto" (10,000, unless the environment sets GOMP_SPINCOUNT or
+    # OMP_WAIT_POLICY), "inherit" (the environment's, else libgomp's 300,000), or a count.
+    omp_spin_count: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)

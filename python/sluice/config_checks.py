@@ -7,11 +7,12 @@ torch.
 
 from __future__ import annotations
 
+import os
 from typing import get_args
 
 from sluice.capture_sizes import validate_graph_config
 from sluice.config import Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
-from sluice.cpu_binding import cores_per_rank, usable_cores
+from sluice.cpu_binding import cores_per_rank, omp_spin_count, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import ModelSpec, resolve_max_model_len
@@ -46,6 +47,7 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         )
     _check_speculative(config)
     cores_per_rank(device, parallel.tensor_parallel_size, usable_cores())
+    omp_spin_count(device, os.environ)
     _check_data_parallel(config, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
 

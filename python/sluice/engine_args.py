@@ -27,6 +27,7 @@ from sluice.config import (
     SpeculativeConfig,
     SpeculativeMethod,
 )
+from sluice.cpu_binding import DEFAULT_OMP_SPIN_COUNT
 from sluice.errors import SluiceError
 
 
@@ -205,6 +206,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="pin each worker thread to a core: auto, none, or cores such as 0-1 (ranks split by |)",
     )
     group.add_argument(
+        "--omp-spin-count",
+        default=device.omp_spin_count,
+        metavar="auto|inherit|N",
+        help="spins before an idle OpenMP thread of a worker process sleeps (GOMP_SPINCOUNT): auto is "
+        f"{DEFAULT_OMP_SPIN_COUNT} unless the environment sets GOMP_SPINCOUNT or OMP_WAIT_POLICY; "
+        "inherit leaves the environment's (else libgomp's 300000)",
+    )
+    group.add_argument(
         "--speculative",
         default=speculative.method,
         choices=get_args(SpeculativeMethod),
@@ -243,6 +252,15 @@ def model_path_from_args(args: argparse.Namespace) -> str | None:
     return positional if positional is not None else option
 
 
+def device_config_from_args(args: argparse.Namespace) -> DeviceConfig:
+    return DeviceConfig(
+        device=args.device,
+        num_threads=args.num_threads,
+        cpu_bind=args.cpu_bind,
+        omp_spin_count=args.omp_spin_count,
+    )
+
+
 def config_from_args(args: argparse.Namespace, model_path: str | None = None) -> SluiceConfig:
     """The SluiceConfig that parsed engine options describe; prepares the default model if none is named.
 
@@ -278,7 +296,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
         graph=GraphConfig(
             enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes
         ),
-        device=DeviceConfig(device=args.device, num_threads=args.num_threads, cpu_bind=args.cpu_bind),
+        device=device_config_from_args(args),
         speculative=SpeculativeConfig(
             method=args.speculative,
             num_speculative_tokens=args.num_speculative_tokens,

@@ -47,11 +47,12 @@ from typing import get_args
 from sluice.binaries import FRONTEND, ROUTER, rust_binary
 from sluice.config import EngineRestartConfig, MetricsPrefix
 from sluice.config_checks import check_engine_config
-from sluice.cpu_binding import cores_per_replica, usable_cores
+from sluice.cpu_binding import cores_per_replica, usable_cores, worker_environment
 from sluice.engine_args import (
     add_engine_arguments,
     at_least,
     config_from_args,
+    device_config_from_args,
     model_path_from_args,
     positive_float,
 )
@@ -333,6 +334,12 @@ def child_environment(args: argparse.Namespace, with_key: bool) -> dict[str, str
     return env
 
 
+def engine_environment(args: argparse.Namespace) -> dict[str, str]:
+    """An engine core's environment, with the OpenMP spin count of its workers: under --executor
+    inproc the engine core's own threads run the forward pass."""
+    return worker_environment(device_config_from_args(args), child_environment(args, with_key=False))
+
+
 def _die_with_parent(cores: Sequence[int] | None) -> None:
     """In the child, before exec: its own process group, SIGTERM when `sluice serve` dies, and its
     cores (None: this process's)."""
@@ -537,9 +544,7 @@ class Replica:
         if args.restart_engine:
             engine_command.append("--restarted-on-failure")
         engine_command += engine_argv(args, model)
-        engine = _start_engine(
-            supervisor, label, engine_command, child_environment(args, with_key=False), cores
-        )
+        engine = _start_engine(supervisor, label, engine_command, engine_environment(args), cores)
         # The frontend watches the engine's pid: it notices a crash at once, not after a timeout.
         frontend_command += ["--engine-pid", str(engine.process.pid)]
         frontend = Child.start(
@@ -587,7 +592,7 @@ class Replica:
                 supervisor,
                 self.label,
                 self.engine_command,
-                child_environment(args, with_key=False),
+                engine_environment(args),
                 self.cores,
             )
         return None

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    SWITCHES_OFF,
     BENCH_DIR,
     LOCK_ENV,
+    SWITCHES_OFF,
     TARGETS,
     W5_FLOOR_BOUND,
     JsonLineChild,
@@ -36,6 +36,7 @@ from harness import (
     log,
     offline_workload,
     spread,
+    wait_until_quiet,
 )
 from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
@@ -106,6 +107,7 @@ def run_phase(
                 order = children[run % len(children) :] + children[: run % len(children)]
                 for workload in workloads:
                     for child in order:
+                        wait_until_quiet()
                         reply = child.ask({"workload": workload})
                         log(f"run {run + 1}/{args.runs}: {workload} {child.name}: {reply}")
                         figures[workload][child.name].append(reply)

@@ -27,7 +27,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import LOCK_ENV, SWITCHES_OFF, TARGETS, bench_lock, log, machine_busy_seconds, spread, w1_prompts
+from harness import (
+    LOCK_ENV,
+    SWITCHES_OFF,
+    TARGETS,
+    bench_lock,
+    log,
+    machine_busy_seconds,
+    spread,
+    w1_prompts,
+    wait_until_quiet,
+)
 from plot_ratios import RatioBar, plot_ratios
 from servers import Server, start_sluice, start_vllm
 from vllm_peer import vllm_venv
@@ -70,6 +80,7 @@ def idle_cpu_share() -> float:
 
 
 def timed_run(server: Server, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
+    wait_until_quiet()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         cpu_before = server.cpu_seconds()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import BENCH_DIR, LOCK_ENV, bench_lock, log, w1_prompts
+from harness import BENCH_DIR, LOCK_ENV, bench_lock, log, w1_prompts, wait_until_quiet
 from routers import (
     VLLM_ROUTER_VENV_ENV,
     sluice_router_binary,
@@ -111,6 +111,7 @@ def rounds(
         with bench_lock(args.lock, exclusive=True):
             for leg in legs[run % len(legs) :] + legs[: run % len(legs)]:
                 log(f"round {run + 1}/{args.runs}: {leg.name}")
+                wait_until_quiet()
                 runs[leg.name].append(measure(leg, run))
                 log(f"  { ({k: round(v, 3) for k, v in runs[leg.name][-1].items()}) }")
     return runs

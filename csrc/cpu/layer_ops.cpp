@@ -189,7 +189,17 @@ void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& s
           T* x = base + t * tok_stride + h * head_stride;
           // transformers: x * cos + rotate_half(x) * sin, each product rounded to the dtype; the
           // sign of rotate_half lives in sin_signed, so the partner is a plain half-rotation.
-          for (int64_t i = 0; i < half; ++i) {
+          int64_t i = 0;
+          if constexpr (!std::is_same_v<T, c10::Half>) {
+            for (; i + 16 <= half; i += 16) {
+              const v16 lo = load(x + i), hi = load(x + i + half);
+              const v16 new_lo = round_to<T>(lo * load(c + i)) + round_to<T>(hi * load(s + i));
+              const v16 new_hi = round_to<T>(hi * load(c + i + half)) + round_to<T>(lo * load(s + i + half));
+              store(x + i, new_lo);
+              store(x + i + half, new_hi);
+            }
+          }
+          for (; i < half; ++i) {
             const float lo = to_float(x[i]), hi = to_float(x[i + half]);
             const float new_lo = round_to<T>(lo * to_float(c[i])) + round_to<T>(hi * to_float(s[i]));
             const float new_hi =

@@ -10,11 +10,10 @@ worker would see one usable core and run one thread.
 How long a worker's idle OpenMP threads spin is the one OpenMP setting that is handed over, as
 GOMP_SPINCOUNT in the environment of each worker process, and of `sluice serve`'s engine cores for
 --executor inproc (libgomp reads it when torch loads it; an offline LLM's in-process worker keeps
-its caller's). libgomp's default
-spins 300,000 times at every barrier: on a host whose frontend, engine core and clients share the
-cores with the worker, a thread that waits for its descheduled partner keeps its core from the very
-process that would let the partner run. Served W3 measured about 1.1x the throughput at 3,000 to
-30,000 spins (bench/README.md).
+its caller's). libgomp's default spins 300,000 times at every barrier: on a host whose frontend,
+engine core and clients share the cores with the worker, a thread that waits for its descheduled
+partner keeps its core from the very process that would let the partner run. Served W3 measured
+about 1.1x the throughput at 3,000 to 30,000 spins (bench/README.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from harness import (
@@ -32,8 +31,8 @@ from harness import (
     SWITCHES_OFF,
     TARGETS,
     bench_lock,
+    busy_share,
     log,
-    machine_busy_seconds,
     spread,
     w1_prompts,
     wait_until_quiet,
@@ -72,13 +71,6 @@ def sluice_configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     return configurations
 
 
-def idle_cpu_share() -> float:
-    """The machine's busy share over a short window while nothing is asked of the servers."""
-    before = machine_busy_seconds()
-    time.sleep(IDLE_WINDOW_S)
-    return (machine_busy_seconds() - before) / (IDLE_WINDOW_S * (os.cpu_count() or 1))
-
-
 def timed_run(server: Server, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
     wait_until_quiet()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
@@ -106,7 +98,7 @@ def run_all(servers: list[Server], args: argparse.Namespace) -> dict[str, list[d
     for run in range(args.runs):
         with bench_lock(args.lock, exclusive=True):
             if run == 0:
-                log(f"machine busy while every server idles: {100 * idle_cpu_share():.0f}%")
+                log(f"machine busy while every server idles: {100 * busy_share(IDLE_WINDOW_S):.0f}%")
             order = servers[run % len(servers) :] + servers[: run % len(servers)]
             for server in order:
                 runs[server.name].append(timed_run(server, prompts, args))

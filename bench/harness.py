@@ -167,6 +167,13 @@ def machine_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def busy_share(window_s: float) -> float:
+    """The share of all cores that was busy over the next `window_s` seconds."""
+    before = machine_busy_seconds()
+    time.sleep(window_s)
+    return (machine_busy_seconds() - before) / (window_s * (os.cpu_count() or 1))
+
+
 # A leg starts once the machine's busy share stays below QUIET_SHARE for QUIET_WINDOWS windows in a row.
 QUIET_SHARE = 0.1
 QUIET_WINDOW_S = 0.1
@@ -174,23 +181,17 @@ QUIET_WINDOWS = 3
 QUIET_TIMEOUT_S = 15.0
 
 
-def wait_until_quiet() -> float:
-    """Wait until the cores are idle, at most QUIET_TIMEOUT_S; returns the seconds waited.
+def wait_until_quiet() -> None:
+    """Wait until the cores are idle, at most QUIET_TIMEOUT_S.
 
     vLLM's CPU engine keeps one core busy for about a second after its last request has been
     answered. Without this wait, the leg timed right after it ran its first prefill on one core."""
-    cores = os.cpu_count() or 1
-    start = time.monotonic()
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
     quiet = 0
-    while quiet < QUIET_WINDOWS and time.monotonic() - start < QUIET_TIMEOUT_S:
-        before = machine_busy_seconds()
-        time.sleep(QUIET_WINDOW_S)
-        share = (machine_busy_seconds() - before) / (QUIET_WINDOW_S * cores)
-        quiet = quiet + 1 if share < QUIET_SHARE else 0
-    waited = time.monotonic() - start
+    while quiet < QUIET_WINDOWS and time.monotonic() < deadline:
+        quiet = quiet + 1 if busy_share(QUIET_WINDOW_S) < QUIET_SHARE else 0
     if quiet < QUIET_WINDOWS:
         log(f"the machine was still busy after {QUIET_TIMEOUT_S:.0f} s; timing anyway")
-    return waited
 
 
 def process_tree_cpu_seconds(pid: int) -> float:

@@ -1,11 +1,12 @@
 """Times the CPU paged-attention kernel on SmolLM2-135M's shapes against the reference and SDPA.
 
-Run: .venv/bin/python bench/attention_kernel.py
-(SLUICE_CPU_DECODE_ATTENTION=0 times decode on the general tile path instead, for comparison.)
+Run: .venv/bin/python bench/attention_kernel.py [--no-cpu-decode-attention]
+(--no-cpu-decode-attention times decode on the general tile path instead, for comparison.)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -50,7 +51,7 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int) -> None:
+def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, decode_path: bool) -> None:
     ops = load_native_ops()
     query, key, value, key_cache, value_cache, block_table, qsl, seq_lens, slots = batch(
         num_seqs, context, q_len
@@ -58,7 +59,9 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int) -> 
     out = torch.empty_like(query)
     ops.write_kv_cache(key, value, key_cache, value_cache, slots)
     kernel = median_ms(
-        lambda: ops.paged_attention(out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE),
+        lambda: ops.paged_attention(
+            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path
+        ),
         repeats,
     )
     write = median_ms(lambda: ops.write_kv_cache(key, value, key_cache, value_cache, slots), repeats)
@@ -95,7 +98,9 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int) -> 
     print(line, flush=True)
 
 
-def report_from_dram(name: str, num_seqs: int, context: int, layers: int, repeats: int) -> None:
+def report_from_dram(
+    name: str, num_seqs: int, context: int, layers: int, repeats: int, decode_path: bool
+) -> None:
     """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3."""
     ops = load_native_ops()
     batches = [batch(num_seqs, context, 1) for _ in range(layers)]
@@ -103,20 +108,27 @@ def report_from_dram(name: str, num_seqs: int, context: int, layers: int, repeat
 
     def forward() -> None:
         for query, _, _, key_cache, value_cache, block_table, qsl, seq_lens, _ in batches:
-            ops.paged_attention(out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE)
+            ops.paged_attention(
+                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path
+            )
 
     print(f"{name:<34} kernel {median_ms(forward, repeats) / layers:8.3f} ms per layer", flush=True)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cpu-decode-attention", action=argparse.BooleanOptionalAction, default=True)
+    decode_path = parser.parse_args().cpu_decode_attention
     print(
         f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}"
     )
-    report("decode 64 seqs x 256 context", 64, 256, 1, 50)
-    report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20)
-    report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20)
-    report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5)
-    report("decode 1 seq x 160 context", 1, 160, 1, 200)
+    report("decode 64 seqs x 256 context", 64, 256, 1, 50, decode_path)
+    report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20, decode_path)
+    report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20, decode_path)
+    report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5, decode_path)
+    report("decode 1 seq x 160 context", 1, 160, 1, 200, decode_path)
 
 
 if __name__ == "__main__":

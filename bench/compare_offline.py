@@ -42,8 +42,8 @@ from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
 from vllm_peer import vllm_env, vllm_python, vllm_venv
 
-# Off switches that are environment variables of the worker (the packed GEMM is chosen in C++ at load).
-ENV_SWITCHES_OFF = {"no packed linear": {"SLUICE_PACKED_LINEAR": "0"}}
+# Off switches measured offline only: the packed GEMM is a kernel, whose gain W1 and W2 show alone.
+OFFLINE_SWITCHES_OFF = {"no packed linear": ["--no-packed-linear"]}
 SLUICE = "sluice"
 VLLM = "vllm"
 # Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.
@@ -64,11 +64,8 @@ def systems_for(model: Path, venv: Path | None, switches: bool, sluice_args: lis
         argv = [vllm_python(venv), str(BENCH_DIR / "vllm_driver.py"), "--model", str(model)]
         systems.append(System(VLLM, argv, vllm_env(venv)))
     if switches:
-        systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in SWITCHES_OFF.items()]
-        systems += [
-            System(f"{SLUICE}, {name}", sluice, {**os.environ, **env})
-            for name, env in ENV_SWITCHES_OFF.items()
-        ]
+        offs = {**SWITCHES_OFF, **OFFLINE_SWITCHES_OFF}
+        systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in offs.items()]
     return systems
 
 

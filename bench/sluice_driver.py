@@ -1,10 +1,11 @@
 """Sluice's side of the offline benchmark: the same protocol as vllm_driver.py, through `LLM`.
 
-Loads one model (bf16, max_model_len 2048, prefix caching off) with the engine switches given,
-warms up, then answers {"workload": "W1"} lines on stdin with that workload's figure.
+Loads one model (bf16, max_model_len 2048, prefix caching off, a 1 GiB KV cache, unless the
+options say otherwise) with the engine options given (any of `sluice generate`'s, such as
+--no-async-scheduling, --enforce-eager or --no-packed-linear), warms up, then answers
+{"workload": "W1"} lines on stdin with that workload's figure.
 
-  python bench/sluice_driver.py --model DIR [--no-async-scheduling] [--enforce-eager]
-                                [--executor mp|inproc] [--num-threads N] [--cpu-bind auto|none|LIST]
+  python bench/sluice_driver.py --model DIR [ENGINE OPTIONS]
 """
 
 from __future__ import annotations
@@ -15,33 +16,22 @@ from harness import run_command, serve_json_lines
 
 
 def main() -> None:
+    from sluice.engine_args import add_engine_arguments, config_from_args
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--executor", default="mp", choices=["mp", "inproc"])
-    parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--cpu-bind", default="auto")
-    parser.add_argument("--omp-spin-count", default="auto")
+    add_engine_arguments(parser)
+    parser.set_defaults(
+        dtype="bfloat16", max_model_len=2048, enable_prefix_caching=False, kv_cache_memory=1.0
+    )
     args = parser.parse_args()
+    if args.model is None:
+        parser.error("--model is required")
 
     from engine import LLM, SamplingParams
 
-    llm = LLM(
-        model=args.model,
-        dtype="bfloat16",
-        max_model_len=2048,
-        enable_prefix_caching=False,
-        kv_cache_memory=1.0,
-        async_scheduling=args.async_scheduling,
-        enforce_eager=args.enforce_eager,
-        executor=args.executor,
-        num_threads=args.num_threads,
-        cpu_bind=args.cpu_bind,
-        omp_spin_count=args.omp_spin_count,
-    )
+    llm = LLM.from_config(config_from_args(args))
 
     def generate(prompts: list[list[int]], max_tokens: int) -> list[int]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

@@ -44,6 +44,11 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
             r"ngram-prompt-lookup-min <= --ngram-prompt-lookup-max, got 5 and 3",
         ),
         ({"speculative_config": {"method": "eagle"}}, InvalidConfigError, r"unknown speculative method"),
+        (
+            {"cuda_attention_backend": "xformers"},
+            InvalidConfigError,
+            r"unknown cuda_attention_backend 'xformers': use auto, flash_attn, triton",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_any_process(

@@ -10,14 +10,16 @@ from reference_attention import ReferenceAttentionBackend
 from worker.attention.cpu_backend import CpuAttentionBackend
 
 
-def run_both(case: Case, scale: float = 0.125) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
+def run_both(
+    case: Case, scale: float = 0.125, decode_path: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     ours = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
     ref = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
-    got = CpuAttentionBackend().forward(
+    got = CpuAttentionBackend(decode_path=decode_path).forward(
         ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
     )
     want = ReferenceAttentionBackend().forward(
@@ -114,16 +116,18 @@ def test_negative_slots_are_skipped() -> None:
 DECODES = [(1, 1), (15, 1), (16, 1), (130, 1), (256, 1), (257, 1), (600, 1)]
 
 
+# decode_path False is the off switch (--no-cpu-decode-attention): decodes on the general tile path.
+@pytest.mark.parametrize("decode_path", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("group", [1, 3, 5])
 def test_decode_rows_match_reference_with_poisoned_spare_slots(
-    dtype: torch.dtype, head_dim: int, group: int
+    dtype: torch.dtype, head_dim: int, group: int, decode_path: bool
 ) -> None:
     case = make_case(
         DECODES, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype, seed=7, fill=float("nan")
     )
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(case, decode_path=decode_path)
     assert torch.isfinite(got.float()).all()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)

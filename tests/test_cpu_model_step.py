@@ -38,19 +38,24 @@ def folders(default_model_path: Path) -> dict[str, Path]:
     return {arch: default_model_path if arch == "default" else tiny_model_dir(arch) for arch in ARCHS}
 
 
-def _load(folder: Path, dtype: torch.dtype) -> LlamaForCausalLM:
-    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), CpuAttentionBackend())
+def _load(folder: Path, dtype: torch.dtype, decode_path: bool = True) -> LlamaForCausalLM:
+    attention = CpuAttentionBackend(decode_path=decode_path)
+    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), attention)
 
 
 Forward = Callable[..., torch.Tensor]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("arch", ARCHS)
+# Off (--no-cpu-decode-attention), FULL's C++ attention must take the tile path for decodes as eager does.
+@pytest.mark.parametrize(
+    ("arch", "dtype", "decode_path"),
+    [(arch, dtype, True) for arch in ARCHS for dtype in DTYPES] + [("default", torch.bfloat16, False)],
+    ids=str,
+)
 def test_full_and_piecewise_are_bitwise_the_eager_forward(
-    arch: str, dtype: torch.dtype, folders: dict[str, Path]
+    arch: str, dtype: torch.dtype, decode_path: bool, folders: dict[str, Path]
 ) -> None:
-    model = _load(folders[arch], dtype)
+    model = _load(folders[arch], dtype, decode_path)
     step = CpuModelStep(model, MAX_TOKENS)
     assert step.supports_full
     vocab = model.embed_tokens.weight.shape[0]

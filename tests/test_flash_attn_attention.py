@@ -11,6 +11,7 @@ import torch
 
 from paged_attention_cases import MIXED, Case, make_case
 from reference_attention import ReferenceAttentionBackend
+from sluice.config import KernelConfig
 from sluice.errors import AttentionBackendError
 from worker.attention.flash_attn_backend import FlashAttentionBackend
 from worker.attention.selector import select_attention_backend
@@ -20,6 +21,7 @@ CUDA = torch.cuda.is_available()
 HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 on_gpu = pytest.mark.skipif(not (CUDA and HAS_FLASH_ATTN), reason="needs CUDA and the flash_attn package")
 CUDA_DEVICE = torch.device("cuda")
+FORCE_FLASH_ATTN = KernelConfig(cuda_attention_backend="flash_attn")
 
 
 def test_block_size_not_a_multiple_of_256_is_refused_with_the_reason() -> None:
@@ -33,37 +35,34 @@ def test_float32_is_refused() -> None:
 
 
 @pytest.mark.skipif(HAS_FLASH_ATTN, reason="flash_attn is installed here")
-def test_selector_falls_back_to_triton_without_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLUICE_ATTENTION_BACKEND", raising=False)
+def test_selector_falls_back_to_triton_without_flash_attn() -> None:
     backend = select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16)
     assert isinstance(backend, TritonAttentionBackend)
-    monkeypatch.setenv("SLUICE_ATTENTION_BACKEND", "flash_attn")
     with pytest.raises(AttentionBackendError, match="flash_attn"):
-        select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16)
+        select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16, FORCE_FLASH_ATTN)
 
 
 @pytest.mark.parametrize(("block_size", "dtype"), [(16, torch.bfloat16), (256, torch.float32), (None, None)])
 def test_selector_uses_triton_where_flash_attn_cannot_serve_the_cache(
-    monkeypatch: pytest.MonkeyPatch, block_size: int | None, dtype: torch.dtype | None
+    block_size: int | None, dtype: torch.dtype | None
 ) -> None:
-    monkeypatch.delenv("SLUICE_ATTENTION_BACKEND", raising=False)
     assert isinstance(select_attention_backend(CUDA_DEVICE, block_size, dtype), TritonAttentionBackend)
-    monkeypatch.setenv("SLUICE_ATTENTION_BACKEND", "flash_attn")
-    with pytest.raises(AttentionBackendError, match="SLUICE_ATTENTION_BACKEND=flash_attn, but"):
-        select_attention_backend(CUDA_DEVICE, block_size, dtype)
+    with pytest.raises(AttentionBackendError, match="cuda_attention_backend is flash_attn, but"):
+        select_attention_backend(CUDA_DEVICE, block_size, dtype, FORCE_FLASH_ATTN)
 
 
-def test_selector_off_switch_and_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLUICE_ATTENTION_BACKEND", "triton")
-    assert isinstance(select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16), TritonAttentionBackend)
-    monkeypatch.setenv("SLUICE_ATTENTION_BACKEND", "xformers")
+def test_selector_off_switch_and_unknown_names() -> None:
+    triton = KernelConfig(cuda_attention_backend="triton")
+    assert isinstance(
+        select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16, triton), TritonAttentionBackend
+    )
+    unknown = KernelConfig(cuda_attention_backend="xformers")  # type: ignore[arg-type]
     with pytest.raises(AttentionBackendError, match="xformers"):
-        select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16)
+        select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16, unknown)
 
 
 @on_gpu
-def test_selector_picks_flash_attn_for_a_fitting_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLUICE_ATTENTION_BACKEND", raising=False)
+def test_selector_picks_flash_attn_for_a_fitting_cache() -> None:
     assert isinstance(select_attention_backend(CUDA_DEVICE, 256, torch.bfloat16), FlashAttentionBackend)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from hf_reference import mixed_length_prompts
+from sluice.model_spec import read_model_spec
+from worker.attention.cpu_backend import CpuAttentionBackend
+from worker.model_loader import load_model
 from worker.native_ops import load_native_ops
 
 FP32_UNIT = 2.0**-24
@@ -25,7 +27,7 @@ def ops():
     native = load_native_ops()
     probe = native.prepare_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16))
     if probe.dtype != torch.int32:
-        pytest.skip("this CPU has no AVX512_BF16 (or SLUICE_PACKED_LINEAR=0): weights stay unpacked")
+        pytest.skip("this CPU has no AVX512_BF16: weights stay unpacked")
     return native
 
 
@@ -114,26 +116,25 @@ def test_other_dtypes_stay_unpacked_and_exact(dtype: torch.dtype) -> None:
     assert torch.equal(native.linear_float32(x, prepared, None), F.linear(x, w).float())
 
 
-def test_switched_off_packing_leaves_bf16_weights_as_loaded(ops) -> None:
-    probe = (
-        "import torch; from worker.native_ops import load_native_ops; w = torch.ones(4, 4, dtype=torch.bfloat16); "
-        "p = load_native_ops().prepare_linear_weight(w); print(p.dtype, p.data_ptr() == w.data_ptr())"
-    )
-    for switch, expected in (("0", "torch.bfloat16 True"), ("1", "torch.int32 False")):
-        env = {**os.environ, "SLUICE_PACKED_LINEAR": switch}
-        done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+def test_switched_off_packing_leaves_bf16_weights_as_loaded(ops, default_model_path) -> None:
+    spec = read_model_spec(default_model_path)
+    for packed_linear, dtype in ((False, torch.bfloat16), (True, torch.int32)):
+        model = load_model(
+            spec, torch.bfloat16, torch.device("cpu"), CpuAttentionBackend(), packed_linear=packed_linear
         )
-        assert done.stdout.strip() == expected
+        layer = model.layers[0]
+        weights = [layer.self_attn.qkv_proj.weight, layer.mlp.down_proj.weight, model.lm_head.head_weight]
+        assert [w.dtype for w in weights] == [dtype] * 3
 
 
+# The model runs in this process (inproc) so that the script can look at its weights: a packed
+# weight is int32.
 GENERATE = """
 import json, sys, torch
 from engine import LLM, SamplingParams
-from worker.native_ops import load_native_ops
 prompts = json.loads(sys.stdin.read())
-packed = load_native_ops().prepare_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16)).dtype == torch.int32
-llm = LLM(model=sys.argv[1], dtype="bfloat16")
+llm = LLM(model=sys.argv[1], dtype="bfloat16", executor="inproc", packed_linear=sys.argv[2] == "1")
+packed = llm.engine.executor.worker.model_runner.model.lm_head.head_weight.dtype == torch.int32
 params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, logprobs=5)
 outs = [r.outputs[0] for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs] for o in outs]
@@ -145,13 +146,11 @@ NEAR_TIE = 0.25
 
 
 def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str) -> dict:
-    env = {**os.environ, "SLUICE_PACKED_LINEAR": packed_linear}
     done = subprocess.run(
-        [sys.executable, "-c", GENERATE, str(model)],
+        [sys.executable, "-c", GENERATE, str(model), packed_linear],
         input=json.dumps(prompts),
         capture_output=True,
         text=True,
-        env=env,
         check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])

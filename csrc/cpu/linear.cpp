@@ -4,8 +4,6 @@
 #include <ATen/ops/linear.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <string_view>
 #include <vector>
 
 #include "ops.h"
@@ -13,15 +11,6 @@
 
 namespace sluice::cpu {
 namespace {
-
-// SLUICE_PACKED_LINEAR=0 leaves every weight as loaded, so that packing's gain can be measured.
-bool packing_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SLUICE_PACKED_LINEAR");
-    return packed_gemm_available() && !(value != nullptr && std::string_view(value) == "0");
-  }();
-  return enabled;
-}
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          at::ScalarType out_dtype) {
@@ -63,7 +52,7 @@ void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor prepare_linear_weight(const at::Tensor& weight) {
-  if (!packing_enabled() || weight.scalar_type() != at::kBFloat16 || weight.dim() != 2 || !weight.device().is_cpu())
+  if (!packed_gemm_available() || weight.scalar_type() != at::kBFloat16 || weight.dim() != 2 || !weight.device().is_cpu())
     return weight;
   return pack_linear_weight(weight);
 }

@@ -9,10 +9,13 @@
 namespace sluice::cpu {
 
 // Causal attention of each sequence's new query rows over its whole context, read in place from the
-// paged cache through the block table. Writes out [num_tokens, num_heads, head_dim].
+// paged cache through the block table. Writes out [num_tokens, num_heads, head_dim]. decode_path sends
+// one-token sequences through their own kernel path; false runs them on the general tile path, so that
+// the decode path's gain can be measured (KernelConfig.cpu_decode_attention).
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     bool decode_path);
 
 // Copies each new token's key/value row to its slot; slots below zero (padding) are skipped.
 void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
@@ -42,7 +45,7 @@ void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
 at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 // The weight as linear reads it fastest: a 2-d bfloat16 weight packed (packed_weight.h) where this
-// CPU has AVX512_BF16 and SLUICE_PACKED_LINEAR is not 0; any other weight unchanged.
+// CPU has AVX512_BF16; any other weight unchanged. (KernelConfig.packed_linear decides whether it is called.)
 at::Tensor prepare_linear_weight(const at::Tensor& weight);
 
 // Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.

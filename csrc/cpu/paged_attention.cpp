@@ -11,7 +11,6 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -56,6 +55,7 @@ struct Problem {
   int64_t bt_stride;
   int block_size, head_dim, group;
   float scale_log2;
+  bool decode_path;
 };
 
 struct Tile {
@@ -525,18 +525,9 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   }
 }
 
-// The decode path can be switched off (SLUICE_CPU_DECODE_ATTENTION=0) to measure what it gains.
-bool decode_path_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("SLUICE_CPU_DECODE_ATTENTION");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
 template <typename Q, typename C, bool Dot>
 void attend(const Problem& p, const Tile& w, Scratch& s) {
-  if (w.t1 - w.t0 == 1 && p.group <= kMaxDecodeRows && p.head_dim <= kMaxDecodeDim && decode_path_enabled()) {
+  if (w.t1 - w.t0 == 1 && p.group <= kMaxDecodeRows && p.head_dim <= kMaxDecodeDim && p.decode_path) {
     attend_decode<Q, C, Dot>(p, w, s);
   } else {
     attend_tile<Q, C, Dot>(p, w, s);
@@ -601,7 +592,8 @@ int64_t plan_tiles(std::vector<Tile>& tiles, const int32_t* qsl, const int32_t* 
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     bool decode_path) {
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_dim]");
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.scalar_type() == query.scalar_type(),
               "out must match query's shape and dtype");
@@ -639,6 +631,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
       head_dim,
       num_heads / num_kv_heads,
       float(scale * M_LOG2E),
+      decode_path,
   };
   const TileFn tile_fn = pick_tile_fn(query.scalar_type(), key_cache.scalar_type(), head_dim);
 

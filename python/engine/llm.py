@@ -17,6 +17,7 @@ from sluice.config import (
     DeviceConfig,
     DType,
     GraphConfig,
+    KernelConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -72,6 +73,9 @@ class LLM:
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
         omp_spin_count: str | int = "auto",
+        packed_linear: bool = True,
+        cpu_decode_attention: bool = True,
+        cuda_attention_backend: str = "auto",
         kv_events_port: int | None = None,
         kv_events_host: str = "127.0.0.1",
         speculative_config: dict[str, Any] | None = None,
@@ -110,6 +114,11 @@ class LLM:
                 num_threads=num_threads,
                 cpu_bind=cpu_bind,
                 omp_spin_count=str(omp_spin_count),
+            ),
+            kernel=KernelConfig(
+                packed_linear=packed_linear,
+                cpu_decode_attention=cpu_decode_attention,
+                cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]
             ),
             # vLLM's shape: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, ...}.
             speculative=SpeculativeConfig(**(speculative_config or {})),

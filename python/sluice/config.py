@@ -18,6 +18,8 @@ GraphMode = Literal["full_and_piecewise", "full", "piecewise", "none"]
 MetricsPrefix = Literal["sluice", "vllm"]
 # Where draft tokens come from: "ngram" looks them up in the request's own tokens (prompt lookup).
 SpeculativeMethod = Literal["ngram"]
+# The attention kernel on CUDA: "auto" (flash-attn where it imports and fits the cache, else Triton).
+CudaAttentionBackend = Literal["auto", "flash_attn", "triton"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,18 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelConfig:
+    """Which kernels a worker runs. Each switch turns one optimisation off, so its gain can be measured."""
+
+    # CPU: bf16 linear weights packed at load for Sluice's GEMM (where the CPU has AVX512_BF16);
+    # False keeps them as loaded, for ATen's matmul.
+    packed_linear: bool = True
+    # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
+    cpu_decode_attention: bool = True
+    cuda_attention_backend: CudaAttentionBackend = "auto"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRestartConfig:
     """How `sluice serve` replaces a replica's engine core that died, while its frontend stays up."""
 
@@ -131,6 +145,7 @@ class SluiceConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
@@ -167,6 +182,7 @@ _SECTION_TYPES: dict[str, type] = {
     "parallel": ParallelConfig,
     "graph": GraphConfig,
     "device": DeviceConfig,
+    "kernel": KernelConfig,
     "speculative": SpeculativeConfig,
 }
 assert all(is_dataclass(kind) for kind in _SECTION_TYPES.values())

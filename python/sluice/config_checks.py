@@ -11,7 +11,7 @@ import os
 from typing import get_args
 
 from sluice.capture_sizes import validate_graph_config
-from sluice.config import Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
+from sluice.config import CudaAttentionBackend, Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
 from sluice.cpu_binding import cores_per_rank, omp_spin_count, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kv_cache_layout import num_kv_blocks
@@ -40,6 +40,11 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
     check_tensor_parallel(spec, parallel.tensor_parallel_size, device.device)
     if device.device == "cuda":
         _check_cuda_available()
+    backend = config.kernel.cuda_attention_backend
+    if backend not in get_args(CudaAttentionBackend):
+        raise InvalidConfigError(
+            f"unknown cuda_attention_backend {backend!r}: use {', '.join(get_args(CudaAttentionBackend))}"
+        )
     validate_graph_config(config.graph, config.scheduler)
     if config.cache.kv_events_port is not None and not config.cache.enable_prefix_caching:
         raise InvalidConfigError(

@@ -13,12 +13,14 @@ from typing import get_args
 
 from sluice.config import (
     CacheConfig,
+    CudaAttentionBackend,
     Device,
     DeviceConfig,
     DType,
     ExecutorBackend,
     GraphConfig,
     GraphMode,
+    KernelConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -87,6 +89,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parallel = ParallelConfig()
     graph = GraphConfig()
     device = DeviceConfig()
+    kernel = KernelConfig()
     speculative = SpeculativeConfig()
     group = parser.add_argument_group("engine")
     model_help = "a local Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct)"
@@ -214,6 +217,25 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "inherit leaves the environment's (else libgomp's 300000)",
     )
     group.add_argument(
+        "--packed-linear",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.packed_linear,
+        help="CPU: pack bf16 linear weights at load for Sluice's GEMM (AVX512_BF16 CPUs); "
+        "--no-packed-linear keeps them as loaded, for ATen's matmul",
+    )
+    group.add_argument(
+        "--cpu-decode-attention",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.cpu_decode_attention,
+        help="CPU: run one-token (decode) attention on its own kernel path rather than the general tile path",
+    )
+    group.add_argument(
+        "--cuda-attention-backend",
+        default=kernel.cuda_attention_backend,
+        choices=get_args(CudaAttentionBackend),
+        help="CUDA: auto picks flash-attn where it imports and fits the KV cache, else Triton",
+    )
+    group.add_argument(
         "--speculative",
         default=speculative.method,
         choices=get_args(SpeculativeMethod),
@@ -297,6 +319,11 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes
         ),
         device=device_config_from_args(args),
+        kernel=KernelConfig(
+            packed_linear=args.packed_linear,
+            cpu_decode_attention=args.cpu_decode_attention,
+            cuda_attention_backend=args.cuda_attention_backend,
+        ),
         speculative=SpeculativeConfig(
             method=args.speculative,
             num_speculative_tokens=args.num_speculative_tokens,

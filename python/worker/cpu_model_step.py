@@ -38,6 +38,8 @@ class CpuModelStep:
         native = load_native_ops()
         self.model = model
         self.max_num_tokens = max_num_tokens
+        attention = model.attention
+        cpu_attention = isinstance(attention, CpuAttentionBackend)
         self._step = native.ModelStep(
             [_layer_weights(native, layer) for layer in model.layers],
             embedding=model.embed_tokens.weight,
@@ -46,11 +48,13 @@ class CpuModelStep:
             cos_table=model.rotary.cos,
             sin_table=model.rotary.sin_signed,
             max_tokens=max_num_tokens,
+            # FULL runs only over the CPU backend (supports_full), so it follows that backend's setting.
+            decode_attention=attention.decode_path if cpu_attention else True,
         )
         # One C++ DecoderStages per layer, each with DecoderLayer's three stage methods.
         self.stages = self._step.layers
         # FULL hard-codes the C++ attention kernels and a whole-vocabulary embedding.
-        self.supports_full = tensor_parallel_size == 1 and isinstance(model.attention, CpuAttentionBackend)
+        self.supports_full = tensor_parallel_size == 1 and cpu_attention
         self._bound_kv_caches: KVCaches | None = None
 
     def fits(self, num_tokens: int) -> bool:

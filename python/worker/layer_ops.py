@@ -25,7 +25,8 @@ class LayerOps(Protocol):
 
     def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """A loaded [out, in] weight in the form linear reads fastest (on CPU: bf16 packed for the
-        native GEMM, unless SLUICE_PACKED_LINEAR=0); call once per weight, after loading and sharding."""
+        native GEMM); call once per weight, after loading and sharding (load_model skips it where
+        KernelConfig.packed_linear is off)."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...

@@ -43,8 +43,12 @@ def load_model(
     attention: AttentionBackend,
     max_model_len: int | None = None,
     tp: TensorParallelGroup | None = None,
+    packed_linear: bool = True,
 ) -> LlamaForCausalLM:
-    """The model with this rank's shard of every weight; tp defaults to the process's group."""
+    """The model with this rank's shard of every weight; tp defaults to the process's group.
+
+    packed_linear (KernelConfig.packed_linear) puts the linear weights in the form the device's linear
+    reads fastest (on CPU, bf16 packed for Sluice's GEMM); False keeps them as loaded."""
     with torch.device(device):
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
@@ -65,7 +69,8 @@ def load_model(
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
-    model.prepare_linear_weights()
+    if packed_linear:
+        model.prepare_linear_weights()
     return model.eval()
 
 

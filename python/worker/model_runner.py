@@ -93,8 +93,18 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         self.num_layers = spec.num_layers
-        attention = select_attention_backend(device, block_size=self.block_size, dtype=self.dtype)
-        self.model = load_model(spec, self.dtype, device, attention, max_model_len=self.max_model_len)
+        kernel = config.kernel
+        attention = select_attention_backend(
+            device, block_size=self.block_size, dtype=self.dtype, kernel=kernel
+        )
+        self.model = load_model(
+            spec,
+            self.dtype,
+            device,
+            attention,
+            max_model_len=self.max_model_len,
+            packed_linear=kernel.packed_linear,
+        )
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
         self.num_kv_heads = self.model.num_kv_heads

@@ -11,7 +11,9 @@ from worker.native_ops import load_native_ops
 class CpuAttentionBackend:
     supports_full_graph = True
 
-    def __init__(self) -> None:
+    def __init__(self, decode_path: bool = True) -> None:
+        """decode_path: one-token sequences take the kernel's decode path (KernelConfig.cpu_decode_attention)."""
+        self.decode_path = decode_path
         ops = load_native_ops()
         self._write_kv_cache = ops.write_kv_cache
         self._paged_attention = ops.paged_attention
@@ -37,5 +39,6 @@ class CpuAttentionBackend:
             metadata.query_start_loc,
             metadata.seq_lens,
             scale,
+            self.decode_path,
         )
         return out

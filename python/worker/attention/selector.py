@@ -1,42 +1,48 @@
 """Picks the attention backend for a device at run time.
 
 On CUDA, flash-attn serves when it imports and fits the cache (block size a multiple of 256,
-fp16/bf16); otherwise Triton. SLUICE_ATTENTION_BACKEND=triton or =flash_attn forces one (the
-off switch for measuring flash-attn against Triton); forcing flash-attn where it does not fit is
-an error that says why.
+fp16/bf16); otherwise Triton. KernelConfig.cuda_attention_backend (--cuda-attention-backend)
+"triton" or "flash_attn" forces one (the off switch for measuring flash-attn against Triton);
+forcing flash-attn where it does not fit is an error that says why. On CPU,
+KernelConfig.cpu_decode_attention turns the C++ kernel's decode path off.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from sluice.config import KernelConfig
 from sluice.errors import AttentionBackendError
 from worker.attention.backend import AttentionBackend
 
 CUDA_BACKENDS = ("flash_attn", "triton")
+DEFAULT_KERNELS = KernelConfig()
 
 
 def select_attention_backend(
-    device: torch.device, block_size: int | None = None, dtype: torch.dtype | None = None
+    device: torch.device,
+    block_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    kernel: KernelConfig = DEFAULT_KERNELS,
 ) -> AttentionBackend:
     """block_size and dtype describe the KV cache; without them flash-attn is never picked."""
     if device.type == "cpu":
         from worker.attention.cpu_backend import CpuAttentionBackend
 
-        return CpuAttentionBackend()
+        return CpuAttentionBackend(decode_path=kernel.cpu_decode_attention)
     if device.type == "cuda":
-        return _cuda_backend(block_size, dtype, os.environ.get("SLUICE_ATTENTION_BACKEND"))
+        return _cuda_backend(block_size, dtype, kernel.cuda_attention_backend)
     raise NotImplementedError(
         f"no attention backend for device {device.type!r}: Sluice supports cpu and cuda"
     )
 
 
-def _cuda_backend(block_size: int | None, dtype: torch.dtype | None, forced: str | None) -> AttentionBackend:
-    if forced not in (None, *CUDA_BACKENDS):
-        raise AttentionBackendError(f"SLUICE_ATTENTION_BACKEND={forced!r}: expected one of {CUDA_BACKENDS}")
-    if forced != "triton":
+def _cuda_backend(block_size: int | None, dtype: torch.dtype | None, choice: str) -> AttentionBackend:
+    if choice not in ("auto", *CUDA_BACKENDS):
+        raise AttentionBackendError(
+            f"cuda_attention_backend {choice!r}: expected auto or one of {CUDA_BACKENDS}"
+        )
+    if choice != "triton":
         from worker.attention.flash_attn_backend import FlashAttentionBackend
 
         try:
@@ -44,8 +50,8 @@ def _cuda_backend(block_size: int | None, dtype: torch.dtype | None, forced: str
                 raise AttentionBackendError("the selector was not told the KV cache's block size and dtype")
             return FlashAttentionBackend(block_size, dtype)
         except (AttentionBackendError, ImportError) as exc:
-            if forced == "flash_attn":
-                raise AttentionBackendError(f"SLUICE_ATTENTION_BACKEND=flash_attn, but {exc}") from exc
+            if choice == "flash_attn":
+                raise AttentionBackendError(f"cuda_attention_backend is flash_attn, but {exc}") from exc
     from worker.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()

@@ -1,0 +1,47 @@
+"""The kernels' off switches travel as KernelConfig, one typed value, from every entry point to the worker."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from sluice.config import KernelConfig, config_from_dict, config_to_dict
+from sluice.engine_args import add_engine_arguments, config_from_args
+from sluice.serve import add_serve_arguments, engine_argv
+
+OFF = ["--no-packed-linear", "--no-cpu-decode-attention", "--cuda-attention-backend", "triton"]
+ALL_OFF = KernelConfig(packed_linear=False, cpu_decode_attention=False, cuda_attention_backend="triton")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_leave_every_kernel_on() -> None:
+    assert config_from_args(parse([]), model_path="/m").kernel == KernelConfig(
+        packed_linear=True, cpu_decode_attention=True, cuda_attention_backend="auto"
+    )
+
+
+def test_switches_reach_the_config_and_survive_the_worker_seam() -> None:
+    config = config_from_args(parse(OFF), model_path="/m")
+    assert config.kernel == ALL_OFF
+    # The multiprocess executor hands workers the config as plain values (msgpack/JSON).
+    assert config_from_dict(config_to_dict(config)).kernel == ALL_OFF
+
+
+def test_serve_passes_the_switches_to_its_engine_core() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = engine_argv(parser.parse_args(OFF), Path("/m"))
+    assert config_from_args(parse(argv), model_path="/m").kernel == ALL_OFF
+
+
+def test_an_unknown_cuda_backend_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--cuda-attention-backend", "xformers"])
+    assert "invalid choice: 'xformers'" in capsys.readouterr().err

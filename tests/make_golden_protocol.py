@@ -75,6 +75,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             min_tokens=4,
             structured_output=StructuredOutput(kind="json_schema", spec='{"type":"object","title":"Größe"}'),
             prompt_logprobs=3,
+            allowed_token_ids=[2, 127, 49151],
         ),
         arrival_time=1732190000.125,
         priority=-33,

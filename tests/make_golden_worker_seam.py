@@ -56,6 +56,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                         stop_token_ids=[2],
                         min_tokens=4,
                         prompt_logprobs=0,
+                        allowed_token_ids=[2, 127, 49151],
                     )
                 ),
                 block_ids=[0, 1],

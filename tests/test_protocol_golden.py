@@ -54,6 +54,7 @@ PARAMS_KEYS = [
     "min_tokens",
     "structured_output",
     "prompt_logprobs",
+    "allowed_token_ids",
 ]
 OUTPUT_KEYS = [
     "request_id",
@@ -223,6 +224,7 @@ _params = st.builds(
     ignore_eos=st.booleans(),
     min_tokens=_small,
     prompt_logprobs=st.none() | _small,
+    allowed_token_ids=st.none() | _tokens,
 )
 _logprobs = st.builds(
     Logprobs, token_ids=_tokens, logprobs=st.lists(_floats, max_size=4), sampled_rank=_small

@@ -141,6 +141,10 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
         ("chat", {"extra_body": {"chat_template": "{{ messages }}"}}, "chat_template"),
         ("chat", {"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ("completions", {"extra_body": {"allowed_token_ids": []}}, "allowed_token_ids"),
+        ("chat", {"extra_body": {"allowed_token_ids": [5, 49152]}}, "allowed_token_ids"),
+        # The default model's EOS is 2 (<|im_end|>): under min_tokens nothing could be sampled.
+        ("completions", {"extra_body": {"allowed_token_ids": [2], "min_tokens": 1}}, "allowed_token_ids"),
     ],
 )
 def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
@@ -151,6 +155,38 @@ def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
     else:
         got = refused_param(client.chat.completions.create, messages=MESSAGES, max_tokens=2, **fields)
     assert got == param
+
+
+def test_allowed_token_ids_restrict_every_sampled_token(client: openai.OpenAI) -> None:
+    # Token ids of " yes", " no" and " maybe" in the default model's vocabulary, from its tokenizer.
+    tokens = client.post("/../tokenize", body={"prompt": " yes no maybe"}, cast_to=object)["tokens"]  # type: ignore[index]
+    allowed = sorted(set(tokens))
+    assert len(allowed) == 3
+    for temperature in (0.0, 1.5):
+        completion = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=temperature,
+            extra_body={"allowed_token_ids": allowed, "ignore_eos": True, "return_token_ids": True},
+        )
+        choice = completion.choices[0]
+        got = choice.token_ids  # type: ignore[attr-defined]
+        assert len(got) == 12 and set(got) <= set(allowed), (temperature, got)
+    # Unrestricted, the model's greedy answer is none of them ("Paris").
+    free = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert not set(free.choices[0].token_ids) <= set(allowed)  # type: ignore[attr-defined]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=5,
+        temperature=0,
+        extra_body={"allowed_token_ids": allowed, "ignore_eos": True},
+    )
+    assert chat.choices[0].message.content.strip().split() == chat.choices[0].message.content.split()
+    assert set(chat.choices[0].message.content.split()) <= {"yes", "no", "maybe"}
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.OpenAI) -> None:

@@ -216,6 +216,43 @@ def test_logit_bias_adds_to_the_logits():
     assert sample(state, LOGITS.expand(2, -1)).token_ids.tolist() == [2, 1]
 
 
+def test_allowed_token_ids_leave_only_those_tokens_to_greedy_and_random_rows():
+    allowed = [0, 2, 5]
+    state = state_with(
+        SamplingParams(temperature=0.0, allowed_token_ids=allowed),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=2.0, allowed_token_ids=allowed, logit_bias={2: 1.0}),
+    )
+    processed = process_logits(LOGITS.expand(3, -1).clone(), state.metadata(3))
+    expected = torch.full((VOCAB,), float("-inf"))
+    expected[allowed] = LOGITS[allowed]
+    torch.testing.assert_close(processed[0], expected)
+    torch.testing.assert_close(processed[1], LOGITS)
+    expected[2] += 1.0
+    torch.testing.assert_close(processed[2], expected)
+    # LOGITS' best among [0, 2, 5] is 0; row 1 takes the whole vocabulary's best, 1.
+    drawn = set()
+    for _ in range(50):
+        tokens = sample(state, LOGITS.expand(3, -1)).token_ids.tolist()
+        assert tokens[:2] == [0, 1]
+        drawn.add(tokens[2])
+    # At temperature 2 each allowed token has a fair chance; nothing else has any.
+    assert drawn == set(allowed)
+
+
+def test_allowed_token_ids_follow_a_moved_row_and_leave_with_a_removed_one():
+    state = state_with(
+        SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, allowed_token_ids=[6])
+    )
+    state.remove(0)
+    state.move(1, 0)
+    assert sample(state, LOGITS.unsqueeze(0)).token_ids.item() == 6
+    state.remove(0)
+    state.add(0, SamplingParams(temperature=0.0), [], [])
+    assert state.is_plain_greedy(0)
+    assert sample(state, LOGITS.unsqueeze(0)).token_ids.item() == 1
+
+
 def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
     logits = torch.tensor([0.0, 1.0, 2.0, 0.0, 3.0, 0.0, 0.0, 4.0]).unsqueeze(0)
     state = state_with(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[4]))

@@ -48,3 +48,20 @@ def test_engine_validation_follows_the_golden_table(case: dict[str, Any]) -> Non
     with pytest.raises(InvalidRequestError) as refused:
         validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE)
     assert refused.value.param == case["param"], str(refused.value)
+
+
+def test_allowed_token_ids_of_only_stop_or_eos_tokens_are_refused_under_min_tokens() -> None:
+    eos = (2,)
+
+    def check(**fields: Any) -> None:
+        validate_request(
+            [1], SamplingParams(**fields), max_model_len=64, vocab_size=VOCAB_SIZE, eos_token_ids=eos
+        )
+
+    with pytest.raises(InvalidRequestError) as refused:
+        check(allowed_token_ids=[2, 9], stop_token_ids=[9], min_tokens=1)
+    assert refused.value.param == "allowed_token_ids"
+    # Any other allowed token, no min_tokens, or EOS not suppressed (ignore_eos) leaves something to sample.
+    check(allowed_token_ids=[2, 9, 10], stop_token_ids=[9], min_tokens=1)
+    check(allowed_token_ids=[2], min_tokens=0)
+    check(allowed_token_ids=[2], min_tokens=1, ignore_eos=True)

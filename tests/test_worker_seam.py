@@ -111,6 +111,7 @@ def test_sampling_params_travel_as_the_params_map():
         stop_token_ids=[2],
         min_tokens=4,
         prompt_logprobs=0,
+        allowed_token_ids=[2, 127, 49151],
     )
 
 

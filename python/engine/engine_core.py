@@ -89,7 +89,9 @@ class EngineCore:
         )
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        validate_request(prompt_token_ids, params, self.max_model_len, self.vocab_size)
+        validate_request(
+            prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids
+        )
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """End the requests now and free their blocks; one "abort" output per request that was live."""

@@ -7,7 +7,11 @@ from sluice.sampling_params import SamplingParams
 
 
 def validate_request(
-    prompt_token_ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    max_model_len: int,
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...] = (),
 ) -> None:
     params.validate()
     if not prompt_token_ids:
@@ -28,4 +32,19 @@ def validate_request(
                 f"token id {token_id} in logit_bias or stop_token_ids is outside the vocabulary "
                 f"[0, {vocab_size})",
                 param="logit_bias" if token_id in (params.logit_bias or {}) else "stop_token_ids",
+            )
+    bad = next((t for t in params.allowed_token_ids or () if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} in allowed_token_ids is outside the vocabulary [0, {vocab_size})",
+            param="allowed_token_ids",
+        )
+    if params.allowed_token_ids is not None and params.min_tokens > 0:
+        # Under min_tokens the stop ids and EOS are suppressed: nothing at all could be sampled.
+        suppressed = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        if set(params.allowed_token_ids) <= suppressed:
+            raise InvalidRequestError(
+                "allowed_token_ids holds only stop or end-of-sequence tokens, which min_tokens "
+                f"({params.min_tokens}) forbids: no token could be sampled",
+                param="allowed_token_ids",
             )

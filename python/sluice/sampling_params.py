@@ -61,6 +61,8 @@ class SamplingParams:
     structured_output: StructuredOutput | None = None
     # None: no prompt logprobs. N >= 0: for each prompt token after the first, its logprob plus the top N.
     prompt_logprobs: int | None = None
+    # vLLM's: None, or the only tokens that may be sampled (every other logit is -inf).
+    allowed_token_ids: list[int] | None = None
     # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
     # the frontend applies its own over HTTP. A stop string ends the output before it.
     stop: list[str] = field(default_factory=list)
@@ -151,6 +153,11 @@ class SamplingParams:
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
             ),
             (
+                self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+                "allowed_token_ids",
+                "allowed_token_ids must name at least one token, got an empty list",
+            ),
+            (
                 all(isinstance(text, str) and text for text in self.stop),
                 "stop",
                 f"stop must be a list of non-empty strings, got {self.stop!r}",
@@ -216,6 +223,7 @@ PARAMS_FIELDS = (
     ("min_tokens", INT),
     ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
     ("prompt_logprobs", optional(INT)),
+    ("allowed_token_ids", optional(INT_LIST)),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

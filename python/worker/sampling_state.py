@@ -59,6 +59,9 @@ class SamplingMetadata:
     # Tokens forced to -inf (stop ids and EOS while a row is under min_tokens).
     suppress_rows: torch.Tensor | None = None
     suppress_token_ids: torch.Tensor | None = None
+    # Rows with allowed_token_ids, and their [len(rows), vocab] masks (True: may be sampled).
+    allowed_rows: torch.Tensor | None = None
+    allowed_mask: torch.Tensor | None = None
     # Rows that want logprobs, and how many top entries each wants.
     logprob_rows: list[int] = field(default_factory=list)
     num_logprobs: list[int] = field(default_factory=list)
@@ -67,6 +70,7 @@ class SamplingMetadata:
     def needs_processing(self) -> bool:
         return (
             self.bias_rows is not None
+            or self.allowed_rows is not None
             or self.suppress_rows is not None
             or self.output_counts is not None
             or bool(self.logprob_rows)
@@ -111,6 +115,7 @@ class SamplingState:
         self._repetition_rows: set[int] = set()
         self._presence_frequency_rows: set[int] = set()
         self._bias_rows: set[int] = set()
+        self._allowed_rows: set[int] = set()
         # Rows still under min_tokens that have something to suppress.
         self._min_tokens_rows: set[int] = set()
         self._logprob_rows: set[int] = set()
@@ -123,6 +128,7 @@ class SamplingState:
             self._repetition_rows,
             self._presence_frequency_rows,
             self._bias_rows,
+            self._allowed_rows,
             self._min_tokens_rows,
             self._logprob_rows,
         )
@@ -130,6 +136,8 @@ class SamplingState:
         # Allocated the first time a penalised request arrives.
         self._output_counts: torch.Tensor | None = None
         self._prompt_mask: torch.Tensor | None = None
+        # Allocated the first time a request with allowed_token_ids arrives.
+        self._allowed_mask: torch.Tensor | None = None
 
     def add(
         self,
@@ -178,6 +186,11 @@ class SamplingState:
             self._presence_frequency_rows.add(row)
         if self._logit_bias[row]:
             self._bias_rows.add(row)
+        if params.allowed_token_ids is not None:
+            self._allowed_rows.add(row)
+            allowed = self._ensure_allowed_mask()
+            allowed[row].zero_()
+            allowed[row, torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=self.device)] = True
         if self._suppress_ids[row] and len(output_token_ids) < params.min_tokens:
             self._min_tokens_rows.add(row)
         if params.logprobs is not None:
@@ -227,6 +240,9 @@ class SamplingState:
         if src_row in self._repetition_rows:
             assert self._prompt_mask is not None
             self._prompt_mask[dst_row] = self._prompt_mask[src_row]
+        if src_row in self._allowed_rows:
+            assert self._allowed_mask is not None
+            self._allowed_mask[dst_row] = self._allowed_mask[src_row]
         for rows in self._feature_sets:
             if src_row in rows:
                 rows.add(dst_row)
@@ -269,6 +285,12 @@ class SamplingState:
             self._fill_penalties(md, num_rows)
         if self._bias_rows:
             self._fill_bias(md, num_rows)
+        if self._allowed_rows:
+            rows = sorted(r for r in self._allowed_rows if r < num_rows)
+            if rows:
+                assert self._allowed_mask is not None
+                md.allowed_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
+                md.allowed_mask = self._allowed_mask[md.allowed_rows]
         if self._min_tokens_rows:
             self._fill_suppression(md, num_rows)
         if self._logprob_rows:
@@ -362,6 +384,12 @@ class SamplingState:
             shape = (self.max_num_rows, self.vocab_size)
             self._output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
         return self._output_counts
+
+    def _ensure_allowed_mask(self) -> torch.Tensor:
+        if self._allowed_mask is None:
+            shape = (self.max_num_rows, self.vocab_size)
+            self._allowed_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        return self._allowed_mask
 
     def _ensure_prompt_mask(self) -> torch.Tensor:
         if self._prompt_mask is None:

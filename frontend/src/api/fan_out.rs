@@ -193,6 +193,15 @@ impl Choices {
     }
 }
 
+/// Request fields that the engine core checks against the model (its EOS ids, its vocabulary) and
+/// may name in a refusal; the 400 then names the field too.
+const ENGINE_CHECKED_FIELDS: &[&str] = &[
+    "allowed_token_ids",
+    "logit_bias",
+    "stop_token_ids",
+    "prompt",
+];
+
 /// A failed choice's error: the engine's own failure is a 500 while the engine is healthy, a 503
 /// once it is not (the failure was the engine going away).
 fn api_error(
@@ -206,7 +215,13 @@ fn api_error(
                 param: field,
                 message,
             },
-            _ => ApiError::InvalidRequest(format!("{param}: {message}")),
+            _ => match ENGINE_CHECKED_FIELDS.iter().find(|&&field| field == param) {
+                Some(field) => ApiError::InvalidParameter {
+                    param: field,
+                    message,
+                },
+                None => ApiError::InvalidRequest(format!("{param}: {message}")),
+            },
         },
         ChoiceError::Engine(reason) if engine.is_healthy() => {
             ApiError::Internal(format!("the engine failed the request: {reason}"))

@@ -422,6 +422,7 @@ mod tests {
             "frequency_penalty",
             "repetition_penalty",
             "logit_bias",
+            "allowed_token_ids",
             "ignore_eos",
             "min_tokens",
             "stream",

@@ -65,10 +65,6 @@ const COMMON: &[Unsupported] = &[
         why: "it applies to beam search, which is not implemented",
         inert: absent_or_one,
     },
-    unsupported(
-        "allowed_token_ids",
-        "restricting the vocabulary is not implemented",
-    ),
     unsupported("bad_words", "banned word sequences are not implemented"),
     unsupported(
         "logits_processors",

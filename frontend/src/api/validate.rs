@@ -192,6 +192,17 @@ pub fn check_token_ids(param: &'static str, ids: &[u32], vocab_size: u32) -> Res
     }
 }
 
+/// vLLM's `allowed_token_ids`: token ids of the vocabulary, at least one.
+pub fn check_allowed_token_ids(ids: &[u32], vocab_size: u32) -> Result<(), ApiError> {
+    if ids.is_empty() {
+        return Err(out_of_range(
+            "allowed_token_ids",
+            "allowed_token_ids must name at least one token, got an empty list".into(),
+        ));
+    }
+    check_token_ids("allowed_token_ids", ids, vocab_size)
+}
+
 /// `stream_options` only shapes a stream, so without `stream` it is a mistake (vLLM's rule).
 pub fn check_stream_options(fields: &SamplingFields) -> Result<(), ApiError> {
     if fields.stream_options.is_some() && !fields.stream.unwrap_or(false) {
@@ -430,6 +441,9 @@ pub fn check_sampling<'a>(
     if let Some(ids) = &fields.stop_token_ids {
         check_token_ids("stop_token_ids", ids, vocab_size)?;
     }
+    if let Some(ids) = &fields.allowed_token_ids {
+        check_allowed_token_ids(ids, vocab_size)?;
+    }
     check_stream_options(fields)?;
     let structured_output = structured_output::constraint(fields)?;
     let n = fields.n.unwrap_or(1);
@@ -472,6 +486,7 @@ impl CheckedSampling<'_> {
             min_tokens: fields.min_tokens.unwrap_or(0).min(max_tokens),
             structured_output: self.structured_output.as_ref().map(|c| c.value.clone()),
             prompt_logprobs: self.prompt_logprobs.max(self.echo_logprobs),
+            allowed_token_ids: fields.allowed_token_ids.clone(),
         }
     }
 
@@ -1037,6 +1052,19 @@ mod tests {
         assert_eq!(
             param_of(check_repetition_penalty(0.0)),
             "repetition_penalty"
+        );
+    }
+
+    #[test]
+    fn allowed_token_ids_are_a_non_empty_list_of_vocabulary_ids() {
+        assert!(check_allowed_token_ids(&[0, 99], 100).is_ok());
+        assert_eq!(
+            param_of(check_allowed_token_ids(&[], 100)),
+            "allowed_token_ids"
+        );
+        assert_eq!(
+            param_of(check_allowed_token_ids(&[3, 100], 100)),
+            "allowed_token_ids"
         );
     }
 

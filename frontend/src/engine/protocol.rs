@@ -134,6 +134,8 @@ pub struct SamplingParams {
     pub structured_output: Option<StructuredOutput>,
     /// For each prompt token after the first, its logprob plus the top N.
     pub prompt_logprobs: Option<u32>,
+    /// vLLM's: the only tokens that may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
 }
 
 /// `kind` is one of json_schema (spec: the schema as JSON text), json_object (spec: ""), regex
@@ -163,6 +165,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             structured_output: None,
             prompt_logprobs: None,
+            allowed_token_ids: None,
         }
     }
 }
@@ -639,6 +642,7 @@ mod tests {
             "\"ignore_eos\"",
             "\"min_tokens\"",
             "\"prompt_logprobs\"",
+            "\"allowed_token_ids\"",
             "\"arrival_time\"",
             "\"priority\"",
         ];

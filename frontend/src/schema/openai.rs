@@ -83,6 +83,8 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f64>,
     /// Token ids as JSON object keys, which are always strings.
     pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// vLLM's: the only token ids that may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub min_tokens: Option<u32>,

@@ -207,6 +207,35 @@ def test_a_streamed_uncompilable_schema_is_a_400_not_an_error_event(client: open
     assert raised.value.body["param"] == "guided_json"  # type: ignore[index]
 
 
+def token_id(client: openai.OpenAI, text: str) -> int:
+    (only,) = client.post("/../tokenize", body={"prompt": text}, cast_to=object)["tokens"]  # type: ignore[index]
+    return only
+
+
+def test_allowed_token_ids_narrow_the_constraint_and_a_disjoint_set_is_a_400(client: openai.OpenAI) -> None:
+    # The default model's EOS is 2 (<|im_end|>).
+    braces = [token_id(client, "{"), token_id(client, "}"), 2]
+    reply = chat(
+        client,
+        "Give me JSON.",
+        temperature=0.0,
+        response_format={"type": "json_object"},
+        extra_body={"allowed_token_ids": braces},
+    )
+    assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("{}", "stop")
+    # No JSON object starts with "hello": nothing can be sampled, and the request alone fails.
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as raised:
+            chat(
+                client,
+                "Give me JSON.",
+                response_format={"type": "json_object"},
+                stream=stream,
+                extra_body={"allowed_token_ids": [token_id(client, "hello")]},
+            )
+        assert raised.value.body["param"] == "allowed_token_ids", raised.value.body  # type: ignore[index]
+
+
 def test_the_server_still_serves_after_rejections(client: openai.OpenAI) -> None:
     reply = chat(client, "Say hi.", temperature=0.0, max_tokens=4)
     assert reply.choices[0].finish_reason in ("stop", "length")

@@ -42,8 +42,11 @@ def test_choice_mask_allows_only_prefixes_of_the_choices(grammar_tokenizer: Gram
     assert allowed, "something must be allowed"
     texts = {tokenizer.decode_str([t]) for t in allowed}
     assert all("yes".startswith(t) or "no".startswith(t) for t in texts), texts
+    refusing = grammar_tokenizer.compile(StructuredOutput("choice", json.dumps(["yes", "no"])))
+    assert not refusing.accept_token(tokenizer.tokenize_str("maybe")[0])
+    assert refusing.error, "the matcher says why"
     for token in tokenizer.tokenize_str("no"):
-        grammar.accept_token(token)
+        assert grammar.accept_token(token)
     assert grammar.is_terminated
     assert allowed_ids(grammar, grammar_tokenizer.vocab_size) == {EOS}
 
@@ -175,3 +178,24 @@ def test_structured_tokens_are_the_same_with_async_scheduling_on_and_off(default
         if output.finish_reason == "stop":
             value = json.loads(output.text)
             assert set(value) == {"name", "age"} and isinstance(value["age"], int), output.text
+
+
+def test_masks_that_leave_no_token_fail_that_request_alone(default_model_path: Path) -> None:
+    # allowed_token_ids that a JSON object never starts with: the worker's row is all -inf, the grammar
+    # refuses what it picked, and the request ends with an error naming the field, while the engine
+    # core (worker processes, async scheduling: its next step is in flight) goes on serving.
+    llm = LLM(model=str(default_model_path), executor="mp", max_model_len=256, num_kv_blocks=32)
+    hello = llm.tokenizer.encode("hello")[0]
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=8,
+        structured_output=StructuredOutput("json_object", ""),
+        allowed_token_ids=[hello],
+    )
+    plain = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    failed, served = llm.generate(["Give me JSON:", "The capital of France is"], [constrained, plain])
+    assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].token_ids == []
+    assert served.outputs[0].finish_reason == "length" and len(served.outputs[0].token_ids) == 4
+    again = llm.generate(["The capital of France is"], plain)[0].outputs[0]
+    assert again.token_ids == served.outputs[0].token_ids
+    llm.engine.shutdown()

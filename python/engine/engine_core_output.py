@@ -13,7 +13,7 @@ class EngineCoreOutput:
     new_token_ids: list[int]
     # One entry per new token, or None when the request did not ask for logprobs.
     new_logprobs: list[Logprobs] | None = None
-    # "stop", "length" or "abort" once the request has ended.
+    # "stop", "length", "abort" or "error" once the request has ended.
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
@@ -21,6 +21,9 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None
     # One entry per prompt token after the first, in the output of the first generated token only.
     prompt_logprobs: list[Logprobs] | None = None
+    # With finish_reason "error": why, and the request field at fault.
+    error: str | None = None
+    invalid_param: str | None = None
 
     @property
     def finished(self) -> bool:

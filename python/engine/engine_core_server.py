@@ -336,8 +336,9 @@ def _to_wire_output(core_output: Any) -> EngineOutput:
         finish_reason=core_output.finish_reason,
         stop_reason=core_output.stop_reason,
         num_cached_tokens=core_output.num_cached_tokens,
-        error=None,
+        error=core_output.error,
         first_scheduled_time=core_output.first_scheduled_time,
+        invalid_param=core_output.invalid_param,
         prompt_logprobs=core_output.prompt_logprobs,
     )
 

@@ -21,6 +21,8 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    # No token could be sampled under the request's own constraints (see Request.error).
+    FINISHED_ERROR = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -36,6 +38,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -65,6 +68,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     # The stop token id that ended the request, if one did (EOS leaves it None).
     stop_reason: int | None = None
+    # With FINISHED_ERROR: why, and the request field at fault.
+    error: str | None = None
+    invalid_param: str | None = None
     # Chained hashes of the request's full blocks, extended lazily by the KV cache manager.
     block_hashes: list[bytes] = field(default_factory=list)
     # The matcher of its structured output constraint: it has consumed every output token.

@@ -369,9 +369,10 @@ class Scheduler:
                 request.num_computed_tokens -= num_drafts + 1 - len(token_ids)
             new_token_ids = []
             for token_id in token_ids:
+                if request.grammar is not None and not request.grammar.accept_token(token_id):
+                    _fail_unsatisfiable(request)
+                    break
                 request.append_output_token(token_id)
-                if request.grammar is not None:
-                    request.grammar.accept_token(token_id)
                 new_token_ids.append(token_id)
                 if self._check_stop(request, token_id):
                     break
@@ -388,6 +389,8 @@ class Scheduler:
                     num_cached_tokens=request.num_cached_tokens,
                     first_scheduled_time=request.first_scheduled_time,
                     prompt_logprobs=request.take_prompt_logprobs(),
+                    error=request.error,
+                    invalid_param=request.invalid_param,
                 )
             )
         if finished:
@@ -469,3 +472,18 @@ class Scheduler:
             if self.speculator is None
             else self.speculator.num_accepted_tokens,
         )
+
+
+def _fail_unsatisfiable(request: Request) -> None:
+    """End a structured output request whose grammar refused the sampled token: its masks together
+    left no token to sample (say, allowed_token_ids that the constraint never admits)."""
+    assert request.grammar is not None
+    params = request.sampling_params
+    request.status = RequestStatus.FINISHED_ERROR
+    request.invalid_param = (
+        "allowed_token_ids" if params.allowed_token_ids is not None else "structured_output"
+    )
+    request.error = (
+        "no token satisfies the structured output constraint together with allowed_token_ids and "
+        f"min_tokens (which holds back stop and end-of-sequence tokens): {request.grammar.error}"
+    )

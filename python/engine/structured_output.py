@@ -112,10 +112,15 @@ class RequestGrammar:
     matcher: llguidance.LLMatcher
     num_words: int
 
-    def accept_token(self, token_id: int) -> None:
-        # The mask allowed the token, so the matcher takes it; an error here is a bug, not bad input.
-        accepted = self.matcher.consume_token(token_id)
-        assert accepted, f"the grammar refused a token its own mask allowed: {self.matcher.get_error()}"
+    def accept_token(self, token_id: int) -> bool:
+        """Whether the matcher took the token. The mask allowed every token the worker could sample,
+        unless the request's other masks (allowed_token_ids, min_tokens' suppression of stop and EOS
+        tokens) left the row no token at all, and the worker took one anyway."""
+        return bool(self.matcher.consume_token(token_id))
+
+    @property
+    def error(self) -> str:
+        return str(self.matcher.get_error())
 
     @property
     def is_terminated(self) -> bool:

@@ -111,7 +111,8 @@ class EngineOutput:
     error: str | None = None
     # Seconds since the Unix epoch when the engine first scheduled the request; None if it never did.
     first_scheduled_time: float | None = None
-    # The parameter at fault when the engine rejected the request as invalid before running it.
+    # With finish_reason "error": the parameter at fault when the request was invalid (rejected
+    # before it ran, or found to leave no token to sample while it ran).
     invalid_param: str | None = None
     # Requests with prompt_logprobs: one entry per prompt token after the first (the first has
     # none), all in the output that carries the first generated token; None in every other output.

@@ -37,6 +37,7 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"cpu_bind": "0-4095"}, CpuBindError, r"cores .* this process may not use"),
         ({"cpu_bind": "1-0"}, CpuBindError, r"runs backwards"),
         ({"omp_spin_count": "lots"}, InvalidConfigError, r"--omp-spin-count 'lots' is not auto"),
+        ({"step_timeout_s": -1.0}, InvalidConfigError, r"step_timeout_s must be a finite number .* got -1.0"),
         ({"kv_cache_memory": 0.001}, KVCacheTooSmallError, r"raise --kv-cache-memory"),
         (
             {"speculative_config": {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}},

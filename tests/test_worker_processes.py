@@ -21,6 +21,7 @@ from engine import LLM, SamplingParams
 from hf_reference import ReferenceOutput, hf_greedy, load_hf_model, mixed_length_prompts
 from sluice.errors import WorkerDiedError
 from sluice.worker_seam import CachedRequestData, SchedulerOutput
+from worker.worker_process import STALL_FIRST_STEP_ENV
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -103,6 +104,21 @@ def test_a_worker_killed_mid_step_fails_generate_and_leaves_nothing(default_mode
     assert time.monotonic() - started < 60
     assert _gone(pid)
     assert not Path(llm.engine.executor.socket_dir).exists()
+
+
+def test_a_hung_worker_fails_generate_after_the_step_timeout_and_is_stopped(default_model_path, monkeypatch):
+    # The worker stalls 120 s before its first step, as a stuck collective would; the engine core waits 3.
+    monkeypatch.setenv(STALL_FIRST_STEP_ENV, "120")
+    llm = LLM(model=str(default_model_path), dtype="float32", step_timeout_s=3)
+    [pid] = _worker_pids(llm)
+    started = time.monotonic()
+    with pytest.raises(
+        WorkerDiedError, match=r"no step result from the workers within 3 s \(--step-timeout-s\)"
+    ):
+        llm.generate("Hello", SamplingParams(max_tokens=4))
+    assert time.monotonic() - started < 60
+    llm.engine.shutdown()
+    assert _gone(pid)
 
 
 def test_a_failing_worker_reports_why(default_model_path):

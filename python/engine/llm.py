@@ -68,6 +68,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         async_scheduling: bool = True,
         executor: str = "mp",
+        step_timeout_s: float = 300.0,
         enforce_eager: bool = False,
         graph_mode: str = "full_and_piecewise",
         capture_sizes: tuple[int, ...] | None = None,
@@ -103,6 +104,7 @@ class LLM:
             parallel=ParallelConfig(
                 tensor_parallel_size=tensor_parallel_size,
                 executor=executor,  # type: ignore[arg-type]
+                step_timeout_s=step_timeout_s,
             ),
             graph=GraphConfig(
                 enforce_eager=enforce_eager,

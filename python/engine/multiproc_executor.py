@@ -53,6 +53,14 @@ _LINGER_MS = 0
 _Reply = TypeVar("_Reply", WorkerReady, KVCacheReady, ModelRunnerOutput)
 
 
+class _NoAnswer(Exception):
+    """No worker message arrived within the wait's bound."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no answer within {timeout} s")
+        self.timeout = timeout
+
+
 class _WorkerProcess:
     def __init__(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         self.rank = rank
@@ -69,6 +77,7 @@ class MultiprocExecutor:
     def __init__(self, config: SluiceConfig) -> None:
         world_size = config.parallel.tensor_parallel_size
         self.world_size = world_size
+        self.step_timeout_s = config.parallel.step_timeout_s
         # mkdtemp makes the folder 0700: only this user can reach the workers' sockets.
         self.socket_dir = tempfile.mkdtemp(prefix="sluice-workers-")
         self.context = zmq.Context()
@@ -132,7 +141,13 @@ class MultiprocExecutor:
         self._broadcast(bitmask)
 
     def collect(self) -> ModelRunnerOutput:
-        return self._receive(ModelRunnerOutput, None)
+        try:
+            return self._receive(ModelRunnerOutput, self.step_timeout_s or None)
+        except _NoAnswer as exc:
+            raise WorkerDiedError(
+                f"no step result from the workers within {exc.timeout:.0f} s (--step-timeout-s): a worker "
+                "is hung, so the engine core gives up on them"
+            ) from None
 
     def sentinels(self) -> list[int]:
         return [worker.pidfd for worker in self.workers]
@@ -153,15 +168,19 @@ class MultiprocExecutor:
     def _gather(self, kind: type[WorkerReady | KVCacheReady], timeout: float) -> None:
         """Wait for one `kind` reply from every rank."""
         ranks: set[int] = set()
-        while len(ranks) < self.world_size:
-            ranks.add(self._receive(kind, timeout).rank)
+        try:
+            while len(ranks) < self.world_size:
+                ranks.add(self._receive(kind, timeout).rank)
+        except _NoAnswer:
+            raise WorkerDiedError(f"no answer from the workers within {timeout:.0f} s") from None
 
     def _receive(self, kind: type[_Reply], timeout: float | None) -> _Reply:
         """The next message from a worker, which must be a `kind`; a dead or failed worker raises."""
         while True:
             events = dict(self.poller.poll(None if timeout is None else int(timeout * 1000)))
             if not events:
-                raise WorkerDiedError(f"no answer from the workers within {timeout:.0f} s")
+                assert timeout is not None
+                raise _NoAnswer(timeout)
             if self.results in events:
                 message = decode(self.results.recv())
                 if isinstance(message, WorkerError):

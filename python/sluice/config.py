@@ -66,6 +66,11 @@ class ParallelConfig:
     # Replicas that `sluice serve` starts behind the router, each pinned to its share of the cores;
     # an engine core is always one replica.
     data_parallel_size: int = 1
+    # Seconds the engine core waits for a step's result from its worker processes before it takes
+    # them for hung (a stuck collective, a deadlock): it then fails every request in flight and
+    # exits non-zero, and `sluice serve` starts a new one. vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS;
+    # 0 waits forever. The in-process executor has no such bound.
+    step_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)

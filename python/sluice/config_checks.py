@@ -32,6 +32,10 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         raise InvalidConfigError(
             f"tensor_parallel_size must be at least 1, got {parallel.tensor_parallel_size}"
         )
+    if not 0.0 <= parallel.step_timeout_s < float("inf"):
+        raise InvalidConfigError(
+            f"step_timeout_s must be a finite number of seconds, at least 0 (0: no bound), got {parallel.step_timeout_s}"
+        )
     if parallel.executor == "inproc" and parallel.tensor_parallel_size > 1:
         raise InvalidConfigError(
             f"the in-process executor runs one rank; tensor_parallel_size {parallel.tensor_parallel_size} "

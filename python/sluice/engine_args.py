@@ -44,6 +44,16 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
+non_negative_float.__name__ = "float"
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0.0:
@@ -175,6 +185,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=parallel.executor,
         choices=get_args(ExecutorBackend),
         help="mp: one worker process per rank; inproc: the worker inside the engine core (TP 1 only)",
+    )
+    group.add_argument(
+        "--step-timeout-s",
+        type=non_negative_float,
+        default=parallel.step_timeout_s,
+        metavar="S",
+        help="how long the engine core waits for a step from its worker processes before it takes them "
+        "for hung, fails the requests in flight and exits (sluice serve then restarts it); 0: forever",
     )
     group.add_argument(
         "--enforce-eager",
@@ -314,6 +332,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             executor=args.executor,
             # Only `sluice serve` takes --data-parallel-size: everything else runs one replica.
             data_parallel_size=getattr(args, "data_parallel_size", 1),
+            step_timeout_s=args.step_timeout_s,
         ),
         graph=GraphConfig(
             enforce_eager=args.enforce_eager, mode=args.graph_mode, capture_sizes=args.capture_sizes

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 
 import zmq
@@ -45,6 +46,8 @@ from worker.worker import Worker
 logger = logging.getLogger("sluice.worker")
 
 _PR_SET_PDEATHSIG = 1
+# A test hook: the worker stalls this many seconds before its first step, as a hung collective would.
+STALL_FIRST_STEP_ENV = "SLUICE_TEST_WORKER_STALL_S"
 
 
 def _die_with_parent() -> None:
@@ -72,6 +75,7 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
     """
     outputs.send(encode(WorkerReady(rank=rank)))
     pending: StepResult | None = None
+    stall_s = float(os.environ.get(STALL_FIRST_STEP_ENV) or 0.0)
 
     def receive_bitmask(step_id: int) -> GrammarBitmask:
         # The engine core may compute this step's masks only from the previous step's tokens:
@@ -88,6 +92,9 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
             pending = None
         message = decode(inputs.recv())
         if isinstance(message, SchedulerOutput):
+            if stall_s:
+                time.sleep(stall_s)
+                stall_s = 0.0
             launched = worker.execute_model(message, receive_bitmask)
             if pending is not None:
                 _send_output(rank, pending, outputs, worker.model_runner.timer)

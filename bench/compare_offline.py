@@ -34,6 +34,7 @@ from harness import (
     JsonLineChild,
     bench_lock,
     log,
+    make_output_folders,
     offline_workload,
     spread,
     wait_until_quiet,
@@ -175,6 +176,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
     args = parser.parse_args()
+    make_output_folders(args.json, args.plot)
     if args.runs < 3:
         log(f"--runs {args.runs}: the issue's figures are medians of at least 3")
     venv = vllm_venv(args.vllm_venv)

@@ -33,6 +33,7 @@ from harness import (
     bench_lock,
     busy_share,
     log,
+    make_output_folders,
     spread,
     w1_prompts,
     wait_until_quiet,
@@ -168,6 +169,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
     args = parser.parse_args()
+    make_output_folders(args.json, args.plot)
     venv = vllm_venv(args.vllm_venv)
     if venv is None:
         log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): serving Sluice alone, no ratios")

@@ -128,6 +128,13 @@ def run_command(generate: Generate, command: dict[str, Any]) -> dict[str, float]
     return time_workload(generate, workload)
 
 
+def make_output_folders(*paths: Path | None) -> None:
+    """Creates the folders of the result files named, before a long run rather than at its end."""
+    for path in paths:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

@@ -409,8 +409,10 @@ def test_full_waiting_queue_answers_429(small_server: Server) -> None:
     def call() -> None:
         with openai.OpenAI(base_url=small_server.url + "/v1", api_key="none", max_retries=0) as c:
             try:
+                # Long enough to outlast the stagger below on a fast machine (64 tokens did not
+                # on a Zen 5: each finished before the next arrived, and the queue never filled).
                 c.completions.create(
-                    model=MODEL, prompt="Count:", max_tokens=64, extra_body={"ignore_eos": True}
+                    model=MODEL, prompt="Count:", max_tokens=400, extra_body={"ignore_eos": True}
                 )
                 results.append("ok")
             except openai.RateLimitError as exc:

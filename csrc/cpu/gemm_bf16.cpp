@@ -19,9 +19,12 @@ namespace {
 using gemm::Problem;
 using gemm::TileFn;
 
-// Rows per tile when rows are many: 6 rows x 4 vectors = 24 accumulators + 4 weight vectors.
+// Rows per tile: 6 rows x 4 vectors = 24 accumulators + 4 weight vectors. Every tile reads its column
+// group's rows whole and in order; the first from memory, the rest from L2. (Tiles of fewer vectors and
+// more rows, which split each weight row between passes, read memory at half the rate: 7-12 rows ran at
+// 0.5-0.7x of this, bench/linear_kernel.py.)
 constexpr int kTileRows = 6;
-// Up to this many rows one tile covers them all, halving the vectors per tile above 6 rows.
+// Up to this many rows, items span several column groups so that each streams kStreamBytes of weights.
 constexpr int kFewRows = 12;
 // Rows per work item: small enough that two threads share even one column group of a long prefill.
 constexpr int64_t kItemRows = 240;
@@ -35,21 +38,19 @@ constexpr int64_t kSerialMacs = 1 << 17;
 template <typename Out>
 struct Tiles {
   // Index: rows - 1.
-  static constexpr auto four = gemm::make_tile_table<4, Out>(std::make_integer_sequence<int, kTileRows>{});
-  static constexpr auto two = gemm::make_tile_table<2, Out>(std::make_integer_sequence<int, kFewRows>{});
+  static constexpr auto table = gemm::make_tile_table<4, Out>(std::make_integer_sequence<int, kTileRows>{});
 };
 
-// Rows [row0, row0 + rows) of one column group.
+// Rows [row0, row0 + rows) of one column group, in tiles as equal in size as kTileRows allows.
 template <typename Out>
 void run_group(const Problem& p, int64_t group, int64_t row0, int64_t rows) {
-  if (rows > kTileRows && rows <= kFewRows) {
-    Tiles<Out>::two[rows - 1](p, row0, group, 0);
-    Tiles<Out>::two[rows - 1](p, row0, group, 2);
-    return;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t base = rows / tiles, extra = rows % tiles;
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t n = base + (t < extra);
+    Tiles<Out>::table[n - 1](p, row0 + r, group);
+    r += n;
   }
-  int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows) Tiles<Out>::four[kTileRows - 1](p, row0 + r, group, 0);
-  if (r < rows) Tiles<Out>::four[rows - r - 1](p, row0 + r, group, 0);
 }
 
 // Work items: `span` consecutive column groups times one block of `block_rows` rows.

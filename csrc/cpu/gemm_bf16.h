@@ -42,11 +42,11 @@ inline __mmask16 column_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
 }
 
-// Rows row0..row0+R of vectors v0..v0+V of column group `group`; Out is float or uint16_t (bf16 bits).
+// Rows row0..row0+R of the first V vectors of column group `group`; Out is float or uint16_t (bf16 bits).
 template <int R, int V, typename Out>
-void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
+void tile(const Problem& p, int64_t row0, int64_t group) {
   static_assert(R * V + V <= 32, "accumulators and weight vectors must fit the 32 registers");
-  const int32_t* w = p.weight + group * p.pairs * kGroupInts + v0 * 16;
+  const int32_t* w = p.weight + group * p.pairs * kGroupInts;
   const uint16_t* x = p.x + row0 * p.x_stride;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -71,7 +71,7 @@ void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
     }
   }
   for (int v = 0; v < V; ++v) {
-    const int64_t col = group * kGroupCols + (v0 + v) * 16;
+    const int64_t col = group * kGroupCols + v * 16;
     if (col >= p.n) break;
     const __mmask16 mask = column_mask(p.n - col);
     __m512 bias = _mm512_setzero_ps();
@@ -91,7 +91,7 @@ void tile(const Problem& p, int64_t row0, int64_t group, int v0) {
   }
 }
 
-using TileFn = void (*)(const Problem&, int64_t, int64_t, int);
+using TileFn = void (*)(const Problem&, int64_t, int64_t);
 
 template <int V, typename Out, int... I>
 constexpr auto make_tile_table(std::integer_sequence<int, I...>) {

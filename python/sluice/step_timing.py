@@ -25,6 +25,7 @@ class PhaseTimes:
         self.enabled = ENABLED
         self.seconds: defaultdict[str, float] = defaultdict(float)
         self.steps = 0
+        self.reported = False
         if self.enabled:
             atexit.register(self.report)
 
@@ -43,6 +44,10 @@ class PhaseTimes:
         self.steps += 1
 
     def report(self) -> None:
+        """Print the totals once; a process that leaves with os._exit (a worker) calls this itself."""
+        if not self.enabled or self.reported:
+            return
+        self.reported = True
         totals = {phase: round(seconds, 6) for phase, seconds in self.seconds.items()}
         line = json.dumps({"owner": self.owner, "pid": os.getpid(), "steps": self.steps, "seconds": totals})
         print(REPORT_PREFIX + line, file=sys.stderr, flush=True)

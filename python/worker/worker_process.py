@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             pin_threads=True,
         )
         serve_steps(args.rank, worker, inputs, outputs)
+        worker.model_runner.timer.report()
         destroy_tensor_parallel()
         return 0
     except Exception as exc:  # noqa: BLE001 -- any failure is reported to the engine core, then we exit.

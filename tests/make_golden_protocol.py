@@ -76,6 +76,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             structured_output=StructuredOutput(kind="json_schema", spec='{"type":"object","title":"Größe"}'),
             prompt_logprobs=3,
             allowed_token_ids=[2, 127, 49151],
+            bad_words_token_ids=[[9906], [3658, 27, 12455]],
         ),
         arrival_time=1732190000.125,
         priority=-33,

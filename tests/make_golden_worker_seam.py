@@ -57,6 +57,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                         min_tokens=4,
                         prompt_logprobs=0,
                         allowed_token_ids=[2, 127, 49151],
+                        bad_words_token_ids=[[9906], [3658, 27, 12455]],
                     )
                 ),
                 block_ids=[0, 1],

@@ -231,3 +231,19 @@ def test_bad_stop_strings_are_refused(llm, stop):
     with pytest.raises(InvalidRequestError) as info:
         llm.generate("Hello", SamplingParams(stop=stop))
     assert info.value.param == "stop"
+
+
+def test_bad_words_are_tokenized_and_never_sampled(llm):
+    free = llm.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0.0))
+    paris = llm.tokenizer.encode(" Paris", add_special_tokens=False)
+    assert free[0].outputs[0].token_ids[: len(paris)] == paris
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, bad_words=["Paris"])
+    (result,) = llm.generate("The capital of France is", params)
+    out = result.outputs[0]
+    assert len(out.token_ids) == 8 and "Paris" not in out.text
+    for word in ("Paris", " Paris"):
+        ids = llm.tokenizer.encode(word, add_special_tokens=False)
+        assert not any(out.token_ids[i : i + len(ids)] == ids for i in range(len(out.token_ids)))
+    with pytest.raises(InvalidRequestError) as refused:
+        llm.generate("x", SamplingParams(max_tokens=2, bad_words=["  "]))
+    assert refused.value.param == "bad_words"

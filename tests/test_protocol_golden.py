@@ -55,6 +55,7 @@ PARAMS_KEYS = [
     "structured_output",
     "prompt_logprobs",
     "allowed_token_ids",
+    "bad_words_token_ids",
 ]
 OUTPUT_KEYS = [
     "request_id",
@@ -225,6 +226,7 @@ _params = st.builds(
     min_tokens=_small,
     prompt_logprobs=st.none() | _small,
     allowed_token_ids=st.none() | _tokens,
+    bad_words_token_ids=st.none() | st.lists(_tokens, max_size=3),
 )
 _logprobs = st.builds(
     Logprobs, token_ids=_tokens, logprobs=st.lists(_floats, max_size=4), sampled_rank=_small

@@ -133,7 +133,7 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
     [
         ("completions", {"suffix": " and that is all."}, "suffix"),
         ("completions", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
-        ("completions", {"extra_body": {"bad_words": ["Paris"]}}, "bad_words"),
+        ("completions", {"extra_body": {"bad_words": ["Paris", " "]}}, "bad_words"),
         ("completions", {"extra_body": {"truncate_prompt_tokens": 0}}, "truncate_prompt_tokens"),
         ("chat", {"extra_body": {"truncate_prompt_tokens": 5000}}, "truncate_prompt_tokens"),
         ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
@@ -187,6 +187,51 @@ def test_allowed_token_ids_restrict_every_sampled_token(client: openai.OpenAI) -
     )
     assert chat.choices[0].message.content.strip().split() == chat.choices[0].message.content.split()
     assert set(chat.choices[0].message.content.split()) <= {"yes", "no", "maybe"}
+
+
+def contains_run(ids: list[int], run: list[int]) -> bool:
+    return any(ids[i : i + len(run)] == run for i in range(len(ids) - len(run) + 1))
+
+
+def test_bad_words_never_appear_as_their_tokens(client: openai.OpenAI) -> None:
+    def tokens(text: str) -> list[int]:
+        return client.post(
+            "/../tokenize", body={"prompt": text, "add_special_tokens": False}, cast_to=object
+        )["tokens"]  # type: ignore[index]
+
+    # Unconstrained, the greedy answer is " Paris" (one token); then the model repeats itself.
+    free = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"return_token_ids": True}
+    )
+    paris, the_capital = tokens(" Paris"), tokens(" the capital")
+    assert len(paris) == 1 and len(the_capital) == 2
+    free_ids: list[int] = free.choices[0].token_ids  # type: ignore[attr-defined]
+    assert contains_run(free_ids, paris) and " Paris" in free.choices[0].text
+    for temperature in (0.0, 1.0):
+        banned = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=temperature,
+            seed=7,
+            extra_body={"bad_words": ["Paris", "the capital"], "ignore_eos": True, "return_token_ids": True},
+        )
+        ids: list[int] = banned.choices[0].token_ids  # type: ignore[attr-defined]
+        assert len(ids) == 24
+        for word in ("Paris", " Paris", "the capital", " the capital"):
+            assert not contains_run(ids, tokens(word)), (temperature, word, banned.choices[0].text)
+    # The same through chat, whose reply names Paris unconstrained.
+    free_chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0)
+    assert "Paris" in free_chat.choices[0].message.content
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"bad_words": [" Paris"], "return_token_ids": True},
+    )
+    chat_ids: list[int] = chat.choices[0].token_ids  # type: ignore[attr-defined]
+    assert not contains_run(chat_ids, tokens("Paris")) and not contains_run(chat_ids, tokens(" Paris"))
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.OpenAI) -> None:

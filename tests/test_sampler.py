@@ -253,6 +253,59 @@ def test_allowed_token_ids_follow_a_moved_row_and_leave_with_a_removed_one():
     assert sample(state, LOGITS.unsqueeze(0)).token_ids.item() == 1
 
 
+def greedy_run(state: SamplingState, steps: int) -> list[int]:
+    chosen = []
+    for _ in range(steps):
+        token = sample(state, LOGITS.unsqueeze(0)).token_ids.item()
+        chosen.append(token)
+        state.append_output_token(0, token)
+    return chosen
+
+
+def test_a_one_token_bad_word_is_never_sampled():
+    # LOGITS' order: 1, 4, 7 (EOS), 0, ...
+    state = state_with(SamplingParams(temperature=0.0, bad_words_token_ids=[[1]]))
+    assert not state.is_plain_greedy(0)
+    assert greedy_run(state, 3) == [4, 4, 4]
+    drawn = set()
+    state = state_with(SamplingParams(temperature=5.0, bad_words_token_ids=[[1], [4]]))
+    for _ in range(100):
+        drawn.add(sample(state, LOGITS.unsqueeze(0)).token_ids.item())
+    assert drawn == set(range(VOCAB)) - {1, 4}
+
+
+def test_a_longer_bad_word_bans_its_last_token_only_right_after_the_rest():
+    assert greedy_run(state_with(SamplingParams(temperature=0.0)), 4) == [1, 1, 1, 1]
+    state = state_with(SamplingParams(temperature=0.0, bad_words_token_ids=[[1, 1]]))
+    assert greedy_run(state, 4) == [1, 4, 1, 4]
+    # "4 1 1": after 4 then 1, the next 1 is banned; after 1 1 (not preceded by 4) it is not.
+    state = state_with(SamplingParams(temperature=0.0, bad_words_token_ids=[[4, 1, 1]]), output=[4])
+    assert greedy_run(state, 3) == [1, 4, 1]
+
+
+def test_bad_words_count_the_output_before_preemption_and_follow_a_moved_row():
+    state = state_with(
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, bad_words_token_ids=[[1, 1]]),
+        output=[1],
+    )
+    state.remove(0)
+    state.move(1, 0)
+    assert greedy_run(state, 2) == [4, 1]
+    state.remove(0)
+    state.add(0, SamplingParams(temperature=0.0), [], [1])
+    assert state.is_plain_greedy(0)
+    assert greedy_run(state, 1) == [1]
+
+
+def test_bad_words_and_min_tokens_suppression_combine():
+    state = state_with(
+        SamplingParams(temperature=0.0, min_tokens=1, stop_token_ids=[4], bad_words_token_ids=[[1]])
+    )
+    # 1 is a bad word, 4 a stop id and 7 EOS under min_tokens: 0 is the best left; then 4 may end it.
+    assert greedy_run(state, 2) == [0, 4]
+
+
 def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
     logits = torch.tensor([0.0, 1.0, 2.0, 0.0, 3.0, 0.0, 0.0, 4.0]).unsqueeze(0)
     state = state_with(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[4]))

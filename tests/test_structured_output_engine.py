@@ -192,9 +192,16 @@ def test_masks_that_leave_no_token_fail_that_request_alone(default_model_path: P
         structured_output=StructuredOutput("json_object", ""),
         allowed_token_ids=[hello],
     )
+    # A bad word that bans the one text a regex admits.
+    banned = SamplingParams(
+        temperature=0.0, max_tokens=4, structured_output=StructuredOutput("regex", "a"), bad_words=["a"]
+    )
     plain = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    failed, served = llm.generate(["Give me JSON:", "The capital of France is"], [constrained, plain])
+    failed, failed_too, served = llm.generate(
+        ["Give me JSON:", "Say a:", "The capital of France is"], [constrained, banned, plain]
+    )
     assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].token_ids == []
+    assert failed_too.outputs[0].finish_reason == "error" and failed_too.outputs[0].token_ids == []
     assert served.outputs[0].finish_reason == "length" and len(served.outputs[0].token_ids) == 4
     again = llm.generate(["The capital of France is"], plain)[0].outputs[0]
     assert again.token_ids == served.outputs[0].token_ids

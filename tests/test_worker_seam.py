@@ -112,6 +112,7 @@ def test_sampling_params_travel_as_the_params_map():
         min_tokens=4,
         prompt_logprobs=0,
         allowed_token_ids=[2, 127, 49151],
+        bad_words_token_ids=[[9906], [3658, 27, 12455]],
     )
 
 

@@ -198,6 +198,7 @@ class LLM:
         if len(param_list) != len(requests):
             raise InvalidRequestError("one SamplingParams is needed per prompt, or one for all")
         priorities = list(priority) if priority is not None else [0] * len(requests)
+        param_list = [self._with_bad_word_ids(p) for p in param_list]
         for (_, token_ids), p in zip(requests, param_list):
             self.engine.check_request(token_ids, p)
         results: list[RequestOutput] = []
@@ -240,6 +241,20 @@ class LLM:
                 else self._detokenize(child.output.token_ids, child.params)
             )
         return results
+
+    def _with_bad_word_ids(self, params: SamplingParams) -> SamplingParams:
+        """params with its bad_words tokenized as the frontend tokenizes them: each word with its
+        leading whitespace removed, and again after one space (a word inside text), as vLLM does."""
+        if not params.bad_words:
+            return params
+        params.validate()
+        sequences = [list(ids) for ids in params.bad_words_token_ids or ()]
+        for word in params.bad_words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids not in sequences:
+                    sequences.append(ids)
+        return replace(params, bad_words_token_ids=sequences)
 
     def _detokenize(self, token_ids: list[int], params: SamplingParams) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)

@@ -39,6 +39,11 @@ def validate_request(
             f"token id {bad} in allowed_token_ids is outside the vocabulary [0, {vocab_size})",
             param="allowed_token_ids",
         )
+    bad = next((t for ids in params.bad_words_token_ids or () for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} in a bad word is outside the vocabulary [0, {vocab_size})", param="bad_words"
+        )
     if params.allowed_token_ids is not None and params.min_tokens > 0:
         # Under min_tokens the stop ids and EOS are suppressed: nothing at all could be sampled.
         suppressed = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))

@@ -476,14 +476,19 @@ class Scheduler:
 
 def _fail_unsatisfiable(request: Request) -> None:
     """End a structured output request whose grammar refused the sampled token: its masks together
-    left no token to sample (say, allowed_token_ids that the constraint never admits)."""
+    left no token to sample (say, allowed_token_ids that the constraint never admits, or bad words
+    that ban every token it admits)."""
     assert request.grammar is not None
     params = request.sampling_params
     request.status = RequestStatus.FINISHED_ERROR
-    request.invalid_param = (
-        "allowed_token_ids" if params.allowed_token_ids is not None else "structured_output"
-    )
+    if params.allowed_token_ids is not None:
+        request.invalid_param = "allowed_token_ids"
+    elif params.bad_words_token_ids:
+        request.invalid_param = "bad_words"
+    else:
+        request.invalid_param = "structured_output"
     request.error = (
-        "no token satisfies the structured output constraint together with allowed_token_ids and "
-        f"min_tokens (which holds back stop and end-of-sequence tokens): {request.grammar.error}"
+        "no token satisfies the structured output constraint together with allowed_token_ids, "
+        "bad_words and min_tokens (which holds back stop and end-of-sequence tokens): "
+        f"{request.grammar.error}"
     )

@@ -35,6 +35,7 @@ def accepts_drafts(request: Request) -> bool:
         and params.prompt_logprobs is None
         and not params.logit_bias
         and params.allowed_token_ids is None
+        and not params.bad_words_token_ids
         and params.repetition_penalty == 1.0
         and params.presence_penalty == 0.0
         and params.frequency_penalty == 0.0

@@ -19,6 +19,7 @@ from sluice.wire import (
     Invalid,
     ProtocolError,
     Record,
+    list_of,
     one_of,
     optional,
     token_map,
@@ -63,11 +64,16 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # vLLM's: None, or the only tokens that may be sampled (every other logit is -inf).
     allowed_token_ids: list[int] | None = None
+    # vLLM's bad_words as token sequences (the frontend, or LLM.generate, tokenizes the words): a
+    # sequence's last token is never sampled where the output so far ends with the rest of it.
+    bad_words_token_ids: list[list[int]] | None = None
     # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
     # the frontend applies its own over HTTP. A stop string ends the output before it.
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: words the output must not contain; LLM.generate tokenizes them into bad_words_token_ids.
+    bad_words: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # vLLM's SamplingParams also takes one string, or None, as `stop`.
@@ -162,6 +168,16 @@ class SamplingParams:
                 "stop",
                 f"stop must be a list of non-empty strings, got {self.stop!r}",
             ),
+            (
+                all(isinstance(word, str) and word.strip() for word in self.bad_words),
+                "bad_words",
+                f"bad_words must be a list of strings that are not blank, got {self.bad_words!r}",
+            ),
+            (
+                all(len(ids) > 0 for ids in self.bad_words_token_ids or ()),
+                "bad_words",
+                "every bad word must be at least one token, got an empty token sequence",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:
@@ -224,6 +240,7 @@ PARAMS_FIELDS = (
     ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
     ("prompt_logprobs", optional(INT)),
     ("allowed_token_ids", optional(INT_LIST)),
+    ("bad_words_token_ids", optional(list_of(INT_LIST))),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

@@ -2,11 +2,11 @@
 
 Order (as in vLLM V1): logprobs are taken first, from the raw logits (vLLM's default
 `logprobs_mode=raw_logprobs`: log_softmax of what the model produced, before any bias, masking,
-penalty or temperature); then allowed_token_ids, logit bias and min_tokens suppression, then
-penalties; greedy rows take the argmax of those processed logits; random rows then go through
-temperature, min_p, top_k and top_p, and draw by inverting their CDF at one uniform number per
-row. A seeded row's number comes from its seed and position alone, so its token does not depend
-on the rest of the batch.
+penalty or temperature); then allowed_token_ids, logit bias, and the suppression of min_tokens'
+stop/EOS tokens and of bad words' completions, then penalties; greedy rows take the argmax of
+those processed logits; random rows then go through temperature, min_p, top_k and top_p, and draw
+by inverting their CDF at one uniform number per row. A seeded row's number comes from its seed
+and position alone, so its token does not depend on the rest of the batch.
 
 sample() may modify `logits` in place.
 """
@@ -72,8 +72,8 @@ class Sampler:
 
 
 def process_logits(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """allowed_token_ids, logit bias, min_tokens suppression, then penalties: what greedy rows take
-    the argmax of."""
+    """allowed_token_ids, logit bias, suppression (min_tokens, bad words), then penalties: what greedy
+    rows take the argmax of."""
     if md.allowed_rows is not None:
         assert md.allowed_mask is not None
         rows = logits[md.allowed_rows]

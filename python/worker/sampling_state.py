@@ -56,7 +56,8 @@ class SamplingMetadata:
     bias_rows: torch.Tensor | None = None
     bias_token_ids: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
-    # Tokens forced to -inf (stop ids and EOS while a row is under min_tokens).
+    # Tokens forced to -inf: stop ids and EOS while a row is under min_tokens, and each bad word's
+    # last token where the row's output ends with the rest of that word.
     suppress_rows: torch.Tensor | None = None
     suppress_token_ids: torch.Tensor | None = None
     # Rows with allowed_token_ids, and their [len(rows), vocab] masks (True: may be sampled).
@@ -105,6 +106,10 @@ class SamplingState:
         self._num_logprobs = np.full(n, -1, dtype=np.int64)
         self._logit_bias: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         self._suppress_ids: list[list[int]] = [[] for _ in range(n)]
+        # Each bad word as (the tokens before its last, its last token), and the row's newest output
+        # tokens, as many as the longest such prefix (kept on the host, for rows with bad words only).
+        self._bad_words: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(n)]
+        self._recent_output: list[list[int]] = [[] for _ in range(n)]
 
         # Live rows that use each feature.
         self._random: set[int] = set()
@@ -116,6 +121,7 @@ class SamplingState:
         self._presence_frequency_rows: set[int] = set()
         self._bias_rows: set[int] = set()
         self._allowed_rows: set[int] = set()
+        self._bad_word_rows: set[int] = set()
         # Rows still under min_tokens that have something to suppress.
         self._min_tokens_rows: set[int] = set()
         self._logprob_rows: set[int] = set()
@@ -129,6 +135,7 @@ class SamplingState:
             self._presence_frequency_rows,
             self._bias_rows,
             self._allowed_rows,
+            self._bad_word_rows,
             self._min_tokens_rows,
             self._logprob_rows,
         )
@@ -191,6 +198,16 @@ class SamplingState:
             allowed = self._ensure_allowed_mask()
             allowed[row].zero_()
             allowed[row, torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=self.device)] = True
+        # A word whose last token is outside the logits can never be completed.
+        self._bad_words[row] = [
+            (tuple(ids[:-1]), ids[-1])
+            for ids in params.bad_words_token_ids or ()
+            if 0 <= ids[-1] < self.vocab_size
+        ]
+        if self._bad_words[row]:
+            self._bad_word_rows.add(row)
+            longest = max(len(prefix) for prefix, _ in self._bad_words[row])
+            self._recent_output[row] = list(output_token_ids[-longest:]) if longest else []
         if self._suppress_ids[row] and len(output_token_ids) < params.min_tokens:
             self._min_tokens_rows.add(row)
         if params.logprobs is not None:
@@ -215,6 +232,8 @@ class SamplingState:
             rows.discard(row)
         self._logit_bias[row] = []
         self._suppress_ids[row] = []
+        self._bad_words[row] = []
+        self._recent_output[row] = []
 
     def move(self, src_row: int, dst_row: int) -> None:
         assert self._occupied[src_row] and not self._occupied[dst_row], (src_row, dst_row)
@@ -234,6 +253,8 @@ class SamplingState:
             array[dst_row] = array[src_row]
         self._logit_bias[dst_row] = self._logit_bias[src_row]
         self._suppress_ids[dst_row] = self._suppress_ids[src_row]
+        self._bad_words[dst_row] = self._bad_words[src_row]
+        self._recent_output[dst_row] = self._recent_output[src_row]
         if self._is_penalised(src_row):
             assert self._output_counts is not None
             self._output_counts[dst_row] = self._output_counts[src_row]
@@ -262,12 +283,22 @@ class SamplingState:
                 self._min_tokens_rows.discard(row)
             if self._output_counts is not None and self._is_penalised(row):
                 penalised.append(i)
+            if row in self._bad_word_rows:
+                self._remember_output(row, token_ids, i)
         if penalised:
             assert self._output_counts is not None
             index = torch.tensor(penalised, dtype=torch.int64, device=self.device)
             counted_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)[index]
             ones = torch.ones(len(penalised), dtype=torch.int32, device=self.device)
             self._output_counts.index_put_((counted_rows, token_ids[index]), ones, accumulate=True)
+
+    def _remember_output(self, row: int, token_ids: torch.Tensor, index: int) -> None:
+        """Keep the row's newest output tokens, as many as its longest bad word's prefix (a host read)."""
+        longest = max(len(prefix) for prefix, _ in self._bad_words[row])
+        if longest:
+            recent = self._recent_output[row]
+            recent.append(int(token_ids[index]))
+            del recent[: max(0, len(recent) - longest)]
 
     def is_plain_greedy(self, row: int) -> bool:
         """The row's next token is the argmax of its raw logits: greedy, and no feature touches them."""
@@ -291,7 +322,7 @@ class SamplingState:
                 assert self._allowed_mask is not None
                 md.allowed_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
                 md.allowed_mask = self._allowed_mask[md.allowed_rows]
-        if self._min_tokens_rows:
+        if self._min_tokens_rows or self._bad_word_rows:
             self._fill_suppression(md, num_rows)
         if self._logprob_rows:
             md.logprob_rows = sorted(r for r in self._logprob_rows if r < num_rows)
@@ -357,13 +388,23 @@ class SamplingState:
 
     def _fill_suppression(self, md: SamplingMetadata, num_rows: int) -> None:
         rows, ids = [], []
-        for r in sorted(self._min_tokens_rows):
-            if r < num_rows:
-                rows.extend([r] * len(self._suppress_ids[r]))
-                ids.extend(self._suppress_ids[r])
+        for r in sorted(r for r in self._min_tokens_rows | self._bad_word_rows if r < num_rows):
+            banned = set(self._suppress_ids[r]) if r in self._min_tokens_rows else set()
+            banned.update(self._completing_bad_words(r))
+            rows.extend([r] * len(banned))
+            ids.extend(sorted(banned))
         if rows:
             md.suppress_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
             md.suppress_token_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def _completing_bad_words(self, row: int) -> list[int]:
+        """The last token of each of the row's bad words whose prefix the output now ends with."""
+        recent = self._recent_output[row]
+        return [
+            last
+            for prefix, last in self._bad_words[row]
+            if len(prefix) <= len(recent) and tuple(recent[len(recent) - len(prefix) :]) == prefix
+        ]
 
     def _is_penalised(self, row: int) -> bool:
         return row in self._repetition_rows or row in self._presence_frequency_rows

@@ -197,6 +197,7 @@ impl Choices {
 /// may name in a refusal; the 400 then names the field too.
 const ENGINE_CHECKED_FIELDS: &[&str] = &[
     "allowed_token_ids",
+    "bad_words",
     "logit_bias",
     "stop_token_ids",
     "prompt",

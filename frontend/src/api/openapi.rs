@@ -423,6 +423,7 @@ mod tests {
             "repetition_penalty",
             "logit_bias",
             "allowed_token_ids",
+            "bad_words",
             "ignore_eos",
             "min_tokens",
             "stream",

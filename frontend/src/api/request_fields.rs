@@ -65,7 +65,6 @@ const COMMON: &[Unsupported] = &[
         why: "it applies to beam search, which is not implemented",
         inert: absent_or_one,
     },
-    unsupported("bad_words", "banned word sequences are not implemented"),
     unsupported(
         "logits_processors",
         "custom logits processors are not implemented",
@@ -289,7 +288,7 @@ mod tests {
     #[test]
     fn values_that_ask_for_nothing_are_accepted_and_not_listed() {
         let inert = json!({"use_beam_search": false, "length_penalty": 1.0, "modalities": ["text"],
-            "bad_words": [], "audio": null, "echo": false});
+            "audio": null, "echo": false});
         assert_eq!(
             ignored_fields(Endpoint::Chat, &fields(inert), []),
             Ok(Vec::new())

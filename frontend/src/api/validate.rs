@@ -203,6 +203,39 @@ pub fn check_allowed_token_ids(ids: &[u32], vocab_size: u32) -> Result<(), ApiEr
     check_token_ids("allowed_token_ids", ids, vocab_size)
 }
 
+/// vLLM's `bad_words`: each a word with something in it besides whitespace.
+pub fn check_bad_words(words: &[String]) -> Result<(), ApiError> {
+    match words.iter().find(|word| word.trim().is_empty()) {
+        Some(word) => Err(out_of_range(
+            "bad_words",
+            format!("bad_words must be strings that are not blank, got {word:?}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The token sequences of `bad_words`, as LLM.generate makes them: each word with its leading
+/// whitespace removed, and again after one space (the word inside text), without special tokens.
+async fn bad_words_token_ids(
+    state: &AppState,
+    words: &[String],
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let texts = words.iter().flat_map(|word| {
+        [
+            word.trim_start().to_owned(),
+            format!(" {}", word.trim_start()),
+        ]
+    });
+    let encoded = try_join_all(texts.map(|text| state.pool.encode(text, false))).await?;
+    let mut sequences: Vec<Vec<u32>> = Vec::with_capacity(encoded.len());
+    for ids in encoded {
+        if !sequences.contains(&ids) {
+            sequences.push(ids);
+        }
+    }
+    Ok(sequences)
+}
+
 /// `stream_options` only shapes a stream, so without `stream` it is a mistake (vLLM's rule).
 pub fn check_stream_options(fields: &SamplingFields) -> Result<(), ApiError> {
     if fields.stream_options.is_some() && !fields.stream.unwrap_or(false) {
@@ -410,6 +443,8 @@ pub struct CheckedSampling<'a> {
     prompt_logprobs: Option<u32>,
     /// Completions' echo with logprobs: the prompt's tokens lead the logprobs, with the top N.
     echo_logprobs: Option<u32>,
+    /// `bad_words` tokenized (by `tokenize_bad_words`).
+    bad_words_token_ids: Option<Vec<Vec<u32>>>,
 }
 
 /// Checks every sampling field; `max_tokens` is the client's (chat's max_completion_tokens wins).
@@ -444,6 +479,9 @@ pub fn check_sampling<'a>(
     if let Some(ids) = &fields.allowed_token_ids {
         check_allowed_token_ids(ids, vocab_size)?;
     }
+    if let Some(words) = &fields.bad_words {
+        check_bad_words(words)?;
+    }
     check_stream_options(fields)?;
     let structured_output = structured_output::constraint(fields)?;
     let n = fields.n.unwrap_or(1);
@@ -455,6 +493,7 @@ pub fn check_sampling<'a>(
         best_of: n,
         prompt_logprobs: None,
         echo_logprobs: None,
+        bad_words_token_ids: None,
     })
 }
 
@@ -487,7 +526,23 @@ impl CheckedSampling<'_> {
             structured_output: self.structured_output.as_ref().map(|c| c.value.clone()),
             prompt_logprobs: self.prompt_logprobs.max(self.echo_logprobs),
             allowed_token_ids: fields.allowed_token_ids.clone(),
+            bad_words_token_ids: self.bad_words_token_ids.clone(),
         }
+    }
+
+    /// Tokenizes `bad_words` on the tokenizer pool, for `params`.
+    pub async fn tokenize_bad_words(&mut self, state: &AppState) -> Result<(), ApiError> {
+        if let Some(words) = self
+            .fields
+            .bad_words
+            .as_deref()
+            .filter(|words| !words.is_empty())
+        {
+            let sequences = bad_words_token_ids(state, words).await?;
+            check_token_ids("bad_words", &sequences.concat(), state.vocab_size)?;
+            self.bad_words_token_ids = Some(sequences);
+        }
+        Ok(())
     }
 
     pub fn n(&self) -> u32 {
@@ -616,7 +671,7 @@ pub async fn completion(
     request: CompletionRequest,
 ) -> Result<ValidRequest, ApiError> {
     check_model(state, &request.model)?;
-    let sampling = check_completion_fields(&request, state.vocab_size)?;
+    let mut sampling = check_completion_fields(&request, state.vocab_size)?;
     check_priority(
         request.sampling.priority.unwrap_or(0),
         state.config.scheduling_policy,
@@ -627,6 +682,7 @@ pub async fn completion(
         state,
         admission::prompt_count(&request.prompt) * sampling.best_of as usize,
     )?;
+    sampling.tokenize_bad_words(state).await?;
     let echo = request.echo.unwrap_or(false);
     let max_model_len = state.max_model_len()?;
     let add_special_tokens = request.add_special_tokens.unwrap_or(true);
@@ -772,6 +828,7 @@ pub async fn chat(
             ),
         ));
     }
+    sampling.tokenize_bad_words(state).await?;
     let max_model_len = state.max_model_len()?;
     let text = chat_text(
         state,

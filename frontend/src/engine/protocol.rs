@@ -136,6 +136,9 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<u32>,
     /// vLLM's: the only tokens that may be sampled.
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`, tokenized: a sequence's last token is never sampled where the output
+    /// so far ends with the rest of it.
+    pub bad_words_token_ids: Option<Vec<Vec<u32>>>,
 }
 
 /// `kind` is one of json_schema (spec: the schema as JSON text), json_object (spec: ""), regex
@@ -166,6 +169,7 @@ impl Default for SamplingParams {
             structured_output: None,
             prompt_logprobs: None,
             allowed_token_ids: None,
+            bad_words_token_ids: None,
         }
     }
 }
@@ -643,6 +647,7 @@ mod tests {
             "\"min_tokens\"",
             "\"prompt_logprobs\"",
             "\"allowed_token_ids\"",
+            "\"bad_words_token_ids\"",
             "\"arrival_time\"",
             "\"priority\"",
         ];

@@ -85,6 +85,9 @@ pub struct SamplingFields {
     pub logit_bias: Option<BTreeMap<String, f64>>,
     /// vLLM's: the only token ids that may be sampled.
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's: words the output must not contain (as tokens: each word's last token is never
+    /// sampled right after the rest of it).
+    pub bad_words: Option<Vec<String>>,
     pub ignore_eos: Option<bool>,
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub min_tokens: Option<u32>,

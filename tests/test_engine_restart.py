@@ -253,3 +253,22 @@ def test_a_long_engine_step_is_not_mistaken_for_a_dead_engine(
         assert completed and completed[0].usage.completion_tokens == 2, server.log_tail()
         assert set(healths) == {200}
         assert server.metrics()[RESTARTS] == 0
+
+
+def test_a_hung_engine_core_is_ended_by_its_watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process executor has no step timeout of its own: a step that hangs in the engine core
+    process (here a 120 s sleep) is ended by the watchdog at twice --step-timeout-s; the request in
+    flight gets an error, and without restarts `sluice serve` exits with status 3."""
+    monkeypatch.setenv(SLOW_FIRST_STEP_ENV, "120")
+    args = [*SMALL, "--executor", "inproc", "--step-timeout-s", "1", "--no-restart-engine"]
+    with running_server(args, tmp_path / "serve.log") as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60) as client:
+            started = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as failed:
+                client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+            waited = time.monotonic() - started
+        assert failed.value.status_code in (500, 503), failed.value
+        assert 1.5 <= waited <= 2 + FAIL_WITHIN_S, waited
+        assert server.process.wait(30) == 3
+        # faulthandler's dump names where the engine core was stuck.
+        assert "Timeout" in server.log_tail(200) and "_step" in server.log_tail(200), server.log_tail()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import ipaddress
 import logging
 import os
@@ -102,6 +103,31 @@ def _is_loopback_ip(host: str) -> bool:
         return False
 
 
+class StepWatchdog:
+    """Ends the process when the engine core stays busy past `timeout_s` without getting back to its
+    loop: a hung engine core (the scheduler, a grammar, an in-process forward pass). faulthandler's
+    own thread, which needs no GIL, so a hang in native code that holds it is caught too, writes
+    every thread's stack to stderr and exits 1; the frontend sees a dead engine core, fails the
+    requests in flight, and `sluice serve` starts a new one. Armed only while busy, and re-armed at
+    most every tenth of the timeout (each arming starts a thread), so the process ends between 0.9
+    and 1 timeout after its last trip round the loop. 0 disables it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.armed_at: float | None = None
+
+    def busy(self) -> None:
+        now = time.monotonic()
+        if self.timeout_s and (self.armed_at is None or now - self.armed_at >= self.timeout_s / 10):
+            faulthandler.dump_traceback_later(self.timeout_s, exit=True)
+            self.armed_at = now
+
+    def idle(self) -> None:
+        if self.armed_at is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self.armed_at = None
+
+
 class _Stop(Exception):
     """Raised by the signal handler to leave a blocking socket call."""
 
@@ -116,8 +142,10 @@ class EngineCoreServer:
         output_socket: zmq.Socket,
         restarted: bool = False,
         signal_wakeup: socket.socket | None = None,
+        watchdog_s: float = 0.0,
     ) -> None:
         self.engine = engine
+        self.watchdog = StepWatchdog(watchdog_s)
         # The read end of signal.set_wakeup_fd's socket: readable once a signal arrived.
         self.signal_wakeup = signal_wakeup
         # Whether a supervisor restarts this process when it fails: the failed requests' errors say so.
@@ -158,15 +186,19 @@ class EngineCoreServer:
             )
             while not self.stop_requested:
                 if not self.engine.has_unfinished_requests():
+                    self.watchdog.idle()
                     data = self._recv_blocking()
                     if data is None:
                         return self._fail_on_worker_death()
                     self._handle(data)
+                self.watchdog.busy()
                 self._drain()
                 if self.engine.has_unfinished_requests() and not self._step():
                     return 1
         except _Stop:
             pass
+        finally:
+            self.watchdog.idle()
         logger.info("stopping on a signal")
         self._fail_unfinished("the engine core is shutting down")
         return 0
@@ -421,7 +453,14 @@ def main(argv: list[str] | None = None) -> int:
         engine = EngineCore(config_from_args(args))
         try:
             server = EngineCoreServer(
-                engine, sockets[0], sockets[1], args.restarted_on_failure, signal_wakeup=wakeup_read
+                engine,
+                sockets[0],
+                sockets[1],
+                args.restarted_on_failure,
+                signal_wakeup=wakeup_read,
+                # Twice the workers' bound, so that a hung worker ends through the executor's own
+                # timeout, whose error names it.
+                watchdog_s=2 * engine.config.parallel.step_timeout_s,
             )
             return server.run()
         finally:

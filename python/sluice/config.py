@@ -69,7 +69,8 @@ class ParallelConfig:
     # Seconds the engine core waits for a step's result from its worker processes before it takes
     # them for hung (a stuck collective, a deadlock): it then fails every request in flight and
     # exits non-zero, and `sluice serve` starts a new one. vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS;
-    # 0 waits forever. The in-process executor has no such bound.
+    # 0 waits forever. The engine core's watchdog ends the process when it stays busy for twice this
+    # (a hang in the engine core itself, or in the in-process executor's forward pass).
     step_timeout_s: float = 300.0
 
 

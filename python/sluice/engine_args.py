@@ -192,7 +192,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=parallel.step_timeout_s,
         metavar="S",
         help="how long the engine core waits for a step from its worker processes before it takes them "
-        "for hung, fails the requests in flight and exits (sluice serve then restarts it); 0: forever",
+        "for hung, fails the requests in flight and exits (sluice serve then restarts it); an engine core "
+        "busy for twice this without getting back to its loop is ended by a watchdog; 0: forever",
     )
     group.add_argument(
         "--enforce-eager",

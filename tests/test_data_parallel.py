@@ -14,11 +14,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import openai
 import pytest
 
 from serve_fixtures import SLUICE, Server, alive, cmdline, descendants, running_server
+from sluice import serve
 from sluice.cpu_binding import cores_per_replica
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -163,3 +165,29 @@ def test_every_engine_core_and_worker_gets_the_default_spin_count(dp_server: Ser
     for pid in engine_pids:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert b"GOMP_SPINCOUNT=10000" in environ, (pid, cmdline(pid))
+
+
+def test_replica_ports_are_never_serves_own_or_one_already_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel may offer a port again once its probe closes: here it offers 8000 (serve's own,
+    # which the router binds only after the replicas start) and 9001 twice.
+    offered = iter([8000, 9001, 9001, 8000, 9002])
+
+    class Probe:
+        def __enter__(self) -> Self:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            pass
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", next(offered))
+
+    monkeypatch.setattr(serve.socket, "socket", Probe)
+    taken = {8000}
+    assert [serve.free_port(taken), serve.free_port(taken)] == [9001, 9002]
+    assert taken == {8000, 9001, 9002}

@@ -495,10 +495,17 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((_REPLICA_HOST, 0))
-        return s.getsockname()[1]
+def free_port(taken: set[int]) -> int:
+    """A loopback port the kernel reports free that is not in `taken`, which it then joins. `taken`
+    holds the ports handed out but not bound yet, serve's own among them: the kernel may offer a
+    port again once the probe closes, and a replica on serve's port left the router none."""
+    while True:
+        with socket.socket() as s:
+            s.bind((_REPLICA_HOST, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 @dataclass
@@ -627,13 +634,15 @@ def replica_urls(replicas: Sequence[Replica]) -> list[str]:
     return [f"http://{replica.host}:{replica.port}" for replica in replicas]
 
 
-def _kv_events_ports(args: argparse.Namespace, count: int) -> list[int | None]:
+def _kv_events_ports(args: argparse.Namespace, count: int, taken: set[int]) -> list[int | None]:
     """Each replica's KV-events port: --kv-events-port P gives P, P+1, ...; else free ones; none
     without prefix caching, whose blocks are what the events describe."""
     if not args.enable_prefix_caching:
         return [None] * count
     first = args.kv_events_port
-    return [first + i for i in range(count)] if first is not None else [_free_port() for _ in range(count)]
+    return (
+        [first + i for i in range(count)] if first is not None else [free_port(taken) for _ in range(count)]
+    )
 
 
 def _start_replicas(
@@ -650,11 +659,14 @@ def _start_replicas(
     if size == 1:
         return [Replica.start(supervisor, args, model, model_dir, name, (args.host, args.port), socket_dir)]
     shares = cores_per_replica(usable_cores(), size)
+    taken = {args.port}
     replicas = []
-    for index, (cores, events_port) in enumerate(zip(shares, _kv_events_ports(args, size), strict=True)):
+    for index, (cores, events_port) in enumerate(
+        zip(shares, _kv_events_ports(args, size, taken), strict=True)
+    ):
         replica_args = copy.copy(args)
         replica_args.kv_events_port = events_port
-        where = (_REPLICA_HOST, _free_port())
+        where = (_REPLICA_HOST, free_port(taken))
         own_dir = socket_dir / str(index)
         own_dir.mkdir(mode=0o700)
         label = f"replica {index} "

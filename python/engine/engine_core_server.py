@@ -190,6 +190,8 @@ class EngineCoreServer:
                     data = self._recv_blocking()
                     if data is None:
                         return self._fail_on_worker_death()
+                    # Armed before the message is handled: adding a request compiles its grammar.
+                    self.watchdog.busy()
                     self._handle(data)
                 self.watchdog.busy()
                 self._drain()

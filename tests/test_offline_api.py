@@ -247,3 +247,13 @@ def test_bad_words_are_tokenized_and_never_sampled(llm):
     with pytest.raises(InvalidRequestError) as refused:
         llm.generate("x", SamplingParams(max_tokens=2, bad_words=["  "]))
     assert refused.value.param == "bad_words"
+
+
+def test_bad_words_join_the_token_sequences_given_with_them(llm):
+    encode = llm.tokenizer.encode
+    params = SamplingParams(bad_words=["  Paris", "Paris"], bad_words_token_ids=[[5, 6]])
+    assert llm._with_bad_word_ids(params).bad_words_token_ids == [
+        [5, 6],
+        encode("Paris", add_special_tokens=False),
+        encode(" Paris", add_special_tokens=False),
+    ]

@@ -8,6 +8,7 @@ penalties, bias or logprobs costs a handful of set checks.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,7 +110,7 @@ class SamplingState:
         # Each bad word as (the tokens before its last, its last token), and the row's newest output
         # tokens, as many as the longest such prefix (kept on the host, for rows with bad words only).
         self._bad_words: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(n)]
-        self._recent_output: list[list[int]] = [[] for _ in range(n)]
+        self._recent_output: list[deque[int]] = [deque(maxlen=0) for _ in range(n)]
 
         # Live rows that use each feature.
         self._random: set[int] = set()
@@ -207,7 +208,7 @@ class SamplingState:
         if self._bad_words[row]:
             self._bad_word_rows.add(row)
             longest = max(len(prefix) for prefix, _ in self._bad_words[row])
-            self._recent_output[row] = list(output_token_ids[-longest:]) if longest else []
+            self._recent_output[row] = deque(output_token_ids[-longest:] if longest else (), maxlen=longest)
         if self._suppress_ids[row] and len(output_token_ids) < params.min_tokens:
             self._min_tokens_rows.add(row)
         if params.logprobs is not None:
@@ -233,7 +234,7 @@ class SamplingState:
         self._logit_bias[row] = []
         self._suppress_ids[row] = []
         self._bad_words[row] = []
-        self._recent_output[row] = []
+        self._recent_output[row] = deque(maxlen=0)
 
     def move(self, src_row: int, dst_row: int) -> None:
         assert self._occupied[src_row] and not self._occupied[dst_row], (src_row, dst_row)
@@ -283,22 +284,16 @@ class SamplingState:
                 self._min_tokens_rows.discard(row)
             if self._output_counts is not None and self._is_penalised(row):
                 penalised.append(i)
-            if row in self._bad_word_rows:
-                self._remember_output(row, token_ids, i)
+            recent = self._recent_output[row]
+            if recent.maxlen:
+                # A host read, only for rows with a bad word of more than one token.
+                recent.append(int(token_ids[i]))
         if penalised:
             assert self._output_counts is not None
             index = torch.tensor(penalised, dtype=torch.int64, device=self.device)
             counted_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)[index]
             ones = torch.ones(len(penalised), dtype=torch.int32, device=self.device)
             self._output_counts.index_put_((counted_rows, token_ids[index]), ones, accumulate=True)
-
-    def _remember_output(self, row: int, token_ids: torch.Tensor, index: int) -> None:
-        """Keep the row's newest output tokens, as many as its longest bad word's prefix (a host read)."""
-        longest = max(len(prefix) for prefix, _ in self._bad_words[row])
-        if longest:
-            recent = self._recent_output[row]
-            recent.append(int(token_ids[index]))
-            del recent[: max(0, len(recent) - longest)]
 
     def is_plain_greedy(self, row: int) -> bool:
         """The row's next token is the argmax of its raw logits: greedy, and no feature touches them."""
@@ -399,7 +394,7 @@ class SamplingState:
 
     def _completing_bad_words(self, row: int) -> list[int]:
         """The last token of each of the row's bad words whose prefix the output now ends with."""
-        recent = self._recent_output[row]
+        recent = tuple(self._recent_output[row])
         return [
             last
             for prefix, last in self._bad_words[row]

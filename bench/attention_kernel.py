@@ -126,6 +126,7 @@ def main() -> None:
     )
     report("decode 64 seqs x 256 context", 64, 256, 1, 50, decode_path)
     report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20, decode_path)
+    report_from_dram("decode 16 x 2048, 8 layers' caches", 16, 2048, 8, 20, decode_path)
     report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20, decode_path)
     report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5, decode_path)
     report("decode 1 seq x 160 context", 1, 160, 1, 200, decode_path)

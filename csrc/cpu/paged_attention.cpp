@@ -40,6 +40,8 @@ constexpr int kSegKeys = 256;
 constexpr int kDecodeRows = 4;
 constexpr int kMaxDecodeRows = 16;
 constexpr int kMaxDecodeDim = 1024;
+// How many 16-key chunks ahead of the dot products the decode path prefetches K and V into L2.
+constexpr int kFarChunks = 3;
 // Stands in for keys past the context in a padded chunk, for every cache dtype (all-zero bits).
 alignas(64) const float kZeros[kMaxDecodeDim] = {};
 
@@ -369,12 +371,17 @@ void decode_pv_rows(float* acc, int dim, const float* probs, const C* const* v, 
 }
 
 // GCC drops __builtin_prefetch of addresses it loads from the row tables here, so x86 gets the
-// instruction itself.
+// instruction itself: prefetcht0 into L1, prefetcht2 into L2 (both vendors fill L2 for t1 and t2).
+template <bool IntoL1>
 inline void prefetch_line(const char* p) {
 #if defined(__x86_64__)
-  asm volatile("prefetcht0 %0" : : "m"(*p));
+  if constexpr (IntoL1) {
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+  } else {
+    asm volatile("prefetcht2 %0" : : "m"(*p));
+  }
 #else
-  __builtin_prefetch(p);
+  __builtin_prefetch(p, 0, IntoL1 ? 3 : 1);
 #endif
 }
 
@@ -426,11 +433,12 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
   // Blocks are scattered, so the hardware prefetcher cannot follow the table: K and V rows are fetched
-  // one chunk ahead of the dot products (V is read a whole pass later). Prefetching further ahead
-  // measured slower from DRAM.
-  auto prefetch = [&](const C* const* r, int count) {
+  // into L1 one chunk ahead of the dot products (V is read a whole pass later), and into L2
+  // kFarChunks ahead. Into L1 alone, the misses in flight are bounded by L1's miss buffers, which
+  // held a core to about 15 GB/s from DRAM; L1 further ahead measured slower still.
+  auto prefetch = [&](const C* const* r, int count, auto line) {
     for (int i = 0; i < count; ++i)
-      for (int b = 0; b < row_bytes; b += 64) prefetch_line(reinterpret_cast<const char*>(r[i]) + b);
+      for (int b = 0; b < row_bytes; b += 64) line(reinterpret_cast<const char*>(r[i]) + b);
   };
   const int n_padded = (n_keys + kChunk - 1) / kChunk * kChunk;
   s.reserve_rows(n_padded);
@@ -448,18 +456,26 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
     i += run;
   }
   for (int i = n_keys; i < n_padded; ++i) k_rows[i] = v_rows[i] = zeros;
-  auto prefetch_chunk = [&](const C* const* r, int k0) {
-    if (k0 < n_keys) prefetch(r + k0, std::min(kChunk, n_keys - k0));
+  auto prefetch_chunk = [&](const C* const* r, int k0, auto line) {
+    if (k0 < n_keys) prefetch(r + k0, std::min(kChunk, n_keys - k0), line);
   };
-  prefetch_chunk(k_rows, 0);
-  prefetch_chunk(v_rows, 0);
+  auto prefetch_keys = [&](int k0) {
+    prefetch_chunk(k_rows, k0, prefetch_line<true>);
+    prefetch_chunk(v_rows, k0, prefetch_line<true>);
+    prefetch_chunk(k_rows, k0 + (kFarChunks - 1) * kChunk, prefetch_line<false>);
+    prefetch_chunk(v_rows, k0 + (kFarChunks - 1) * kChunk, prefetch_line<false>);
+  };
+  for (int k0 = 0; k0 < (kFarChunks - 1) * kChunk; k0 += kChunk) {
+    prefetch_chunk(k_rows, k0, prefetch_line<false>);
+    prefetch_chunk(v_rows, k0, prefetch_line<false>);
+  }
+  prefetch_keys(0);
 
   for (int seg0 = 0; seg0 < n_keys; seg0 += kSegKeys) {
     const int n = std::min(kSegKeys, n_keys - seg0);
     const int padded = (n + kChunk - 1) / kChunk * kChunk;
     for (int k0 = 0; k0 < padded; k0 += kChunk) {
-      prefetch_chunk(k_rows, seg0 + k0 + kChunk);
-      prefetch_chunk(v_rows, seg0 + k0 + kChunk);
+      prefetch_keys(seg0 + k0 + kChunk);
       int r0 = 0;
       const C* const* kr = k_rows + seg0 + k0;
       for (; r0 + kDecodeRows <= rows; r0 += kDecodeRows)

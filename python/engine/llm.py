@@ -284,6 +284,7 @@ class LLM:
         if child.stopped_text is None and core_output.finish_reason is not None:
             out.finish_reason = core_output.finish_reason
             out.stop_reason = core_output.stop_reason
+            out.error, out.error_param = core_output.error, core_output.invalid_param
         child.finished = core_output.finish_reason is not None
 
     def _cut_at_stop_string(self, child: _Child) -> bool:

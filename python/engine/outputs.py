@@ -24,6 +24,10 @@ class CompletionOutput:
     # The token id that stopped generation, when a stop token did.
     stop_reason: int | None = None
     cumulative_logprob: float | None = None
+    # With finish_reason "error": why the request failed, and the request field at fault (as the
+    # server's 400 names it); a failed request does not stop the rest of the batch.
+    error: str | None = None
+    error_param: str | None = None
 
 
 @dataclass(slots=True)

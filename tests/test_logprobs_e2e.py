@@ -92,6 +92,50 @@ def test_echo_with_logprobs_leads_with_the_prompt_tokens(
     assert values[0] is None and values[1:] == pytest.approx(logprobs.token_logprobs[1:], abs=1e-6)
 
 
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server: Server, client: openai.OpenAI) -> None:
+    # vLLM's extension: every token in the logprobs, sampled, alternative or echoed, is "token_id:N",
+    # the ids being those the tokenizer gives the text; text offsets still index the text.
+    ids = tokenize(server, prompt=PROMPT)
+    by_text = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=2
+    ).choices[0]
+    by_id = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        echo=True,
+        logprobs=2,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+    ).choices[0]
+    assert by_id.text == by_text.text
+    generated: list[int] = by_id.model_extra["token_ids"]
+    assert by_id.logprobs.tokens == [f"token_id:{i}" for i in ids + generated]
+    assert by_id.logprobs.text_offset == by_text.logprobs.text_offset
+    assert by_id.logprobs.token_logprobs[1:] == pytest.approx(by_text.logprobs.token_logprobs[1:], abs=1e-6)
+    for token, top in zip(by_id.logprobs.tokens[1:], by_id.logprobs.top_logprobs[1:], strict=True):
+        assert token in top and all(key.startswith("token_id:") for key in top), top
+
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=stream,
+            extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+        )
+        chunks = list(reply) if stream else [reply]
+        content = [t for c in chunks for choice in c.choices if choice.logprobs for t in choice.logprobs.content]
+        token_ids = [i for c in chunks for choice in c.choices for i in (choice.model_extra.get("token_ids") or [])]
+        assert len(token_ids) == 4
+        assert [t.token for t in content] == [f"token_id:{i}" for i in token_ids]
+        assert all(bytes(t.bytes) == t.token.encode() for t in content)
+        assert all(t.token in {top.token for top in t.top_logprobs} for t in content)
+
+
 def test_prompt_logprobs_on_completions_and_chat(
     server: Server, client: openai.OpenAI, hf_model: torch.nn.Module
 ) -> None:

@@ -15,6 +15,7 @@ use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::token_label::TokenLabel;
 use crate::api::validate::{self, ValidRequest};
 use crate::schema::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -78,6 +79,7 @@ fn whole(
         Some(vllm_prompt_logprobs(tokens, top_n))
     });
     let logprobs = request.logprobs;
+    let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let tool_calls = &request.tool_calls;
     let shown_ids = request.return_token_ids;
     let choices = results
@@ -91,7 +93,7 @@ fn whole(
             ChatChoice {
                 index: index as u32,
                 token_ids: shown_ids.then_some(result.token_ids),
-                logprobs: logprobs.then(|| chat_logprobs(&result.logprobs)),
+                logprobs: logprobs.then(|| chat_logprobs(&result.logprobs, label)),
                 finish_reason: Some(
                     finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
                 ),
@@ -126,6 +128,7 @@ async fn stream(
     let continuous_usage =
         move |completion_tokens| continuous.then(|| Usage::new(prompt_tokens, completion_tokens));
     let tool_calls = request.tool_calls.clone();
+    let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let header = choices.header.clone();
     let shown_ids = request.return_token_ids;
     // As OpenAI does, each choice opens with a delta that carries only the role (and, with
@@ -157,7 +160,8 @@ async fn stream(
     // Each choice's output read for calls as it grows, when the request has tools.
     let mut readers: HashMap<u32, ToolCallStream> = HashMap::new();
     let frame = move |update: ChoiceUpdate| {
-        let logprobs = (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs));
+        let logprobs =
+            (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs, label));
         let finished = update.finish_reason.is_some();
         let (text, calls, made_calls) = match &tool_calls {
             Some(reader) => {
@@ -229,23 +233,30 @@ async fn stream(
     )))
 }
 
-fn chat_logprobs(entries: &[TokenLogprob]) -> ChatLogprobs {
+/// Chat's logprobs; `bytes` are those of the token as named (vLLM's, with token ids too).
+fn chat_logprobs(entries: &[TokenLogprob], label: TokenLabel) -> ChatLogprobs {
     ChatLogprobs {
         content: entries
             .iter()
-            .map(|entry| ChatLogprobToken {
-                token: entry.token.clone(),
-                logprob: entry.logprob,
-                bytes: entry.token.as_bytes().to_vec(),
-                top_logprobs: entry
-                    .top
-                    .iter()
-                    .map(|(token, logprob)| TopLogprob {
-                        token: token.clone(),
-                        logprob: *logprob,
-                        bytes: token.as_bytes().to_vec(),
-                    })
-                    .collect(),
+            .map(|entry| {
+                let token = label.of(entry.token_id, &entry.token);
+                ChatLogprobToken {
+                    bytes: token.as_bytes().to_vec(),
+                    token,
+                    logprob: entry.logprob,
+                    top_logprobs: entry
+                        .top
+                        .iter()
+                        .map(|(id, text, logprob)| {
+                            let token = label.of(*id, text);
+                            TopLogprob {
+                                bytes: token.as_bytes().to_vec(),
+                                token,
+                                logprob: *logprob,
+                            }
+                        })
+                        .collect(),
+                }
             })
             .collect(),
     }
@@ -257,14 +268,25 @@ mod tests {
 
     #[test]
     fn chat_logprobs_carry_bytes_and_alternatives() {
-        let logprobs = chat_logprobs(&[TokenLogprob {
+        let entries = [TokenLogprob {
+            token_id: 7,
             token: "é".into(),
             logprob: -1.0,
-            top: vec![("e".into(), -0.5)],
-        }]);
+            top: vec![(9, "e".into(), -0.5)],
+        }];
+        let logprobs = chat_logprobs(&entries, TokenLabel::Text);
         let token = &logprobs.content[0];
         assert_eq!(token.bytes, "é".as_bytes());
         assert_eq!(token.top_logprobs[0].token, "e");
         assert_eq!(token.top_logprobs[0].bytes, b"e");
+
+        let by_id = &chat_logprobs(&entries, TokenLabel::Id).content[0];
+        assert_eq!(
+            (by_id.token.as_str(), by_id.bytes.as_slice()),
+            ("token_id:7", &b"token_id:7"[..])
+        );
+        assert_eq!(by_id.logprob, -1.0);
+        assert_eq!(by_id.top_logprobs[0].token, "token_id:9");
+        assert_eq!(by_id.top_logprobs[0].bytes, b"token_id:9");
     }
 }

@@ -14,6 +14,7 @@ use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::token_label::TokenLabel;
 use crate::api::validate::{self, ValidRequest};
 use crate::schema::openai::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
@@ -63,6 +64,7 @@ fn whole(
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
     let n = request.n as usize;
     let shown_ids = request.return_token_ids;
+    let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let choices = results
         .into_iter()
         .enumerate()
@@ -76,6 +78,7 @@ fn whole(
                     &result.logprobs,
                     request.echo_logprobs,
                     result.prefix_chars,
+                    label,
                 )
             }),
             prompt_logprobs: request.prompt_logprobs.and_then(|top_n| {
@@ -103,6 +106,7 @@ async fn stream(
         .collect();
     let (n, continuous) = (request.n, request.continuous_usage_stats);
     let echo_top_n = request.echo_logprobs;
+    let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let header = Arc::new(choices.header.clone());
     let frame_header = header.clone();
     // Each choice's text offset so far, for its logprobs' text_offset.
@@ -125,6 +129,7 @@ async fn stream(
                 &update.logprobs,
                 echo_top_n,
                 *offset + update.prefix_chars,
+                label,
             )
         });
         *offset += update.text.chars().count() as u32;
@@ -172,23 +177,34 @@ fn logprobs_with_echo(
     entries: &[TokenLogprob],
     echo_top_n: Option<u32>,
     start_offset: u32,
+    label: TokenLabel,
 ) -> CompletionLogprobs {
-    let generated = completion_logprobs(entries, start_offset);
+    let generated = completion_logprobs(entries, start_offset, label);
     match (prompt, echo_top_n) {
-        (Some(tokens), Some(top_n)) => joined(echo_logprobs(tokens, top_n), generated),
+        (Some(tokens), Some(top_n)) => joined(echo_logprobs(tokens, top_n, label), generated),
         _ => generated,
     }
 }
 
 /// Completions' logprobs: the sampled tokens, their logprobs, the top alternatives (with the
-/// sampled token among them, as vLLM does) and each token's character offset in the text.
-fn completion_logprobs(entries: &[TokenLogprob], start_offset: u32) -> CompletionLogprobs {
+/// sampled token among them, as vLLM does) and each token's character offset in the text (counted
+/// on its text however it is named).
+fn completion_logprobs(
+    entries: &[TokenLogprob],
+    start_offset: u32,
+    label: TokenLabel,
+) -> CompletionLogprobs {
     let mut logprobs = CompletionLogprobs::default();
     let mut offset = start_offset;
     for entry in entries {
-        let mut top: BTreeMap<String, f64> = entry.top.iter().cloned().collect();
-        top.entry(entry.token.clone()).or_insert(entry.logprob);
-        logprobs.tokens.push(entry.token.clone());
+        let name = label.of(entry.token_id, &entry.token);
+        let mut top: BTreeMap<String, f64> = entry
+            .top
+            .iter()
+            .map(|(id, text, logprob)| (label.of(*id, text), *logprob))
+            .collect();
+        top.entry(name.clone()).or_insert(entry.logprob);
+        logprobs.tokens.push(name);
         logprobs.token_logprobs.push(Some(entry.logprob));
         logprobs.top_logprobs.push(Some(top));
         logprobs.text_offset.push(offset);
@@ -205,17 +221,19 @@ mod tests {
     fn logprobs_offsets_accumulate_and_top_includes_the_sampled_token() {
         let entries = vec![
             TokenLogprob {
+                token_id: 1,
                 token: "Hi".into(),
                 logprob: -0.5,
-                top: vec![("Hello".into(), -0.1)],
+                top: vec![(2, "Hello".into(), -0.1)],
             },
             TokenLogprob {
+                token_id: 3,
                 token: " there".into(),
                 logprob: -0.2,
-                top: vec![(" there".into(), -0.2)],
+                top: vec![(3, " there".into(), -0.2)],
             },
         ];
-        let logprobs = completion_logprobs(&entries, 3);
+        let logprobs = completion_logprobs(&entries, 3, TokenLabel::Text);
         assert_eq!(logprobs.tokens, ["Hi", " there"]);
         assert_eq!(logprobs.token_logprobs, [Some(-0.5), Some(-0.2)]);
         assert_eq!(logprobs.text_offset, [3, 5]);
@@ -223,5 +241,11 @@ mod tests {
         assert_eq!(first.len(), 2);
         assert_eq!(first["Hi"], -0.5);
         assert_eq!(logprobs.top_logprobs[1].as_ref().unwrap().len(), 1);
+
+        let by_id = completion_logprobs(&entries, 3, TokenLabel::Id);
+        assert_eq!(by_id.tokens, ["token_id:1", "token_id:3"]);
+        assert_eq!(by_id.text_offset, [3, 5]);
+        let first = by_id.top_logprobs[0].as_ref().unwrap();
+        assert_eq!((first["token_id:1"], first["token_id:2"]), (-0.5, -0.1));
     }
 }

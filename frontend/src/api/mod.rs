@@ -16,6 +16,7 @@ pub mod request_fields;
 pub mod routes;
 pub mod sse;
 pub mod structured_output;
+pub mod token_label;
 pub mod tokenize;
 pub mod tools;
 pub mod validate;

@@ -3,16 +3,18 @@
 
 use std::collections::BTreeMap;
 
+use crate::api::token_label::TokenLabel;
 use crate::schema::openai::{CompletionLogprobs, PromptTokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;
 
 /// The prompt's part of an echoing choice's logprobs: the first token has neither a logprob nor
 /// alternatives (as in OpenAI's API); each other one its logprob and the top `top_n` with the
 /// token itself among them, as the generated tokens' entries have.
-pub fn echo_logprobs(tokens: &[PromptToken], top_n: u32) -> CompletionLogprobs {
+pub fn echo_logprobs(tokens: &[PromptToken], top_n: u32, label: TokenLabel) -> CompletionLogprobs {
     let mut logprobs = CompletionLogprobs::default();
     for token in tokens {
-        logprobs.tokens.push(token.token.clone());
+        let name = label.of(token.token_id, &token.token);
+        logprobs.tokens.push(name.clone());
         logprobs.text_offset.push(token.text_offset);
         logprobs
             .token_logprobs
@@ -24,9 +26,9 @@ pub fn echo_logprobs(tokens: &[PromptToken], top_n: u32) -> CompletionLogprobs {
                     .top
                     .iter()
                     .take(top_n as usize)
-                    .map(|(_, text, logprob)| (text.clone(), *logprob))
+                    .map(|(id, text, logprob)| (label.of(*id, text), *logprob))
                     .collect();
-                top.entry(token.token.clone()).or_insert(entry.logprob);
+                top.entry(name.clone()).or_insert(entry.logprob);
                 top
             }));
     }
@@ -115,7 +117,7 @@ mod tests {
 
     #[test]
     fn echoed_tokens_lead_with_no_logprob_for_the_first() {
-        let logprobs = echo_logprobs(&prompt(), 1);
+        let logprobs = echo_logprobs(&prompt(), 1, TokenLabel::Text);
         assert_eq!(logprobs.tokens, ["The", " cat", " sat"]);
         assert_eq!(logprobs.token_logprobs, [None, Some(-4.0), Some(-0.5)]);
         assert_eq!(logprobs.text_offset, [0, 3, 7]);
@@ -141,6 +143,23 @@ mod tests {
         let both = joined(logprobs, generated);
         assert_eq!(both.tokens, ["The", " cat", " sat", " on"]);
         assert_eq!(both.text_offset, [0, 3, 7, 11]);
+    }
+
+    #[test]
+    fn echoed_tokens_named_by_id_keep_their_text_offsets() {
+        let logprobs = echo_logprobs(&prompt(), 1, TokenLabel::Id);
+        assert_eq!(
+            logprobs.tokens,
+            ["token_id:10", "token_id:11", "token_id:13"]
+        );
+        assert_eq!(logprobs.text_offset, [0, 3, 7]);
+        assert_eq!(
+            logprobs.top_logprobs[1],
+            Some(BTreeMap::from([
+                ("token_id:12".into(), -1.0),
+                ("token_id:11".into(), -4.0)
+            ]))
+        );
     }
 
     #[test]

@@ -69,10 +69,6 @@ const COMMON: &[Unsupported] = &[
         "logits_processors",
         "custom logits processors are not implemented",
     ),
-    unsupported(
-        "return_tokens_as_token_ids",
-        "logprob tokens are always text",
-    ),
     unsupported("cache_salt", "the prefix cache is shared by all requests"),
     unsupported(
         "kv_transfer_params",

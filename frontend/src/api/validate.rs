@@ -584,6 +584,7 @@ impl CheckedSampling<'_> {
             echo_logprobs: self.echo_logprobs,
             tool_calls: None,
             return_token_ids: fields.return_token_ids.unwrap_or(false),
+            return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
         }
     }
 
@@ -635,6 +636,8 @@ pub struct ValidRequest {
     pub tool_calls: Option<ToolCallReader>,
     /// vLLM's `return_token_ids`: the prompt's and each choice's token ids in the response.
     pub return_token_ids: bool,
+    /// vLLM's `return_tokens_as_token_ids`: logprobs name their tokens `token_id:N`.
+    pub return_tokens_as_token_ids: bool,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

@@ -94,6 +94,9 @@ pub struct SamplingFields {
     /// vLLM's: the prompt's and the output's token ids in the response (`prompt_token_ids`,
     /// each choice's `token_ids`); streamed, the prompt's come with a choice's first chunk.
     pub return_token_ids: Option<bool>,
+    /// vLLM's: logprobs name each token (sampled and alternatives) as `token_id:N`, not its text;
+    /// chat's `bytes` are then those of that name.
+    pub return_tokens_as_token_ids: Option<bool>,
     /// vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len).
     #[schema(minimum = -1)]
     #[serde(default, deserialize_with = "whole_number::optional")]

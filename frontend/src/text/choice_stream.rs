@@ -21,10 +21,11 @@ use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 /// A generated token's logprob with its alternatives, as text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
+    pub token_id: u32,
     pub token: String,
     pub logprob: f64,
-    /// The top N alternatives, most likely first.
-    pub top: Vec<(String, f64)>,
+    /// The top N alternatives (id, text, logprob), most likely first.
+    pub top: Vec<(u32, String, f64)>,
 }
 
 /// New text (and logprobs) of one choice; the last update of a choice carries its finish reason.
@@ -300,6 +301,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                     .iter()
                     .filter(|entry| !entry.token_ids.is_empty())
                     .map(|entry| TokenLogprob {
+                        token_id: entry.token_ids[0],
                         token: text(entry.token_ids[0]),
                         logprob: entry.logprobs.first().copied().unwrap_or(f64::NAN),
                         top: entry
@@ -307,7 +309,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                             .iter()
                             .zip(&entry.logprobs)
                             .skip(1)
-                            .map(|(&id, &logprob)| (text(id), logprob))
+                            .map(|(&id, &logprob)| (id, text(id), logprob))
                             .collect(),
                     })
                     .collect()
@@ -650,9 +652,10 @@ mod tests {
         assert_eq!(
             updates[0].logprobs,
             [TokenLogprob {
+                token_id: ids[0],
                 token: decode(ids[0]),
                 logprob: -0.5,
-                top: vec![(decode(ids[1]), -1.25)],
+                top: vec![(ids[1], decode(ids[1]), -1.25)],
             }]
         );
 

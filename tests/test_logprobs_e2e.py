@@ -128,8 +128,12 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server: Server, c
             extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
         )
         chunks = list(reply) if stream else [reply]
-        content = [t for c in chunks for choice in c.choices if choice.logprobs for t in choice.logprobs.content]
-        token_ids = [i for c in chunks for choice in c.choices for i in (choice.model_extra.get("token_ids") or [])]
+        content = [
+            t for c in chunks for choice in c.choices if choice.logprobs for t in choice.logprobs.content
+        ]
+        token_ids = [
+            i for c in chunks for choice in c.choices for i in (choice.model_extra.get("token_ids") or [])
+        ]
         assert len(token_ids) == 4
         assert [t.token for t in content] == [f"token_id:{i}" for i in token_ids]
         assert all(bytes(t.bytes) == t.token.encode() for t in content)

@@ -202,8 +202,14 @@ def test_masks_that_leave_no_token_fail_that_request_alone(default_model_path: P
     )
     assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].token_ids == []
     assert failed_too.outputs[0].finish_reason == "error" and failed_too.outputs[0].token_ids == []
-    assert failed.outputs[0].error_param == "allowed_token_ids" and "no token satisfies" in failed.outputs[0].error
-    assert failed_too.outputs[0].error_param == "bad_words" and "no token satisfies" in failed_too.outputs[0].error
+    assert (
+        failed.outputs[0].error_param == "allowed_token_ids"
+        and "no token satisfies" in failed.outputs[0].error
+    )
+    assert (
+        failed_too.outputs[0].error_param == "bad_words"
+        and "no token satisfies" in failed_too.outputs[0].error
+    )
     assert served.outputs[0].error is None and served.outputs[0].error_param is None
     assert served.outputs[0].finish_reason == "length" and len(served.outputs[0].token_ids) == 4
     again = llm.generate(["The capital of France is"], plain)[0].outputs[0]

@@ -46,12 +46,20 @@ HASHED_TOKEN_IDS = [
 ] + [(i * 7919 + 13) % 49152 for i in range(24)]
 
 
-def chained_block_hashes(token_ids: list[int], block_size: int) -> list[bytes]:
-    """sha256(parent digest, or nothing for the first block, then the block's ids as little-endian int64)."""
+# vLLM's cache_salt, with a character outside ASCII: hashed as UTF-8.
+CACHE_SALT = "tenant-ä"
+
+
+def chained_block_hashes(token_ids: list[int], block_size: int, cache_salt: str | None = None) -> list[bytes]:
+    """sha256(parent digest, then the block's ids as little-endian int64); the first block's parent
+    is nothing, or sha256("cache_salt:" + the salt) with a salt."""
+    root = (
+        b"" if cache_salt is None else hashlib.sha256(("cache_salt:" + cache_salt).encode("utf-8")).digest()
+    )
     hashes: list[bytes] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = token_ids[start : start + block_size]
-        payload = (hashes[-1] if hashes else b"") + struct.pack(f"<{len(block)}q", *block)
+        payload = (hashes[-1] if hashes else root) + struct.pack(f"<{len(block)}q", *block)
         hashes.append(hashlib.sha256(payload).digest())
     return hashes
 
@@ -96,10 +104,15 @@ def render_index(files: dict[str, bytes]) -> str:
 def render_block_hashes() -> str:
     vector = {
         "note": "sha256 over (parent hash bytes, then the block's token ids as little-endian int64); "
-        "only full blocks are hashed",
+        "only full blocks are hashed; the first block's parent is nothing, or with cache_salt "
+        "sha256(UTF-8 of 'cache_salt:' + cache_salt)",
         "block_size": BLOCK_SIZE,
         "token_ids": HASHED_TOKEN_IDS,
         "block_hashes": [block_hash.hex() for block_hash in _HASHES],
+        "cache_salt": CACHE_SALT,
+        "salted_block_hashes": [
+            block_hash.hex() for block_hash in chained_block_hashes(HASHED_TOKEN_IDS, BLOCK_SIZE, CACHE_SALT)
+        ],
     }
     return json.dumps(vector, indent=2) + "\n"
 

@@ -80,6 +80,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         ),
         arrival_time=1732190000.125,
         priority=-33,
+        cache_salt="tenant-ä",
     ),
     "add_request_defaults": AddRequest(
         request_id="cmpl-c9f0f895-1",

@@ -39,6 +39,25 @@ def test_shared_prefix_is_served_from_cache_and_ref_counted():
     assert manager.num_free_blocks == 10
 
 
+def test_cache_salt_shares_blocks_only_between_requests_of_the_same_salt():
+    manager = KVCacheManager(num_blocks=20, block_size=BLOCK, enable_caching=True)
+    tokens = list(range(9))
+    admit(manager, make_request("plain", tokens))
+    salted = Request("a1", list(tokens), SamplingParams(), cache_salt="tenant-a")
+    # Neither the unsalted blocks nor, later, another salt's are hits.
+    assert manager.get_computed_blocks(salted)[1] == 0
+    admit(manager, salted)
+    other = Request("b1", list(tokens), SamplingParams(), cache_salt="tenant-b")
+    assert manager.get_computed_blocks(other)[1] == 0
+    same = Request("a2", list(tokens), SamplingParams(), cache_salt="tenant-a")
+    computed, num_computed = manager.get_computed_blocks(same)
+    assert num_computed == 8
+    assert [block.block_id for block in computed] == manager.get_block_ids("a1")[:2]
+    assert manager.get_computed_blocks(make_request("plain2", tokens))[1] == 8
+    # Every later block chains from the salted first one.
+    assert salted.block_hashes[1] != manager.req_to_blocks["plain"][1].block_hash
+
+
 def test_lookup_never_covers_the_whole_prompt():
     manager = KVCacheManager(num_blocks=10, block_size=BLOCK, enable_caching=True)
     admit(manager, make_request("a", list(range(8))))

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 
-from engine.block_pool import BlockPool, hash_block_tokens
+from engine.block_pool import BlockPool, cache_salt_root, hash_block_tokens
 from engine.llm import LLM
 from make_golden_kv_events import GOLDEN_DIR, GOLDEN_MESSAGES, golden_files, render_index
 from serve_fixtures import free_port, running_server
@@ -62,11 +62,16 @@ def test_the_engine_hash_matches_the_independent_golden_vector() -> None:
     vector = json.loads((GOLDEN_DIR / "block_hashes.json").read_text())
     size, tokens = vector["block_size"], vector["token_ids"]
     assert size == 16 and len(tokens) % size != 0, "the vector must end with a partial block"
-    hashes, parent = [], None
-    for start in range(0, len(tokens) - size + 1, size):
-        parent = hash_block_tokens(parent, tokens[start : start + size])
-        hashes.append(parent.hex())
-    assert hashes == vector["block_hashes"]
+    for salt, expected in (
+        (None, vector["block_hashes"]),
+        (vector["cache_salt"], vector["salted_block_hashes"]),
+    ):
+        hashes, parent = [], cache_salt_root(salt)
+        for start in range(0, len(tokens) - size + 1, size):
+            parent = hash_block_tokens(parent, tokens[start : start + size])
+            hashes.append(parent.hex())
+        assert hashes == expected, salt
+    assert vector["salted_block_hashes"][0] != vector["block_hashes"][0]
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,24 @@ def test_n_samples_share_the_prompt_blocks(llm, w1_prompts):
     assert llm.engine.stats().prefix_cache_hits - before >= 3 * 7 * 16
 
 
+def test_cache_salt_keeps_prompts_of_other_salts_out_of_the_prefix_cache(llm, w1_prompts):
+    params = SamplingParams(max_tokens=1)
+    ids = w1_prompts[6]
+
+    def cached(**salt: str) -> int:
+        return llm.generate({"prompt_token_ids": ids, **salt}, params)[0].num_cached_tokens
+
+    assert cached(cache_salt="tenant-a") == 0
+    # 128 tokens: 7 of the 8 full blocks are hits (the last token is always recomputed).
+    assert cached(cache_salt="tenant-a") == 112
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+    # A text prompt takes a salt too.
+    text = "Salted offline prompt: " + " ".join(f"w{i}" for i in range(40))
+    first, again = (llm.generate({"prompt": text, "cache_salt": "t"}, params)[0] for _ in range(2))
+    assert first.prompt == text and first.num_cached_tokens == 0 and again.num_cached_tokens > 0
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "param"),
     [
@@ -88,6 +106,8 @@ def test_n_samples_share_the_prompt_blocks(llm, w1_prompts):
         ({"prompt_token_ids": [1, 2]}, SamplingParams(top_k=-2), "top_k"),
         ({"prompt_token_ids": [1, 2]}, SamplingParams(n=0), "n"),
         ({"prompt_token_ids": [1, 2]}, SamplingParams(seed=2**63), "seed"),
+        ({"prompt_token_ids": [1, 2], "cache_salt": ""}, SamplingParams(), "cache_salt"),
+        ({"text": "no such key"}, SamplingParams(), "prompt"),
     ],
 )
 def test_bad_request_raises_before_scheduling(llm, prompt, params, param):

@@ -30,7 +30,16 @@ from sluice.worker_seam import Logprobs
 
 # The key order of docs/protocol.md, written out again here so that a reordered codec fails.
 PROTOCOL_KEYS = {
-    "add_request": ["v", "type", "request_id", "prompt_token_ids", "params", "arrival_time", "priority"],
+    "add_request": [
+        "v",
+        "type",
+        "request_id",
+        "prompt_token_ids",
+        "params",
+        "arrival_time",
+        "priority",
+        "cache_salt",
+    ],
     "abort": ["v", "type", "request_ids"],
     "utility": ["v", "type", "call_id", "method"],
     "ready": ["v", "type", "max_model_len", "num_kv_blocks", "block_size"],

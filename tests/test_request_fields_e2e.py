@@ -140,6 +140,7 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
         ("chat", {"modalities": ["text", "audio"]}, "modalities"),
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
         ("chat", {"extra_body": {"chat_template": "{{ messages }}"}}, "chat_template"),
+        ("chat", {"extra_body": {"cache_salt": ""}}, "cache_salt"),
         ("chat", {"reasoning_effort": "extreme"}, "reasoning_effort"),
         ("completions", {"extra_body": {"allowed_token_ids": []}}, "allowed_token_ids"),
         ("chat", {"extra_body": {"allowed_token_ids": [5, 49152]}}, "allowed_token_ids"),
@@ -232,6 +233,25 @@ def test_bad_words_never_appear_as_their_tokens(client: openai.OpenAI) -> None:
     )
     chat_ids: list[int] = chat.choices[0].token_ids  # type: ignore[attr-defined]
     assert not contains_run(chat_ids, tokens("Paris")) and not contains_run(chat_ids, tokens(" Paris"))
+
+
+def test_cache_salt_shares_the_prefix_cache_only_under_the_same_salt(
+    server: Server, client: openai.OpenAI
+) -> None:
+    # A prompt no other test sends, of several 16-token blocks.
+    prompt = "Salted cache check: " + " ".join(f"item{i}" for i in range(60))
+
+    def hit_tokens(**salt: str) -> float:
+        before = server.metrics()["sluice:prefix_cache_hits_total"]
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, extra_body=salt)
+        return server.metrics()["sluice:prefix_cache_hits_total"] - before
+
+    assert hit_tokens(cache_salt="tenant-a") == 0
+    assert hit_tokens(cache_salt="tenant-a") >= 64
+    # Another salt, or none, finds nothing of tenant-a's; the unsalted prompt then hits its own.
+    assert hit_tokens(cache_salt="tenant-b") == 0
+    assert hit_tokens() == 0
+    assert hit_tokens() >= 64
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.OpenAI) -> None:

@@ -41,12 +41,15 @@ def test_the_table_has_both_accepted_and_refused_cases_for_every_float_field() -
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_engine_validation_follows_the_golden_table(case: dict[str, Any]) -> None:
-    params = SamplingParams(**{field: _engine_value(value) for field, value in case["params"].items()})
+    fields = {field: _engine_value(value) for field, value in case["params"].items()}
+    # A request's field beside its sampling parameters, on the wire as in HTTP.
+    cache_salt = fields.pop("cache_salt", None)
+    params = SamplingParams(**fields)
     if "param" not in case:
-        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE)
+        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE, cache_salt=cache_salt)
         return
     with pytest.raises(InvalidRequestError) as refused:
-        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE)
+        validate_request([1, 2, 3], params, max_model_len=4096, vocab_size=VOCAB_SIZE, cache_salt=cache_salt)
     assert refused.value.param == case["param"], str(refused.value)
 
 

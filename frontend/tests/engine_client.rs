@@ -133,6 +133,7 @@ fn request(id: &str) -> AddRequest {
         params: SamplingParams::default(),
         arrival_time: 0.0,
         priority: 0,
+        cache_salt: None,
     }
 }
 

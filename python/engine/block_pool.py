@@ -24,6 +24,17 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
     return digest.digest()
 
 
+def cache_salt_root(cache_salt: str | None) -> BlockHash | None:
+    """What a request's first block hash chains from: nothing, or its cache_salt (vLLM's), so that
+    requests with different salts never share cached blocks.
+
+    It cannot equal a block hash: those digest int64 token ids, and the 8 bytes "cache_sa" read as
+    an int64 are far beyond any vocabulary."""
+    if cache_salt is None:
+        return None
+    return hashlib.sha256(b"cache_salt:" + cache_salt.encode()).digest()
+
+
 class KVCacheBlock:
     __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
 

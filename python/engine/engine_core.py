@@ -69,9 +69,10 @@ class EngineCore:
         params: SamplingParams,
         arrival_time: float,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         """Validate, then queue. Raises InvalidRequestError and queues nothing on bad input."""
-        self.check_request(prompt_token_ids, params)
+        self.check_request(prompt_token_ids, params, cache_salt)
         # Compiled before it is queued: a constraint that does not compile rejects the request.
         grammar = None
         if params.structured_output is not None:
@@ -83,14 +84,17 @@ class EngineCore:
                 sampling_params=params,
                 arrival_time=arrival_time,
                 priority=priority,
+                cache_salt=cache_salt,
                 eos_token_ids=self.spec.eos_token_ids,
                 grammar=grammar,
             )
         )
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None:
         validate_request(
-            prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids
+            prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids, cache_salt
         )
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:

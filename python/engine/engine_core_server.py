@@ -298,6 +298,7 @@ class EngineCoreServer:
                 message.params,
                 message.arrival_time,
                 message.priority,
+                message.cache_salt,
             )
         except InvalidRequestError as exc:
             self.pending.append(_error_output(message.request_id, str(exc), exc.param or "request"))

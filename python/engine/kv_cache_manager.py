@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
+from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, cache_salt_root, hash_block_tokens
 from engine.request import Request
 
 
@@ -108,7 +108,7 @@ class KVCacheManager:
             return block_hashes
         tokens = request.all_token_ids
         size = self.block_size
-        parent = block_hashes[-1] if block_hashes else None
+        parent = block_hashes[-1] if block_hashes else cache_salt_root(request.cache_salt)
         for i in range(len(block_hashes), num_blocks):
             parent = hash_block_tokens(parent, tokens[i * size : (i + 1) * size])
             block_hashes.append(parent)

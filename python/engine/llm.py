@@ -7,7 +7,7 @@ import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from engine.engine_core import EngineCore
 from engine.engine_core_output import EngineCoreOutput
@@ -29,11 +29,26 @@ from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs
 
 
+class TextPrompt(TypedDict):
+    prompt: str
+    # vLLM's: the request shares cached KV blocks only with requests of the same salt.
+    cache_salt: NotRequired[str]
+
+
 class TokensPrompt(TypedDict):
     prompt_token_ids: list[int]
+    cache_salt: NotRequired[str]
 
 
-PromptType = str | TokensPrompt
+PromptType = str | TextPrompt | TokensPrompt
+
+
+class _Prompt(NamedTuple):
+    text: str | None
+    token_ids: list[int]
+    cache_salt: str | None = None
+
+
 # One conversation: OpenAI-style messages ({"role": ..., "content": ...}).
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -184,12 +199,12 @@ class LLM:
                 **dict(chat_template_kwargs or {}),
             )
             # The template writes the special tokens itself, as the frontend's chat endpoint does.
-            requests.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+            requests.append(_Prompt(text, self.tokenizer.encode(text, add_special_tokens=False)))
         return self._run(requests, params, None)
 
     def _run(
         self,
-        requests: list[tuple[str | None, list[int]]],
+        requests: list[_Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None,
         priority: Sequence[int] | None,
     ) -> list[RequestOutput]:
@@ -199,12 +214,12 @@ class LLM:
             raise InvalidRequestError("one SamplingParams is needed per prompt, or one for all")
         priorities = list(priority) if priority is not None else [0] * len(requests)
         param_list = [self._with_bad_word_ids(p) for p in param_list]
-        for (_, token_ids), p in zip(requests, param_list):
-            self.engine.check_request(token_ids, p)
+        for request, p in zip(requests, param_list):
+            self.engine.check_request(request.token_ids, p, request.cache_salt)
         results: list[RequestOutput] = []
         children: dict[str, _Child] = {}
         now = time.monotonic()
-        for (text, token_ids), p, prio in zip(requests, param_list, priorities):
+        for (text, token_ids, cache_salt), p, prio in zip(requests, param_list, priorities):
             parent = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=token_ids)
             results.append(parent)
             for index in range(p.n):
@@ -225,7 +240,7 @@ class LLM:
                 )
                 parent.outputs.append(out)
                 children[child_id] = _Child(out, parent, child_params)
-                self.engine.add_request(child_id, token_ids, child_params, now, prio)
+                self.engine.add_request(child_id, token_ids, child_params, now, prio, cache_salt)
         while self.engine.has_unfinished_requests():
             for core_output in self.engine.step():
                 child = children[core_output.request_id]
@@ -259,12 +274,19 @@ class LLM:
     def _detokenize(self, token_ids: list[int], params: SamplingParams) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType) -> _Prompt:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return None, [int(t) for t in prompt["prompt_token_ids"]]
-        raise InvalidRequestError("a prompt must be a string or {'prompt_token_ids': [...]}", param="prompt")
+            return _Prompt(prompt, self.tokenizer.encode(prompt, add_special_tokens=True))
+        if isinstance(prompt, dict):
+            salt = prompt.get("cache_salt")
+            if "prompt_token_ids" in prompt:
+                return _Prompt(None, [int(t) for t in prompt["prompt_token_ids"]], salt)
+            if isinstance(prompt.get("prompt"), str):
+                text = prompt["prompt"]
+                return _Prompt(text, self.tokenizer.encode(text, add_special_tokens=True), salt)
+        raise InvalidRequestError(
+            "a prompt must be a string, {'prompt': str} or {'prompt_token_ids': [...]}", param="prompt"
+        )
 
     def _absorb(self, child: _Child, core_output: EngineCoreOutput) -> None:
         out = child.output

@@ -52,6 +52,8 @@ class Request:
     arrival_time: float = 0.0
     # Lower value is served first, as in vLLM.
     priority: int = 0
+    # vLLM's: a request shares cached KV blocks only with requests of the same salt (or none).
+    cache_salt: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     # Prompt then outputs; appended to per token so the hot path never concatenates.

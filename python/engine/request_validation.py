@@ -12,8 +12,11 @@ def validate_request(
     max_model_len: int,
     vocab_size: int,
     eos_token_ids: tuple[int, ...] = (),
+    cache_salt: str | None = None,
 ) -> None:
     params.validate()
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
     if not prompt_token_ids:
         raise InvalidRequestError("the prompt is empty", param="prompt")
     if len(prompt_token_ids) > max_model_len:

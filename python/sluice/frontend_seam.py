@@ -49,6 +49,7 @@ class AddRequest:
     params: SamplingParams
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -222,6 +223,7 @@ _MESSAGES = MessageSet(
                     ("params", PARAMS_RECORD.codec),
                     ("arrival_time", FLOAT),
                     ("priority", INT),
+                    ("cache_salt", optional(STR)),
                 ),
             ),
         ),

@@ -131,7 +131,7 @@ fn model_dir() -> std::path::PathBuf {
 
 fn chain(seed: u32, blocks: u32) -> Vec<BlockHash> {
     let tokens: Vec<u32> = (0..blocks * 16).map(|i| seed * 10_000 + i).collect();
-    block_hashes(&tokens, 16)
+    block_hashes(&tokens, 16, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

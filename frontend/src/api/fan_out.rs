@@ -81,6 +81,7 @@ pub fn start(
                 params,
                 arrival_time: arrival.unix_seconds,
                 priority: request.priority,
+                cache_salt: request.cache_salt.clone(),
             })?;
             let spec = ChoiceSpec {
                 index,

@@ -69,7 +69,6 @@ const COMMON: &[Unsupported] = &[
         "logits_processors",
         "custom logits processors are not implemented",
     ),
-    unsupported("cache_salt", "the prefix cache is shared by all requests"),
     unsupported(
         "kv_transfer_params",
         "disaggregated prefill is not implemented",

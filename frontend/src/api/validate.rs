@@ -95,6 +95,17 @@ pub fn check_min_p(min_p: f64) -> Result<(), ApiError> {
     check_float("min_p", min_p, "in [0, 1]", |p| (0.0..=1.0).contains(&p))
 }
 
+/// vLLM's rule: a salt, when given, is a non-empty string.
+pub fn check_cache_salt(cache_salt: Option<&str>) -> Result<(), ApiError> {
+    match cache_salt {
+        Some("") => Err(out_of_range(
+            "cache_salt",
+            "cache_salt must be a non-empty string".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn check_n(n: u32) -> Result<(), ApiError> {
     if (1..=MAX_N).contains(&n) {
         Ok(())
@@ -460,6 +471,7 @@ pub fn check_sampling<'a>(
     top_k(fields.top_k.unwrap_or(-1))?;
     check_min_p(fields.min_p.unwrap_or(defaults.min_p))?;
     check_n(fields.n.unwrap_or(1))?;
+    check_cache_salt(fields.cache_salt.as_deref())?;
     if let Some(max_tokens) = max_tokens {
         check_max_tokens(max_tokens)?;
     }
@@ -585,6 +597,7 @@ impl CheckedSampling<'_> {
             tool_calls: None,
             return_token_ids: fields.return_token_ids.unwrap_or(false),
             return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
+            cache_salt: fields.cache_salt.clone(),
         }
     }
 
@@ -638,6 +651,8 @@ pub struct ValidRequest {
     pub return_token_ids: bool,
     /// vLLM's `return_tokens_as_token_ids`: logprobs name their tokens `token_id:N`.
     pub return_tokens_as_token_ids: bool,
+    /// vLLM's `cache_salt`: non-empty; cached KV blocks are shared only under the same salt.
+    pub cache_salt: Option<String>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

@@ -109,6 +109,8 @@ pub struct AddRequest {
     pub params: SamplingParams,
     pub arrival_time: f64,
     pub priority: i64,
+    /// vLLM's: the request shares cached KV blocks only with requests of the same salt.
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -461,6 +463,7 @@ mod tests {
             },
             arrival_time: 1_700_000_000.25,
             priority: 0,
+            cache_salt: Some("tenant".into()),
         }
     }
 
@@ -650,6 +653,7 @@ mod tests {
             "\"bad_words_token_ids\"",
             "\"arrival_time\"",
             "\"priority\"",
+            "\"cache_salt\"",
         ];
         let positions: Vec<usize> = keys.iter().map(|k| json.find(k).unwrap()).collect();
         assert!(positions.windows(2).all(|w| w[0] < w[1]), "{json}");

@@ -97,6 +97,9 @@ pub struct SamplingFields {
     /// vLLM's: logprobs name each token (sampled and alternatives) as `token_id:N`, not its text;
     /// chat's `bytes` are then those of that name.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's: the request shares the prefix cache only with requests that give the same salt
+    /// (so that one tenant cannot learn another's prompts from cache timing). Non-empty.
+    pub cache_salt: Option<String>,
     /// vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len).
     #[schema(minimum = -1)]
     #[serde(default, deserialize_with = "whole_number::optional")]

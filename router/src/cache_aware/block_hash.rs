@@ -1,19 +1,30 @@
 //! The engine core's chained block hash (`python/engine/block_pool.py` `hash_block_tokens`):
-//! sha256 over the parent block's digest (nothing for the first block), then the block's token
-//! ids as little-endian int64. Equal hashes name equal prefixes, so a router that hashes a prompt
-//! this way can look its blocks up in a replica's prefix cache.
+//! sha256 over the parent block's digest, then the block's token ids as little-endian int64. The
+//! first block's parent is nothing, or with vLLM's `cache_salt` the digest of `cache_salt:` and
+//! the salt (`cache_salt_root`). Equal hashes name equal prefixes (under equal salts), so a router
+//! that hashes a prompt this way can look its blocks up in a replica's prefix cache.
 
 use sha2::{Digest, Sha256};
 
 pub type BlockHash = [u8; 32];
 
 /// The hash of each full block of `token_ids`, in order; a partial last block is not hashed.
-pub fn block_hashes(token_ids: &[u32], block_size: usize) -> Vec<BlockHash> {
+pub fn block_hashes(
+    token_ids: &[u32],
+    block_size: usize,
+    cache_salt: Option<&str>,
+) -> Vec<BlockHash> {
     assert!(block_size > 0, "a block holds at least one token");
+    let root: Option<BlockHash> = cache_salt.map(|salt| {
+        let mut digest = Sha256::new();
+        digest.update(b"cache_salt:");
+        digest.update(salt.as_bytes());
+        digest.finalize().into()
+    });
     let mut hashes: Vec<BlockHash> = Vec::with_capacity(token_ids.len() / block_size);
     for block in token_ids.chunks_exact(block_size) {
         let mut digest = Sha256::new();
-        if let Some(parent) = hashes.last() {
+        if let Some(parent) = hashes.last().or(root.as_ref()) {
             digest.update(parent);
         }
         for &token in block {
@@ -77,22 +88,35 @@ mod tests {
             .iter()
             .map(|h| h.as_str().unwrap())
             .collect();
-        let got: Vec<String> = block_hashes(&tokens, block_size)
+        let got: Vec<String> = block_hashes(&tokens, block_size, None)
             .iter()
             .map(to_hex)
             .collect();
         assert_eq!(got, expected);
+
+        let salt = vector["cache_salt"].as_str().unwrap();
+        let salted: Vec<&str> = vector["salted_block_hashes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap())
+            .collect();
+        let got: Vec<String> = block_hashes(&tokens, block_size, Some(salt))
+            .iter()
+            .map(to_hex)
+            .collect();
+        assert_eq!(got, salted);
     }
 
     #[test]
     fn a_prefix_has_the_same_leading_hashes() {
         let tokens: Vec<u32> = (0..100).collect();
-        let all = block_hashes(&tokens, 16);
+        let all = block_hashes(&tokens, 16, None);
         assert_eq!(all.len(), 6);
-        assert_eq!(block_hashes(&tokens[..40], 16), all[..2]);
+        assert_eq!(block_hashes(&tokens[..40], 16, None), all[..2]);
         let mut changed = tokens.clone();
         changed[17] = 9999;
-        let other = block_hashes(&changed, 16);
+        let other = block_hashes(&changed, 16, None);
         assert_eq!(other[0], all[0]);
         // The change in block 1 changes every later hash through the chain.
         assert!(other[1..].iter().zip(&all[1..]).all(|(a, b)| a != b));
@@ -100,7 +124,7 @@ mod tests {
 
     #[test]
     fn hex_round_trips_and_rejects_garbage() {
-        let hash = block_hashes(&[1; 16], 16)[0];
+        let hash = block_hashes(&[1; 16], 16, None)[0];
         assert_eq!(from_hex(&to_hex(&hash)), Some(hash));
         assert_eq!(from_hex("00"), None);
         assert_eq!(from_hex(&"zz".repeat(32)), None);

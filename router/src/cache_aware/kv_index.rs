@@ -136,7 +136,7 @@ mod tests {
     }
 
     fn prompt() -> Vec<BlockHash> {
-        block_hashes(&(0..64).collect::<Vec<u32>>(), 16)
+        block_hashes(&(0..64).collect::<Vec<u32>>(), 16, None)
     }
 
     #[test]

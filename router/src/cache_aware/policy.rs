@@ -40,7 +40,7 @@ pub struct CacheAwareConfig {
     pub pending_window: Duration,
 }
 
-/// A prompt as the approximate tree keys it.
+/// A prompt as the router matches it.
 enum PromptKey {
     Tokens(Vec<u32>),
     /// Unicode scalars of the prompt's text, when there is no tokenizer.
@@ -53,6 +53,13 @@ impl PromptKey {
             PromptKey::Tokens(symbols) | PromptKey::Chars(symbols) => symbols,
         }
     }
+}
+
+/// vLLM's `cache_salt`: the engine shares cached blocks only between requests of equal salts, so
+/// a salted prompt is matched by its salted block hashes, and the approximate tree (which knows
+/// no salts) neither matches nor learns it.
+fn cache_salt<'a>(request: &RouteRequest<'a>) -> Option<&'a str> {
+    request.body.get("cache_salt").and_then(Value::as_str)
 }
 
 struct ReplicaState {
@@ -164,6 +171,7 @@ impl Policy for CacheAwarePolicy {
             "pick is never called without candidates"
         );
         let key = self.prompt_key(request);
+        let salt = cache_salt(request);
         let mut replicas = self.replicas.lock().expect("never poisoned");
         for candidate in candidates {
             if !replicas.contains_key(&candidate.id) {
@@ -179,7 +187,7 @@ impl Policy for CacheAwarePolicy {
             None => vec![0; candidates.len()],
             Some(key) => candidates
                 .iter()
-                .map(|c| matched_length(&replicas[&c.id], key, &mut hashes_by_size, now))
+                .map(|c| matched_length(&replicas[&c.id], key, salt, &mut hashes_by_size, now))
                 .collect(),
         };
         let best = (0..candidates.len())
@@ -203,7 +211,9 @@ impl Policy for CacheAwarePolicy {
         let replica = candidates[chosen].id.clone();
         if let Some(key) = &key {
             let state = replicas.get_mut(&replica).expect("inserted above");
-            state.tree.insert(key.symbols());
+            if salt.is_none() {
+                state.tree.insert(key.symbols());
+            }
             let block_size = state
                 .index
                 .as_ref()
@@ -247,6 +257,7 @@ impl Policy for CacheAwarePolicy {
 fn matched_length(
     state: &ReplicaState,
     key: &PromptKey,
+    salt: Option<&str>,
     hashes_by_size: &mut HashMap<usize, Vec<BlockHash>>,
     now: Instant,
 ) -> usize {
@@ -255,7 +266,7 @@ fn matched_length(
         if let Some(block_size) = index.block_size() {
             let hashes = hashes_by_size
                 .entry(block_size)
-                .or_insert_with(|| block_hashes(tokens, block_size));
+                .or_insert_with(|| block_hashes(tokens, block_size, salt));
             // As the engine looks up: the last prompt token is always recomputed.
             let usable = tokens.len().saturating_sub(1) / block_size;
             let held = hashes[..usable.min(hashes.len())]
@@ -264,6 +275,9 @@ fn matched_length(
                 .count();
             return held * block_size;
         }
+    }
+    if salt.is_some() {
+        return 0;
     }
     state.tree.matched_chunks(key.symbols()) * state.tree.chunk()
 }
@@ -380,7 +394,7 @@ mod tests {
     fn the_longest_exact_match_wins_within_the_load_bound() {
         let policy = policy(true);
         let prompt = tokens(1, 64);
-        let hashes = block_hashes(&prompt, 16);
+        let hashes = block_hashes(&prompt, 16, None);
         hold(&policy, 0, &hashes[..1]);
         hold(&policy, 1, &hashes);
         hold(&policy, 2, &[]);
@@ -402,6 +416,26 @@ mod tests {
         let relative = pick(&policy, &completion(&prompt), &[20, 29, 25]);
         assert_eq!(relative.replica, id("http://r1:8000"));
         assert_eq!(relative.reason, RouteReason::PrefixMatch);
+    }
+
+    #[test]
+    fn a_salted_prompt_matches_only_blocks_of_its_own_salt() {
+        let policy = policy(true);
+        let prompt = tokens(1, 64);
+        hold(&policy, 0, &block_hashes(&prompt, 16, None));
+        hold(&policy, 1, &block_hashes(&prompt, 16, Some("tenant-a")));
+        let salted = |salt: &str| json!({"model": "m", "prompt": prompt, "cache_salt": salt});
+        let own = pick(&policy, &salted("tenant-a"), &[0, 0]);
+        assert_eq!(own.replica, id("http://r1:8000"));
+        assert_eq!(own.prefix_match_tokens, Some(48));
+        // Another salt's blocks, or the unsalted ones, are no match to the engine either.
+        let other = pick(&policy, &salted("tenant-b"), &[0, 0]);
+        assert_eq!(other.reason, RouteReason::NoPrefixMatch);
+        assert_eq!(other.prefix_match_tokens, Some(0));
+        assert_eq!(
+            pick(&policy, &completion(&prompt), &[0, 0]).replica,
+            id("http://r0:8000")
+        );
     }
 
     #[test]
@@ -500,7 +534,7 @@ mod tests {
     #[test]
     fn the_index_snapshot_lists_each_replica_in_hex() {
         let policy = policy(true);
-        let hashes = block_hashes(&tokens(1, 32), 16);
+        let hashes = block_hashes(&tokens(1, 32), 16, None);
         hold(&policy, 0, &hashes);
         hold(&policy, 1, &[]);
         let mut expected: Vec<String> = hashes.iter().map(to_hex).collect();

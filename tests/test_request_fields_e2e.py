@@ -243,8 +243,14 @@ def test_cache_salt_shares_the_prefix_cache_only_under_the_same_salt(
 
     def hit_tokens(**salt: str) -> float:
         before = server.metrics()["sluice:prefix_cache_hits_total"]
-        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, extra_body=salt)
-        return server.metrics()["sluice:prefix_cache_hits_total"] - before
+        usage = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1, temperature=0, extra_body=salt
+        ).usage
+        hits = server.metrics()["sluice:prefix_cache_hits_total"] - before
+        # The response's own count of cached prompt tokens agrees with the engine's counter.
+        assert usage is not None and usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == hits
+        return hits
 
     assert hit_tokens(cache_salt="tenant-a") == 0
     assert hit_tokens(cache_salt="tenant-a") >= 64

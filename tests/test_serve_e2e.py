@@ -135,6 +135,10 @@ def test_chat_streamed_and_not_agree(client: openai.OpenAI) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == result.usage.total_tokens
+    # The second time, every full 16-token block of the prompt but one holding its last token is a
+    # prefix-cache hit, and the closing usage says so.
+    details = chunks[-1].usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens == (result.usage.prompt_tokens - 1) // 16 * 16 > 0
 
 
 def test_n_2_returns_two_choices(client: openai.OpenAI) -> None:

@@ -324,7 +324,8 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         new_logprobs: logprobs(token),
                         finish_reason: if i + 1 == tokens.len() { finish } else { None },
                         stop_reason: None,
-                        num_cached_tokens: 0,
+                        // As if the prefix cache held all of the prompt it may serve.
+                        num_cached_tokens: request.prompt_token_ids.len() as u32 - 1,
                         error: None,
                         first_scheduled_time: Some(request.arrival_time),
                         invalid_param: None,
@@ -385,7 +386,8 @@ async fn completion_text_streamed_equals_whole_with_usage() {
     assert_eq!(
         body["usage"],
         json!({"prompt_tokens": prompt_tokens, "completion_tokens": server.tokens.len(),
-               "total_tokens": prompt_tokens + server.tokens.len()})
+               "total_tokens": prompt_tokens + server.tokens.len(),
+               "prompt_tokens_details": {"cached_tokens": prompt_tokens - 1}})
     );
 
     let events = server

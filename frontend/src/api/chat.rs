@@ -11,10 +11,10 @@ use axum::Json;
 use bytes::BytesMut;
 
 use crate::api::error::ApiError;
-use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{self, cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
 use crate::api::request_fields::with_ignored_fields;
-use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
 use crate::api::validate::{self, ValidRequest};
 use crate::schema::openai::{
@@ -73,6 +73,10 @@ fn whole(
     request: &ValidRequest,
 ) -> ChatCompletionResponse {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let cached = cached_prompt_tokens(
+        (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
+        request.n,
+    );
     // Every choice has the one prompt: the first one's logprobs stand for all.
     let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
         let tokens = results.first()?.prompt_logprobs.as_deref()?;
@@ -111,7 +115,7 @@ fn whole(
         created: header.created,
         model: header.model,
         choices,
-        usage: Usage::new(prompt_tokens, completion_tokens),
+        usage: Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached),
         prompt_logprobs,
         prompt_token_ids: shown_ids.then(|| request.prompts[0].token_ids.clone()),
     }
@@ -219,12 +223,13 @@ async fn stream(
         }
         events.freeze()
     };
-    let closing = move |completion_tokens| {
+    let n = request.n;
+    let closing = move |totals: ChoiceTotals| {
         include_usage.then(|| {
-            chunk_event(&header.chunk(
-                Vec::new(),
-                Some(Usage::new(prompt_tokens, completion_tokens)),
-            ))
+            let completion_tokens = totals.completion_tokens.values().sum();
+            let cached = cached_prompt_tokens(totals.cached_tokens, n);
+            let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+            chunk_event(&header.chunk(Vec::new(), Some(usage)))
         })
     };
     let updates = choices.stream_updates().await?;

@@ -10,10 +10,10 @@ use axum::Json;
 
 use crate::api::best_of;
 use crate::api::error::ApiError;
-use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{self, cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
 use crate::api::request_fields::with_ignored_fields;
-use crate::api::sse::{chunk_event, event_stream_response, sse_events};
+use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
 use crate::api::validate::{self, ValidRequest};
 use crate::schema::openai::{
@@ -62,6 +62,10 @@ fn whole(
     request: &ValidRequest,
 ) -> CompletionResponse {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let cached = cached_prompt_tokens(
+        (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
+        request.n,
+    );
     let n = request.n as usize;
     let shown_ids = request.return_token_ids;
     let label = TokenLabel::new(request.return_tokens_as_token_ids);
@@ -89,7 +93,8 @@ fn whole(
             finish_reason: Some(result.finish_reason.to_owned()),
         })
         .collect();
-    header.response(choices, Some(Usage::new(prompt_tokens, completion_tokens)))
+    let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+    header.response(choices, Some(usage))
 }
 
 async fn stream(
@@ -153,12 +158,12 @@ async fn stream(
             usage,
         ))
     };
-    let closing = move |completion_tokens| {
+    let closing = move |totals: ChoiceTotals| {
         include_usage.then(|| {
-            chunk_event(&header.response(
-                Vec::new(),
-                Some(Usage::new(prompt_tokens, completion_tokens)),
-            ))
+            let completion_tokens = totals.completion_tokens.values().sum();
+            let cached = cached_prompt_tokens(totals.cached_tokens, n);
+            let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+            chunk_event(&header.response(Vec::new(), Some(usage)))
         })
     };
     let updates = choices.stream_updates().await?;

@@ -2,6 +2,8 @@
 //! waiting-queue permit each while it waits, or an immediate 429), sent to the engine as one engine request
 //! each, and read back as choice streams, interleaved or collected whole.
 
+use std::collections::BTreeMap;
+
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -37,6 +39,21 @@ pub struct ChoiceResult {
     pub prefix_chars: u32,
     pub prompt_logprobs: Option<Vec<PromptToken>>,
     pub token_ids: Vec<u32>,
+    pub num_cached_tokens: u32,
+}
+
+/// The prompt tokens the prefix cache served, from each choice's count (by choice index; prompt p
+/// has choices p * n .. p * n + n): per prompt, the least of its choices' counts. A prompt's
+/// later choices find the blocks its first one computed; the least is what earlier requests left.
+pub fn cached_prompt_tokens(by_choice: impl IntoIterator<Item = (u32, u32)>, n: u32) -> u32 {
+    let mut by_prompt: BTreeMap<u32, u32> = BTreeMap::new();
+    for (index, cached) in by_choice {
+        by_prompt
+            .entry(index / n)
+            .and_modify(|least| *least = (*least).min(cached))
+            .or_insert(cached);
+    }
+    by_prompt.values().sum()
 }
 
 /// A request's choices, started on the engine.
@@ -183,6 +200,7 @@ impl Choices {
             result.cumulative_logprob = update.cumulative_logprob;
             result.prefix_chars += update.prefix_chars;
             result.token_ids.extend(update.token_ids);
+            result.num_cached_tokens = update.num_cached_tokens;
             if update.prompt_logprobs.is_some() {
                 result.prompt_logprobs = update.prompt_logprobs;
             }
@@ -230,5 +248,19 @@ fn api_error(
         }
         ChoiceError::Engine(reason) => ApiError::EngineUnavailable(reason),
         ChoiceError::Text(reason) => ApiError::Internal(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_tokens_count_each_prompt_once_at_its_least_cached_choice() {
+        // Two prompts of two choices: prompt 0's second choice found its first one's blocks.
+        let by_choice = [(0, 32), (1, 112), (2, 0), (3, 16)];
+        assert_eq!(cached_prompt_tokens(by_choice, 2), 32);
+        assert_eq!(cached_prompt_tokens(by_choice, 1), 160);
+        assert_eq!(cached_prompt_tokens([], 3), 0);
     }
 }

@@ -61,8 +61,16 @@ where
     response
 }
 
+/// Each choice's counts at its latest update, by choice index: what a stream's closing usage is
+/// made of.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChoiceTotals {
+    pub completion_tokens: HashMap<u32, u32>,
+    pub cached_tokens: HashMap<u32, u32>,
+}
+
 /// The SSE events of a streamed response: `opening` first, one event per update (framed by
-/// `frame`), then on success `closing` (given the total completion tokens; the usage chunk) and
+/// `frame`), then on success `closing` (given each choice's totals; the usage chunk) and
 /// `[DONE]`, or on failure one error event and `[DONE]`. Dropping the stream (a client that went away) drops
 /// the updates and so aborts their engine requests.
 pub fn sse_events<F, C>(
@@ -73,33 +81,39 @@ pub fn sse_events<F, C>(
 ) -> impl Stream<Item = Bytes> + Send + 'static
 where
     F: FnMut(ChoiceUpdate) -> Bytes + Send + 'static,
-    C: FnOnce(u32) -> Option<Bytes> + Send + 'static,
+    C: FnOnce(ChoiceTotals) -> Option<Bytes> + Send + 'static,
 {
     struct Events<F, C> {
         updates: BoxStream<'static, Result<ChoiceUpdate, ApiError>>,
         frame: F,
         closing: Option<C>,
-        tokens: HashMap<u32, u32>,
+        totals: ChoiceTotals,
     }
     let events = Events {
         updates,
         frame,
         closing: Some(closing),
-        tokens: HashMap::new(),
+        totals: ChoiceTotals::default(),
     };
     let body = stream::unfold(events, |mut events| async move {
         let closing = events.closing.take()?;
         let batch = match events.updates.next().await {
             Some(Ok(update)) => {
-                events.tokens.insert(update.index, update.completion_tokens);
+                let totals = &mut events.totals;
+                totals
+                    .completion_tokens
+                    .insert(update.index, update.completion_tokens);
+                totals
+                    .cached_tokens
+                    .insert(update.index, update.num_cached_tokens);
                 events.closing = Some(closing);
                 vec![(events.frame)(update)]
             }
             Some(Err(error)) => vec![error_event(&error), done_event()],
-            None => {
-                let total = events.tokens.values().sum();
-                closing(total).into_iter().chain([done_event()]).collect()
-            }
+            None => closing(std::mem::take(&mut events.totals))
+                .into_iter()
+                .chain([done_event()])
+                .collect(),
         };
         Some((stream::iter(batch), events))
     })
@@ -181,6 +195,7 @@ mod tests {
             prefix_chars: 0,
             prompt_logprobs: None,
             token_ids: Vec::new(),
+            num_cached_tokens: index * 16,
         })
     }
 
@@ -189,7 +204,11 @@ mod tests {
             vec![Bytes::from_static(b"open")],
             futures::stream::iter(updates).boxed(),
             |update| Bytes::from(update.text),
-            |total: u32| Some(Bytes::from(format!("usage {total}"))),
+            |totals: ChoiceTotals| {
+                let total: u32 = totals.completion_tokens.values().sum();
+                let cached: u32 = totals.cached_tokens.values().sum();
+                Some(Bytes::from(format!("usage {total} cached {cached}")))
+            },
         );
         events.collect().await
     }
@@ -202,7 +221,8 @@ mod tests {
             update(0, "c", 3),
         ])
         .await;
-        let expected: Vec<Bytes> = ["open", "a", "b", "c", "usage 5"]
+        // Choice 0's latest count (3) and choice 1's (2); cached: 0 and 16, one per choice.
+        let expected: Vec<Bytes> = ["open", "a", "b", "c", "usage 5 cached 16"]
             .into_iter()
             .map(Bytes::from)
             .chain([done_event()])

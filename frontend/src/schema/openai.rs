@@ -244,6 +244,15 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    /// OpenAI's: in a response's (or a stream's closing) usage, how many prompt tokens the
+    /// prefix cache served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -252,6 +261,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
+        }
+    }
+
+    pub fn with_cached_tokens(self, cached_tokens: u32) -> Self {
+        Usage {
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+            ..self
         }
     }
 }

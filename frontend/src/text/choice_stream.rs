@@ -45,6 +45,8 @@ pub struct ChoiceUpdate {
     pub prompt_logprobs: Option<Vec<PromptToken>>,
     /// The tokens the engine generated in this update (a stop token too, whose text is left out).
     pub token_ids: Vec<u32>,
+    /// Prompt tokens the engine found in the prefix cache for this choice.
+    pub num_cached_tokens: u32,
 }
 
 /// Why a choice ended without a finish reason.
@@ -105,6 +107,7 @@ pub struct ChoiceStream<O = OutputStream> {
     permit: Option<OwnedSemaphorePermit>,
     completion_tokens: u32,
     cumulative_logprob: f64,
+    num_cached_tokens: u32,
     finished: bool,
 }
 
@@ -132,6 +135,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             metrics,
             permit: Some(permit),
             completion_tokens: 0,
+            num_cached_tokens: 0,
             cumulative_logprob: 0.0,
             finished: false,
         }
@@ -168,6 +172,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         self.metrics
             .on_output(output.new_token_ids.len(), output.first_scheduled_time);
         self.completion_tokens += output.new_token_ids.len() as u32;
+        self.num_cached_tokens = self.num_cached_tokens.max(output.num_cached_tokens);
         if let Some(entries) = &output.new_logprobs {
             self.cumulative_logprob += entries
                 .iter()
@@ -259,6 +264,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             prefix_chars,
             prompt_logprobs,
             token_ids,
+            num_cached_tokens: self.num_cached_tokens,
         }))
     }
 

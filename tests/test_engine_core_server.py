@@ -404,7 +404,13 @@ class _FailingEngine:
         self.requests: dict[str, list[int]] = {}
 
     def add_request(
-        self, request_id: str, prompt: list[int], params: Any, arrival: float, priority: int
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: Any,
+        arrival: float,
+        priority: int,
+        cache_salt: str | None,
     ) -> None:
         self.requests[request_id] = prompt
 

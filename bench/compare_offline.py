@@ -43,8 +43,9 @@ from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
 from vllm_peer import vllm_env, vllm_python, vllm_venv
 
-# Off switches measured offline only: the packed GEMM is a kernel, whose gain W1 and W2 show alone.
-OFFLINE_SWITCHES_OFF = {"no packed linear": ["--no-packed-linear"]}
+# Off switches measured offline only: kernels (the packed GEMM, the greedy argmax), whose gains the
+# offline workloads show alone.
+OFFLINE_SWITCHES_OFF = {"no packed linear": ["--no-packed-linear"], "no native argmax": ["--no-native-argmax"]}
 SLUICE = "sluice"
 VLLM = "vllm"
 # Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.

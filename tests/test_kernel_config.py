@@ -11,8 +11,16 @@ from sluice.config import KernelConfig, config_from_dict, config_to_dict
 from sluice.engine_args import add_engine_arguments, config_from_args
 from sluice.serve import add_serve_arguments, engine_argv
 
-OFF = ["--no-packed-linear", "--no-cpu-decode-attention", "--cuda-attention-backend", "triton"]
-ALL_OFF = KernelConfig(packed_linear=False, cpu_decode_attention=False, cuda_attention_backend="triton")
+OFF = [
+    "--no-packed-linear",
+    "--no-cpu-decode-attention",
+    "--no-native-argmax",
+    "--cuda-attention-backend",
+    "triton",
+]
+ALL_OFF = KernelConfig(
+    packed_linear=False, cpu_decode_attention=False, native_argmax=False, cuda_attention_backend="triton"
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -23,7 +31,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_defaults_leave_every_kernel_on() -> None:
     assert config_from_args(parse([]), model_path="/m").kernel == KernelConfig(
-        packed_linear=True, cpu_decode_attention=True, cuda_attention_backend="auto"
+        packed_linear=True, cpu_decode_attention=True, native_argmax=True, cuda_attention_backend="auto"
     )
 
 

@@ -73,6 +73,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"));
   m.def("pack_linear_weight", &sluice::cpu::pack_linear_weight, "a bf16 weight in the packed GEMM layout",
         py::arg("weight"));
+  m.def("argmax_rows", &sluice::cpu::argmax_rows, "each row's argmax, as torch.argmax(dim=-1)", py::arg("x"));
   m.def("rotary_embedding", &sluice::cpu::rotary_embedding, "rotate q and k in place", py::arg("qk"),
         py::arg("cos"), py::arg("sin_signed"));
   m.def("bind_threads", &sluice::cpu::bind_threads,

@@ -48,6 +48,10 @@ at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const s
 // CPU has AVX512_BF16; any other weight unchanged. (KernelConfig.packed_linear decides whether it is called.)
 at::Tensor prepare_linear_weight(const at::Tensor& weight);
 
+// Each row's argmax as torch.argmax(dim=-1) gives it (first of equal maxima, a NaN above all), in one
+// pass over x [rows, n] float32 on every thread: the greedy pick (KernelConfig.native_argmax).
+at::Tensor argmax_rows(const at::Tensor& x);
+
 // Rotates qk [num_tokens, heads, head_dim] in place by per-token cos and sign-folded sin tables.
 void rotary_embedding(at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin_signed);
 

@@ -91,6 +91,7 @@ class LLM:
         omp_spin_count: str | int = "auto",
         packed_linear: bool = True,
         cpu_decode_attention: bool = True,
+        native_argmax: bool = True,
         cuda_attention_backend: str = "auto",
         kv_events_port: int | None = None,
         kv_events_host: str = "127.0.0.1",
@@ -135,6 +136,7 @@ class LLM:
             kernel=KernelConfig(
                 packed_linear=packed_linear,
                 cpu_decode_attention=cpu_decode_attention,
+                native_argmax=native_argmax,
                 cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]
             ),
             # vLLM's shape: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, ...}.

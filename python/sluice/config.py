@@ -106,6 +106,8 @@ class KernelConfig:
     packed_linear: bool = True
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True
+    # CPU: greedy rows pick by Sluice's one-pass argmax kernel; False uses torch.argmax.
+    native_argmax: bool = True
     cuda_attention_backend: CudaAttentionBackend = "auto"
 
 

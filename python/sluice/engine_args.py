@@ -249,6 +249,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="CPU: run one-token (decode) attention on its own kernel path rather than the general tile path",
     )
     group.add_argument(
+        "--native-argmax",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.native_argmax,
+        help="CPU: greedy rows pick their token with Sluice's one-pass argmax kernel rather than torch.argmax",
+    )
+    group.add_argument(
         "--cuda-attention-backend",
         default=kernel.cuda_attention_backend,
         choices=get_args(CudaAttentionBackend),
@@ -342,6 +348,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
         kernel=KernelConfig(
             packed_linear=args.packed_linear,
             cpu_decode_attention=args.cpu_decode_attention,
+            native_argmax=args.native_argmax,
             cuda_attention_backend=args.cuda_attention_backend,
         ),
         speculative=SpeculativeConfig(

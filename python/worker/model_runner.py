@@ -31,9 +31,10 @@ from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
 from worker.model_loader import load_model
+from worker.native_ops import load_native_ops
 from worker.prompt_logprobs import StepPromptLogprobs, step_prompt_logprobs
 from worker.request_state import RequestState
-from worker.sampler import Sampler, SamplerOutput
+from worker.sampler import Sampler, SamplerOutput, native_argmax, torch_argmax
 from worker.sampling_state import SamplingState
 from worker.step_inputs import StepInputBuilder
 
@@ -133,7 +134,12 @@ class ModelRunner:
         )
         self.dispatcher = build_dispatcher(config.graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.
-        self.sampler = Sampler(tensor_parallel_group().shared_generator())
+        argmax = (
+            native_argmax(load_native_ops())
+            if device.type == "cpu" and kernel.native_argmax
+            else torch_argmax
+        )
+        self.sampler = Sampler(tensor_parallel_group().shared_generator(), argmax)
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.step_executor: StepExecutor | None = None

@@ -509,3 +509,58 @@ def test_tokenize_renders_messages_as_chat_does_and_reports_its_fields(
         with pytest.raises(openai.BadRequestError) as refused:
             tokenize(body)
         assert refused.value.body["param"] == param, refused.value.body  # type: ignore[index]
+
+
+OWN_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def trusting_server(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    args = [str(default_model_path), "--served-model-name", MODEL, "--max-model-len", "512"]
+    args += ["--kv-cache-memory", "0.25", "--trust-request-chat-template"]
+    with running_server(args, log) as running:
+        yield running
+
+
+def test_a_trusted_request_renders_with_its_own_chat_template(
+    trusting_server: Server, default_model_path: Path
+) -> None:
+    vocabulary = Tokenizer.from_file(str(default_model_path / "tokenizer.json"))
+    expected = vocabulary.encode(
+        "[user] What is the capital of France? Answer in one short sentence.\n[assistant] ",
+        add_special_tokens=False,
+    ).ids
+    with openai.OpenAI(
+        base_url=trusting_server.url + "/v1", api_key="none", max_retries=0, timeout=120
+    ) as client:
+        tokens = client.post(
+            "/../tokenize",
+            body={"model": MODEL, "messages": MESSAGES, "chat_template": OWN_TEMPLATE},
+            cast_to=object,
+        )
+        assert tokens["tokens"] == expected  # type: ignore[index]
+        reply = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"chat_template": OWN_TEMPLATE}
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens == len(expected)
+        # The model's own template makes a different prompt.
+        plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+        assert plain.usage is not None and plain.usage.prompt_tokens != len(expected)
+        for template in (
+            "{% for m in messages %}",  # does not compile
+            "{{ raise_exception('not this conversation') }}",
+            # Runs out of its bounded work long before it would end.
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+        ):
+            got = refused_param(
+                client.chat.completions.create,
+                messages=MESSAGES,
+                max_tokens=2,
+                extra_body={"chat_template": template},
+            )
+            assert got == "chat_template", template
+    assert trusting_server.health() == 200

@@ -93,6 +93,10 @@ struct Args {
     /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
     #[arg(long, default_value = "auto")]
     tool_call_parser: String,
+    /// Let a chat or /tokenize request bring its own `chat_template` (vLLM's flag): a template is
+    /// code that runs here, so only for clients that are trusted.
+    #[arg(long)]
+    trust_request_chat_template: bool,
 }
 
 impl Args {
@@ -111,6 +115,7 @@ impl Args {
             metrics_prefix: self.metrics_prefix,
             scheduling_policy: self.scheduling_policy,
             tool_call_parser: self.tool_call_parser.clone(),
+            trust_request_chat_template: self.trust_request_chat_template,
         })
     }
 

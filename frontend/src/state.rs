@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub scheduling_policy: SchedulingPolicy,
     /// `--tool-call-parser`: "auto" or a registered parser's name.
     pub tool_call_parser: String,
+    /// Requests may bring their own `chat_template`.
+    pub trust_request_chat_template: bool,
 }
 
 /// The engine core's `--scheduling-policy`, mirrored here: `sluice serve` passes the same value to both.

@@ -101,6 +101,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-without-auth", action="store_true", help="serve /metrics without the API key"
     )
     group.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let chat and /tokenize requests bring their own chat_template (vLLM's flag); a template "
+        "is code that runs on the server, so only for trusted clients",
+    )
+    group.add_argument(
         "--max-waiting-requests",
         type=int,
         default=None,
@@ -296,6 +302,8 @@ def frontend_argv(
         argv.append("--reconnect-engine")
     if args.metrics_without_auth:
         argv.append("--metrics-without-auth")
+    if args.trust_request_chat_template:
+        argv.append("--trust-request-chat-template")
     return argv
 
 

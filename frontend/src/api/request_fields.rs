@@ -97,23 +97,16 @@ const CHAT: &[Unsupported] = &[
     ),
     unsupported("mm_processor_kwargs", "this model takes text only"),
     unsupported(
-        "chat_template",
-        "the model's own chat template is used; chat_template_kwargs sets its variables",
-    ),
-    unsupported(
         "echo",
         "chat does not echo; /v1/completions echoes its prompt",
     ),
 ];
 
 /// Fields /tokenize refuses: what would make its count differ from the chat request's.
-const TOKENIZE: &[Unsupported] = &[
-    unsupported(
-        "chat_template",
-        "the model's own chat template is used; chat_template_kwargs sets its variables",
-    ),
-    unsupported("mm_processor_kwargs", "this model takes text only"),
-];
+const TOKENIZE: &[Unsupported] = &[unsupported(
+    "mm_processor_kwargs",
+    "this model takes text only",
+)];
 
 /// Which endpoint a request came to, for the fields it refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,8 +293,11 @@ mod tests {
         );
         // /tokenize samples nothing: generation's refusals are unknown there.
         assert_eq!(
-            refused(Endpoint::Tokenize, json!({"chat_template": "{{ x }}"})),
-            "chat_template"
+            refused(
+                Endpoint::Tokenize,
+                json!({"mm_processor_kwargs": {"size": 1}})
+            ),
+            "mm_processor_kwargs"
         );
         assert_eq!(
             ignored_fields(

@@ -21,7 +21,7 @@ use crate::schema::openai::{
 };
 use crate::schema::openai_tools::Tool;
 use crate::state::{AppState, SchedulingPolicy};
-use crate::text::chat_template::continue_final_message;
+use crate::text::chat_template::{continue_final_message, ChatTemplateError};
 use crate::text::tool_call_stream::ToolCallReader;
 use crate::text::tool_prompt;
 
@@ -855,6 +855,7 @@ pub async fn chat(
         request.continue_final_message,
         kwargs,
         rendered,
+        request.chat_template.clone(),
     )
     .await?;
     // By default none: the template already wrote the special tokens.
@@ -939,6 +940,7 @@ pub async fn tokenize(
             "chat_template_kwargs",
             request.chat_template_kwargs.is_some(),
         ),
+        ("chat_template", request.chat_template.is_some()),
         ("tools", request.tools.is_some()),
     ];
     let (text, add_special_tokens) = match (request.prompt, request.messages) {
@@ -965,6 +967,7 @@ pub async fn tokenize(
                 request.continue_final_message,
                 kwargs,
                 tools,
+                request.chat_template,
             )
             .await?;
             // The template already wrote the special tokens.
@@ -995,15 +998,31 @@ pub async fn chat_text(
     continue_final: Option<bool>,
     kwargs: serde_json::Map<String, serde_json::Value>,
     tools: Option<Vec<Tool>>,
+    request_template: Option<String>,
 ) -> Result<String, ApiError> {
     let (add_generation_prompt, continue_final) =
         chat_ending(add_generation_prompt, continue_final)?;
-    let template = state.chat_template.clone().ok_or_else(|| {
+    check_request_template(state, request_template.as_deref())?;
+    let model_template = state.chat_template.clone().ok_or_else(|| {
         ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
     })?;
+    // What fails in the request's own template is that field's fault.
+    let faulty_param = if request_template.is_some() {
+        "chat_template"
+    } else {
+        "messages"
+    };
     state
         .pool
         .run(move |_| {
+            let own;
+            let template = match request_template {
+                Some(source) => {
+                    own = model_template.for_request(source)?;
+                    &own
+                }
+                None => model_template.as_ref(),
+            };
             let mut kwargs = kwargs;
             let rendered = if template.uses_tools() {
                 // The request's tools win over a template variable of the same name.
@@ -1025,16 +1044,32 @@ pub async fn chat_text(
             }
         })
         .await?
-        .map_err(|error| {
-            if error.is_request_error() {
-                ApiError::InvalidParameter {
-                    param: "messages",
-                    message: error.to_string(),
-                }
-            } else {
-                ApiError::Internal(error.to_string())
-            }
+        .map_err(|error| match error {
+            ChatTemplateError::Syntax(_) => ApiError::InvalidParameter {
+                param: "chat_template",
+                message: error.to_string(),
+            },
+            _ if error.is_request_error() => ApiError::InvalidParameter {
+                param: faulty_param,
+                message: error.to_string(),
+            },
+            _ => ApiError::Internal(error.to_string()),
         })
+}
+
+/// vLLM's rule: a request may bring its own chat template only to a server that trusts them
+/// (`--trust-request-chat-template`), since a template is code that runs on the server.
+fn check_request_template(state: &AppState, template: Option<&str>) -> Result<(), ApiError> {
+    if template.is_none() || state.config.trust_request_chat_template {
+        return Ok(());
+    }
+    Err(ApiError::InvalidParameter {
+        param: "chat_template",
+        message: "a request's own chat_template is refused unless the server runs with \
+                  --trust-request-chat-template; chat_template_kwargs sets the model template's \
+                  variables"
+            .into(),
+    })
 }
 
 #[cfg(test)]

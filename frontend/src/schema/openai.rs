@@ -216,6 +216,9 @@ pub struct ChatCompletionRequest {
     /// vLLM's: variables for the chat template (`enable_thinking`, ...); they cannot replace
     /// `messages`, `add_generation_prompt` or the special tokens.
     pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
+    /// vLLM's: a Jinja chat template to render this request with instead of the model's; refused
+    /// unless the server runs with `--trust-request-chat-template`.
+    pub chat_template: Option<String>,
     /// Passed to the chat template as the variable `reasoning_effort`, as vLLM does.
     #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
     pub reasoning_effort: Option<String>,
@@ -440,6 +443,9 @@ pub struct TokenizeRequest {
     pub continue_final_message: Option<bool>,
     /// Messages only, as in chat.
     pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
+    /// vLLM's: a Jinja chat template to render this request with instead of the model's; refused
+    /// unless the server runs with `--trust-request-chat-template`.
+    pub chat_template: Option<String>,
     /// Messages only: rendered as chat renders them.
     pub tools: Option<Vec<Tool>>,
     /// vLLM's: each token's text (the vocabulary's string) in `token_strs`.

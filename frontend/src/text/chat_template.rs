@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::schema::openai::{ChatMessage, MessageContent};
 
 const TEMPLATE_NAME: &str = "chat_template";
+/// Template instructions a request's own template may run per rendering: far more than a model's
+/// template spends on a long conversation, far less than a runaway loop.
+const REQUEST_TEMPLATE_FUEL: u64 = 20_000_000;
 
 /// Errors from loading or rendering a chat template. Loading errors
 /// (`Io`, `Config`, `Missing`, `Syntax`) are the server's; rendering errors
@@ -225,6 +228,16 @@ impl ChatTemplate {
             eos_token,
             uses_tools,
         })
+    }
+
+    /// A request's own template (vLLM's `chat_template`, under `--trust-request-chat-template`),
+    /// with this one's special tokens. Its rendering is bounded by `REQUEST_TEMPLATE_FUEL`, so a
+    /// template that loops forever fails the request instead of holding a tokenizer worker.
+    pub fn for_request(&self, source: String) -> Result<Self, ChatTemplateError> {
+        let mut template =
+            Self::from_source(source, self.bos_token.clone(), self.eos_token.clone())?;
+        template.env.set_fuel(Some(REQUEST_TEMPLATE_FUEL));
+        Ok(template)
     }
 
     pub fn uses_tools(&self) -> bool {

@@ -22,5 +22,6 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         metrics_prefix: MetricsPrefix::Sluice,
         scheduling_policy: SchedulingPolicy::Fcfs,
         tool_call_parser: "auto".into(),
+        trust_request_chat_template: false,
     }
 }

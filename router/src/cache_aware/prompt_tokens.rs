@@ -41,6 +41,10 @@ impl PromptTokenizer {
     /// cleverness.
     pub fn prompt_token_ids(&self, path: &str, body: &Value) -> Option<Vec<u32>> {
         if path.ends_with("/chat/completions") {
+            // A request's own template (vLLM's `chat_template`) renders tokens the model's does not.
+            if body.get("chat_template").is_some_and(|t| !t.is_null()) {
+                return None;
+            }
             let messages = Vec::<ChatMessage>::deserialize(body.get("messages")?).ok()?;
             let add_generation_prompt = match body.get("add_generation_prompt") {
                 None | Some(Value::Null) => true,
@@ -114,6 +118,13 @@ mod tests {
         assert_eq!(
             prompts.prompt_token_ids("/v1/chat/completions", &chat),
             Some(direct(&rendered, false))
+        );
+        // A request's own template: the router cannot know its tokens.
+        let mut own_template = chat.clone();
+        own_template["chat_template"] = json!("{{ messages[0]['content'] }}");
+        assert_eq!(
+            prompts.prompt_token_ids("/v1/chat/completions", &own_template),
+            None
         );
         for bad in [json!({"prompt": 3}), json!({"messages": "x"}), json!({})] {
             assert_eq!(prompts.prompt_token_ids("/v1/completions", &bad), None);

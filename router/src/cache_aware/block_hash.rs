@@ -82,30 +82,20 @@ mod tests {
             0,
             "the vector ends with a partial block"
         );
-        let expected: Vec<&str> = vector["block_hashes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h.as_str().unwrap())
-            .collect();
-        let got: Vec<String> = block_hashes(&tokens, block_size, None)
-            .iter()
-            .map(to_hex)
-            .collect();
-        assert_eq!(got, expected);
-
         let salt = vector["cache_salt"].as_str().unwrap();
-        let salted: Vec<&str> = vector["salted_block_hashes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h.as_str().unwrap())
-            .collect();
-        let got: Vec<String> = block_hashes(&tokens, block_size, Some(salt))
-            .iter()
-            .map(to_hex)
-            .collect();
-        assert_eq!(got, salted);
+        for (salt, key) in [(None, "block_hashes"), (Some(salt), "salted_block_hashes")] {
+            let expected: Vec<&str> = vector[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h.as_str().unwrap())
+                .collect();
+            let got: Vec<String> = block_hashes(&tokens, block_size, salt)
+                .iter()
+                .map(to_hex)
+                .collect();
+            assert_eq!(got, expected, "{key}");
+        }
     }
 
     #[test]

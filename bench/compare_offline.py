@@ -45,7 +45,10 @@ from vllm_peer import vllm_env, vllm_python, vllm_venv
 
 # Off switches measured offline only: kernels (the packed GEMM, the greedy argmax), whose gains the
 # offline workloads show alone.
-OFFLINE_SWITCHES_OFF = {"no packed linear": ["--no-packed-linear"], "no native argmax": ["--no-native-argmax"]}
+OFFLINE_SWITCHES_OFF = {
+    "no packed linear": ["--no-packed-linear"],
+    "no native argmax": ["--no-native-argmax"],
+}
 SLUICE = "sluice"
 VLLM = "vllm"
 # Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.

@@ -359,15 +359,29 @@ pub fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::EmptyMessages);
     }
-    match messages
+    if let Some(message) = messages
         .iter()
         .find(|m| !CHAT_ROLES.contains(&m.role.as_str()))
     {
-        Some(message) => Err(out_of_range(
+        return Err(out_of_range(
             "messages",
             format!(
                 "unsupported message role {:?}; expected one of {CHAT_ROLES:?}",
                 message.role
+            ),
+        ));
+    }
+    // A history's calls are rendered as function calls: any other type is not one.
+    match messages
+        .iter()
+        .flat_map(|m| m.tool_calls.iter().flatten())
+        .find(|call| call.kind != "function")
+    {
+        Some(call) => Err(out_of_range(
+            "messages",
+            format!(
+                "a message's tool call has type {:?}; the only type is \"function\"",
+                call.kind
             ),
         )),
         None => Ok(()),
@@ -1281,6 +1295,19 @@ mod tests {
         assert!(check_messages(&[message("system"), message("user")]).is_ok());
         assert!(check_messages(&[message("developer"), message("user")]).is_ok());
         assert_eq!(param_of(check_messages(&[message("wizard")])), "messages");
+        let with_call = |kind: &str| ChatMessage {
+            tool_calls: Some(
+                serde_json::from_value(serde_json::json!([{"id": "c1", "type": kind,
+                    "function": {"name": "now", "arguments": "{}"}}]))
+                .unwrap(),
+            ),
+            ..message("assistant")
+        };
+        assert!(check_messages(&[message("user"), with_call("function")]).is_ok());
+        assert_eq!(
+            param_of(check_messages(&[message("user"), with_call("0..0")])),
+            "messages"
+        );
     }
 
     #[test]

@@ -214,9 +214,18 @@ pub fn check_allowed_token_ids(ids: &[u32], vocab_size: u32) -> Result<(), ApiEr
     check_token_ids("allowed_token_ids", ids, vocab_size)
 }
 
+/// Whitespace as Python's `str.isspace` has it, which vLLM's word stripping uses: Unicode's
+/// White_Space (Rust's) and the four separators U+001C..U+001F.
+fn python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
 /// vLLM's `bad_words`: each a word with something in it besides whitespace.
 pub fn check_bad_words(words: &[String]) -> Result<(), ApiError> {
-    match words.iter().find(|word| word.trim().is_empty()) {
+    match words
+        .iter()
+        .find(|word| word.trim_matches(python_space).is_empty())
+    {
         Some(word) => Err(out_of_range(
             "bad_words",
             format!("bad_words must be strings that are not blank, got {word:?}"),
@@ -233,8 +242,8 @@ async fn bad_words_token_ids(
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let texts = words.iter().flat_map(|word| {
         [
-            word.trim_start().to_owned(),
-            format!(" {}", word.trim_start()),
+            word.trim_start_matches(python_space).to_owned(),
+            format!(" {}", word.trim_start_matches(python_space)),
         ]
     });
     let encoded = try_join_all(texts.map(|text| state.pool.encode(text, false))).await?;

@@ -331,6 +331,27 @@ def test_an_idle_server_blocks_instead_of_polling(client, server):
     assert used <= 0.03, f"an idle engine core used {used:.3f} CPU seconds in 1 s"
 
 
+def test_a_frontend_that_stops_reading_is_waited_for_not_taken_for_a_hang():
+    """The watchdog ends an engine core busy past twice --step-timeout-s (here 1 s). An output send
+    that blocks because nobody reads the output socket is a wait on the frontend, not a hang: with
+    the reader gone for 3 s, the engine core stays up and the request ends once a reader is back."""
+    with running_server("--step-timeout-s", "0.5") as server:
+        client = server.client
+        client.pull.close(0)
+        client.add("unread", prompt_of(6), temperature=0.0, max_tokens=8, ignore_eos=True)
+        time.sleep(3.0)
+        assert server.process.poll() is None, (
+            f"the engine core died while blocked on its output:\n{server.stderr()}"
+        )
+        client.pull = client.context.socket(zmq.PULL)
+        client.pull.linger = 0
+        client.pull.connect(f"ipc://{server.folder}/output")
+        tokens = client.run_to_end(["unread"], timeout=30)
+        assert len(tokens["unread"]) == 8
+        assert client.finished("unread").finish_reason == "length"
+        assert server.process.poll() is None, server.stderr()
+
+
 @pytest.mark.parametrize("signum, busy", [(signal.SIGTERM, True), (signal.SIGINT, False)])
 def test_a_signal_stops_the_server_promptly_with_status_0(signum, busy):
     with running_server() as server:

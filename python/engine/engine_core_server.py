@@ -243,6 +243,15 @@ class EngineCoreServer:
 
     def _send_blocking(self, message: Message) -> None:
         data = encode(message)
+        if self.stop_requested:
+            raise _Stop
+        with contextlib.suppress(zmq.Again):
+            self.output.send(data, zmq.NOBLOCK)
+            return
+        # The frontend is not taking outputs (it is gone, or a high-water mark behind): waiting on it
+        # is not a hung engine core, so the watchdog stands down until the send goes through.
+        was_armed = self.watchdog.armed_at is not None
+        self.watchdog.idle()
         self.interruptible = True
         try:
             if self.stop_requested:
@@ -250,6 +259,8 @@ class EngineCoreServer:
             self.output.send(data)
         finally:
             self.interruptible = False
+        if was_armed:
+            self.watchdog.busy()
 
     def _drain(self) -> None:
         while True:

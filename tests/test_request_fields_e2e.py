@@ -311,6 +311,33 @@ def test_continue_final_message_continues_the_assistants_text(client: openai.Ope
     assert raised.value.body["param"] == "continue_final_message"  # type: ignore[index]
 
 
+def test_chat_echo_leads_with_the_prefilled_answer_whole_and_streamed(client: openai.OpenAI) -> None:
+    """vLLM's chat `echo`: with the assistant's prefilled start as the final message, each choice's
+    content is that start followed by what the model wrote; a final user message echoes nothing."""
+    start = "The capital of France is"
+    messages: Any = [*MESSAGES, {"role": "assistant", "content": start}]
+    common: Any = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+    plain = client.chat.completions.create(**common, extra_body={"continue_final_message": True})
+    generated = plain.choices[0].message.content
+    assert generated
+    extra = {"continue_final_message": True, "echo": True}
+    echoed = client.chat.completions.create(**common, n=2, extra_body=extra)
+    assert [c.message.content for c in echoed.choices] == [start + generated] * 2
+    assert echoed.usage.completion_tokens == 2 * plain.usage.completion_tokens
+    stream = client.chat.completions.create(**common, stream=True, extra_body=extra)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert "".join(pieces) == start + generated
+    # Content parts are joined one per line, as the template sees them.
+    parts: Any = [*MESSAGES, {"role": "assistant", "content": [{"type": "text", "text": start}]}]
+    as_parts = client.chat.completions.create(**{**common, "messages": parts}, extra_body=extra)
+    assert as_parts.choices[0].message.content == start + generated
+    after_user = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0, extra_body={"echo": True}
+    )
+    without = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0)
+    assert after_user.choices[0].message.content == without.choices[0].message.content
+
+
 def test_return_token_ids_puts_the_prompts_and_outputs_ids_in_the_response(client: openai.OpenAI) -> None:
     def tokens(body: dict[str, Any]) -> list[int]:
         return client.post("/../tokenize", body=body, cast_to=object)["tokens"]  # type: ignore[index]

@@ -96,10 +96,6 @@ const CHAT: &[Unsupported] = &[
         "this model has no verbosity setting; ask for brevity in a message or limit max_tokens",
     ),
     unsupported("mm_processor_kwargs", "this model takes text only"),
-    unsupported(
-        "echo",
-        "chat does not echo; /v1/completions echoes its prompt",
-    ),
 ];
 
 /// Fields /tokenize refuses: what would make its count differ from the chat request's.
@@ -276,7 +272,7 @@ mod tests {
     #[test]
     fn values_that_ask_for_nothing_are_accepted_and_not_listed() {
         let inert = json!({"use_beam_search": false, "length_penalty": 1.0, "modalities": ["text"],
-            "audio": null, "echo": false});
+            "audio": null});
         assert_eq!(
             ignored_fields(Endpoint::Chat, &fields(inert), []),
             Ok(Vec::new())
@@ -285,8 +281,7 @@ mod tests {
 
     #[test]
     fn a_field_is_refused_only_where_the_endpoint_defines_it() {
-        // Completions' echo works; chat's is refused.
-        assert_eq!(refused(Endpoint::Chat, json!({"echo": true})), "echo");
+        // Completions refuse prompt_embeds; chat has no such field, so it is ignored there.
         assert_eq!(
             ignored_fields(Endpoint::Chat, &fields(json!({"prompt_embeds": "x"})), []),
             Ok(vec!["prompt_embeds".to_string()])

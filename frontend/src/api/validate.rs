@@ -21,7 +21,7 @@ use crate::schema::openai::{
 };
 use crate::schema::openai_tools::Tool;
 use crate::state::{AppState, SchedulingPolicy};
-use crate::text::chat_template::{continue_final_message, ChatTemplateError};
+use crate::text::chat_template::{continue_final_message, message_text, ChatTemplateError};
 use crate::text::tool_call_stream::ToolCallReader;
 use crate::text::tool_prompt;
 
@@ -871,6 +871,7 @@ pub async fn chat(
     }
     sampling.tokenize_bad_words(state).await?;
     let max_model_len = state.max_model_len()?;
+    let echo = chat_echo(&request)?;
     let text = chat_text(
         state,
         request.messages.clone(),
@@ -898,7 +899,7 @@ pub async fn chat(
     }
     let prompt = ValidPrompt {
         token_ids,
-        echo: None,
+        echo,
         params,
     };
     let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
@@ -908,6 +909,26 @@ pub async fn chat(
         valid.structured_output_field = Some("tools");
     }
     Ok(valid)
+}
+
+/// Chat's `echo`, as vLLM's: the final message's text leads every choice's content when that
+/// message has the role the answer has (the assistant's); otherwise there is nothing to echo.
+fn chat_echo(request: &ChatCompletionRequest) -> Result<Option<String>, ApiError> {
+    let Some(last) = request
+        .messages
+        .last()
+        .filter(|_| request.echo == Some(true))
+    else {
+        return Ok(None);
+    };
+    if last.role != "assistant" {
+        return Ok(None);
+    }
+    let text = message_text(last).map_err(|error| ApiError::InvalidParameter {
+        param: "messages",
+        message: error.to_string(),
+    })?;
+    Ok(Some(text.into_owned()))
 }
 
 /// `add_generation_prompt` and `continue_final_message` with their defaults: continuing the final
@@ -1106,6 +1127,28 @@ mod tests {
             | ApiError::ContextLengthExceeded { param, .. } => param,
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn chat_echo_is_the_final_assistant_text_only() {
+        let chat = |body: serde_json::Value| -> ChatCompletionRequest {
+            serde_json::from_value(body).unwrap()
+        };
+        let user = serde_json::json!({"role": "user", "content": "Hi"});
+        let answer = serde_json::json!({"role": "assistant", "content": [
+            {"type": "text", "text": "The answer"}, {"type": "text", "text": "is"}]});
+        let echoed =
+            chat(serde_json::json!({"model": "m", "messages": [user, answer], "echo": true}));
+        assert_eq!(chat_echo(&echoed), Ok(Some("The answer\nis".to_owned())));
+        let unasked = chat(serde_json::json!({"model": "m", "messages": [user, answer]}));
+        assert_eq!(chat_echo(&unasked), Ok(None));
+        let after_user =
+            chat(serde_json::json!({"model": "m", "messages": [answer, user], "echo": true}));
+        assert_eq!(chat_echo(&after_user), Ok(None));
+        let bad_part = serde_json::json!({"role": "assistant", "content": [{"type": "image_url"}]});
+        let refused =
+            chat(serde_json::json!({"model": "m", "messages": [user, bad_part], "echo": true}));
+        assert_eq!(param_of(chat_echo(&refused)), "messages");
     }
 
     #[test]

@@ -213,6 +213,9 @@ pub struct ChatCompletionRequest {
     /// vLLM's: the model continues the final message (a prefilled assistant answer) instead of
     /// starting a new one; add_generation_prompt then defaults to false.
     pub continue_final_message: Option<bool>,
+    /// vLLM's: when the final message is the assistant's (a prefilled answer), each choice's
+    /// content starts with that message's text, so that it reads whole.
+    pub echo: Option<bool>,
     /// vLLM's: variables for the chat template (`enable_thinking`, ...); they cannot replace
     /// `messages`, `add_generation_prompt` or the special tokens.
     pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,

@@ -337,11 +337,11 @@ pub fn continue_final_message(
     Ok(rendered)
 }
 
-/// A message as templates see it: content parts are joined into one string,
-/// one part per line, as vLLM does for text-only templates; no content (an assistant's
-/// calls, say) is the empty string, as vLLM renders it.
-fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTemplateError> {
-    let content = match &message.content {
+/// A message's text as templates see it: content parts are joined into one string, one part per
+/// line, as vLLM does for text-only templates; no content (an assistant's calls, say) is the empty
+/// string, as vLLM renders it.
+pub fn message_text(message: &ChatMessage) -> Result<Cow<'_, str>, ChatTemplateError> {
+    Ok(match &message.content {
         None => Cow::Borrowed(""),
         Some(MessageContent::Text(text)) => Cow::Borrowed(text.as_str()),
         Some(MessageContent::Parts(parts)) => {
@@ -355,7 +355,12 @@ fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTe
                 .collect::<Result<Vec<_>, _>>()?;
             Cow::Owned(texts.join("\n"))
         }
-    };
+    })
+}
+
+/// A message as templates see it: its text (`message_text`), its role and its calls.
+fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, ChatTemplateError> {
+    let content = message_text(message)?;
     // OpenAI's `developer` role is the newer name of `system`, which templates know.
     let role = match message.role.as_str() {
         "developer" => "system",

@@ -914,14 +914,10 @@ pub async fn chat(
 /// Chat's `echo`, as vLLM's: the final message's text leads every choice's content when that
 /// message has the role the answer has (the assistant's); otherwise there is nothing to echo.
 fn chat_echo(request: &ChatCompletionRequest) -> Result<Option<String>, ApiError> {
-    let Some(last) = request
-        .messages
-        .last()
-        .filter(|_| request.echo == Some(true))
-    else {
+    let Some(last) = request.messages.last() else {
         return Ok(None);
     };
-    if last.role != "assistant" {
+    if request.echo != Some(true) || last.role != "assistant" {
         return Ok(None);
     }
     let text = message_text(last).map_err(|error| ApiError::InvalidParameter {

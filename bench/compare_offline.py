@@ -5,11 +5,12 @@ vLLM's venv) while the runs alternate between them, run after run, so the machin
 all alike. Before each run the read bandwidth is measured (bench/limits.py), for the floor of the
 single-stream workloads. Prints medians of --runs, the ratio to vLLM and the issue's target, the
 distance to the read-bandwidth floor (W2, W5), and, with --switches, each optimisation on against
-off (async scheduling, the graph dispatcher, the multiprocess executor, the packed linear). Without --vllm-venv (or
+off (async scheduling, the graph dispatcher, the multiprocess executor, the packed linear, its K
+blocks, the native argmax), or with --switches NAME[,NAME] only those (names as printed). Without --vllm-venv (or
 $SLUICE_BENCH_VLLM_VENV) Sluice runs alone, and says so.
 
   python bench/compare_offline.py [--vllm-venv DIR] [--runs 3] [--workloads W1,W2,W4,W5]
-         [--switches] [--w4-model DIR] [--lock FILE] [--json FILE] [--plot FILE]
+         [--switches [NAMES]] [--w4-model DIR] [--lock FILE] [--json FILE] [--plot FILE]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from vllm_peer import vllm_env, vllm_python, vllm_venv
 # offline workloads show alone.
 OFFLINE_SWITCHES_OFF = {
     "no packed linear": ["--no-packed-linear"],
+    "no GEMM K blocks": ["--no-gemm-k-blocks"],
     "no native argmax": ["--no-native-argmax"],
 }
 SLUICE = "sluice"
@@ -62,15 +64,29 @@ class System:
     env: dict[str, str] | None
 
 
-def systems_for(model: Path, venv: Path | None, switches: bool, sluice_args: list[str]) -> list[System]:
+def chosen_switches(names: str | None) -> dict[str, list[str]]:
+    """The off switches that --switches names: none, all ("all"), or a comma-separated list."""
+    offs = {**SWITCHES_OFF, **OFFLINE_SWITCHES_OFF}
+    if names is None:
+        return {}
+    if names == "all":
+        return offs
+    chosen = [name.strip() for name in names.split(",")]
+    unknown = [name for name in chosen if name not in offs]
+    if unknown:
+        raise SystemExit(f"unknown switch(es) {unknown}; known: {sorted(offs)}")
+    return {name: offs[name] for name in chosen}
+
+
+def systems_for(
+    model: Path, venv: Path | None, switches: dict[str, list[str]], sluice_args: list[str]
+) -> list[System]:
     sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), *sluice_args]
     systems = [System(SLUICE, sluice, None)]
     if venv is not None:
         argv = [vllm_python(venv), str(BENCH_DIR / "vllm_driver.py"), "--model", str(model)]
         systems.append(System(VLLM, argv, vllm_env(venv)))
-    if switches:
-        offs = {**SWITCHES_OFF, **OFFLINE_SWITCHES_OFF}
-        systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in offs.items()]
+    systems += [System(f"{SLUICE}, {name}", sluice + off, None) for name, off in switches.items()]
     return systems
 
 
@@ -172,7 +188,13 @@ def main() -> None:
     parser.add_argument("--workloads", default="W1,W2,W4,W5")
     parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
     parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
-    parser.add_argument("--switches", action="store_true", help="also run Sluice with each optimisation off")
+    parser.add_argument(
+        "--switches",
+        nargs="?",
+        const="all",
+        default=None,
+        help="also run Sluice with each optimisation off, or only the named ones (comma-separated)",
+    )
     parser.add_argument("--sluice-arg", action="append", default=[], help="extra sluice_driver.py option")
     parser.add_argument(
         "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
@@ -204,7 +226,7 @@ def main() -> None:
             raise SystemExit(
                 f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
             )
-        systems = systems_for(model, venv, args.switches, args.sluice_arg)
+        systems = systems_for(model, venv, chosen_switches(args.switches), args.sluice_arg)
         results = run_phase(model, workloads, systems, args)
         every["phases"][phase] = {"model": str(model), **results}
         report(results, args.runs, bars)

@@ -3,7 +3,9 @@
 For every shape and row count M it prints the median GFLOP/s of both and their ratio; at M=1 also the
 weight bytes read per second, against the machine's read bandwidth measured in the same run (a sum over
 a 1 GiB tensor). Weights are cycled through enough copies to overflow the last-level cache, so M=1
-reads them from memory as a decode step does. --busy repeats the table while a competing process keeps
+reads them from memory as a decode step does. "whole-K" is the packed linear with
+--no-gemm-k-blocks (each column group read whole), timed in turn with it; "K blocks" is the gain of
+taking K in blocks (whole-K time over ours). --busy repeats the table while a competing process keeps
 one core busy, to show how each degrades. Run under the exclusive bench lock:
 
     flock -x /tmp/sluice-bench.lock .venv/bin/python bench/linear_kernel.py
@@ -66,19 +68,24 @@ def read_bandwidth(runs: int, huge_pages: bool) -> float:
     return data.numel() * 4 / statistics.median(times) / 1e9
 
 
-def seconds_per_call(fn: Callable[[int], object], calls: int, runs: int) -> float:
-    """The median over `runs` of the mean time of `calls` calls; fn(i) is the i-th call."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+def seconds_per_call(fns: list[Callable[[int], object]], calls: int, runs: int) -> list[float]:
+    """Per fn, the median over `runs` of the mean time of `calls` calls; fn(i) is the i-th call. Each
+    run times every fn in turn, so that a change in the machine's speed falls on all of them alike,
+    and the order rotates from run to run, so that none always follows the same one."""
+    times: list[list[float]] = [[] for _ in fns]
+    for run in range(runs):
+        for f in range(len(fns)):
+            index = (f + run) % len(fns)
+            start = time.perf_counter()
+            for i in range(calls):
+                fns[index](i)
+            times[index].append((time.perf_counter() - start) / calls)
+    return [statistics.median(fn_times) for fn_times in times]
 
 
-def time_both(k: int, n: int, m: int, runs: int) -> tuple[float, float]:
-    """Seconds per call of F.linear and of the packed linear for x [m, k] and W [n, k]."""
+def time_all(k: int, n: int, m: int, runs: int) -> tuple[float, float, float]:
+    """Seconds per call for x [m, k] and W [n, k]: F.linear, the packed linear, and the packed linear
+    with K taken whole (set_packed_gemm_k_blocks(False): KernelConfig.gemm_k_blocks off)."""
     ops = load_native_ops()
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
@@ -89,27 +96,42 @@ def time_both(k: int, n: int, m: int, runs: int) -> tuple[float, float]:
         return F.linear(x, weights[i % copies])
 
     def ours_call(i: int) -> object:
+        if i == 0:
+            ops.set_packed_gemm_k_blocks(True)
+        return ops.linear(x, packed[i % copies], None)
+
+    def whole_k_call(i: int) -> object:
+        if i == 0:
+            ops.set_packed_gemm_k_blocks(False)
         return ops.linear(x, packed[i % copies], None)
 
     # Enough calls per run for about 50 ms, and at least one pass over the copies.
-    once = seconds_per_call(torch_call, 2, 1)
+    (once,) = seconds_per_call([torch_call], 2, 1)
     calls = max(copies, min(2000, int(0.05 / max(once, 1e-7))))
-    seconds_per_call(ours_call, calls, 1)
-    return seconds_per_call(torch_call, calls, runs), seconds_per_call(ours_call, calls, runs)
+    try:
+        # F.linear apart: a call right after it runs slower (its threads), whichever of ours it is.
+        (theirs,) = seconds_per_call([torch_call], calls, runs)
+        seconds_per_call([ours_call, whole_k_call], calls, 1)
+        ours, whole_k = seconds_per_call([ours_call, whole_k_call], calls, runs)
+    finally:
+        ops.set_packed_gemm_k_blocks(True)
+    return theirs, ours, whole_k
 
 
 def print_table(models: list[str], rows: list[int], runs: int, bandwidth: float) -> None:
     print(
         f"{'model':8} {'linear':8} {'K':>5} {'N':>6} {'M':>5} {'torch GF/s':>10} {'ours GF/s':>10} {'ratio':>6}"
+        f" {'whole-K GF/s':>12} {'K blocks':>8}"
     )
     for model in models:
         for name, k, n in SHAPES[model]:
             for m in rows:
-                theirs, ours = time_both(k, n, m, runs)
+                theirs, ours, whole_k = time_all(k, n, m, runs)
                 flops = 2 * m * n * k
                 line = (
                     f"{model:8} {name:8} {k:5} {n:6} {m:5} {flops / theirs / 1e9:10.1f} "
-                    f"{flops / ours / 1e9:10.1f} {theirs / ours:6.2f}"
+                    f"{flops / ours / 1e9:10.1f} {theirs / ours:6.2f} {flops / whole_k / 1e9:12.1f}"
+                    f" {whole_k / ours:8.2f}"
                 )
                 if m == 1:
                     read = n * k * 2

@@ -13,13 +13,18 @@ from sluice.serve import add_serve_arguments, engine_argv
 
 OFF = [
     "--no-packed-linear",
+    "--no-gemm-k-blocks",
     "--no-cpu-decode-attention",
     "--no-native-argmax",
     "--cuda-attention-backend",
     "triton",
 ]
 ALL_OFF = KernelConfig(
-    packed_linear=False, cpu_decode_attention=False, native_argmax=False, cuda_attention_backend="triton"
+    packed_linear=False,
+    gemm_k_blocks=False,
+    cpu_decode_attention=False,
+    native_argmax=False,
+    cuda_attention_backend="triton",
 )
 
 
@@ -31,7 +36,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_defaults_leave_every_kernel_on() -> None:
     assert config_from_args(parse([]), model_path="/m").kernel == KernelConfig(
-        packed_linear=True, cpu_decode_attention=True, native_argmax=True, cuda_attention_backend="auto"
+        packed_linear=True,
+        gemm_k_blocks=True,
+        cpu_decode_attention=True,
+        native_argmax=True,
+        cuda_attention_backend="auto",
     )
 
 

@@ -72,6 +72,30 @@ def test_packed_linear_matches_float64(ops, rows: int, n: int, k: int) -> None:
         assert_within_rounding(got32, exact, magnitude, k)
 
 
+# K long enough for several blocks of 96 k pairs (odd, so the last k has no partner), and one with
+# 33 column groups, so that an item spans two groups and prefetches the second's first block.
+@pytest.mark.parametrize(("n", "k"), [(130, 2049), (2100, 1000)])
+@pytest.mark.parametrize("rows", [7, 16, 64, 65])
+def test_k_blocks_change_no_bit_and_stay_within_rounding(ops, rows: int, n: int, k: int) -> None:
+    torch.manual_seed(rows + n + k)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+    packed = ops.pack_linear_weight(w)
+    results = {}
+    try:
+        for k_blocks in (False, True):
+            ops.set_packed_gemm_k_blocks(k_blocks)
+            results[k_blocks] = (ops.linear(x, packed, b), ops.linear_float32(x, packed, b))
+    finally:
+        ops.set_packed_gemm_k_blocks(True)
+    exact, magnitude = reference(x, w, b)
+    for whole, blocked in zip(results[False], results[True], strict=True):
+        assert_within_rounding(blocked, exact, magnitude, k)
+        # Each sum runs over k in the same order either way; only where it waits between blocks differs.
+        assert torch.equal(blocked, whole)
+
+
 def test_three_dim_and_strided_inputs(ops) -> None:
     torch.manual_seed(7)
     w = torch.randn(80, 35, dtype=torch.bfloat16)

@@ -69,6 +69,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias"));
   m.def("linear_float32", &sluice::cpu::linear_float32, "x @ weight.T + bias in float32", py::arg("x"),
         py::arg("weight"), py::arg("bias"));
+  m.def("set_packed_gemm_k_blocks", &sluice::cpu::set_packed_gemm_k_blocks,
+        "whether the packed GEMM takes K in blocks at 7-64 rows, prefetching the next (process-wide)",
+        py::arg("enabled"));
   m.def("prepare_linear_weight", &sluice::cpu::prepare_linear_weight, "the weight as linear reads it fastest",
         py::arg("weight"));
   m.def("pack_linear_weight", &sluice::cpu::pack_linear_weight, "a bf16 weight in the packed GEMM layout",

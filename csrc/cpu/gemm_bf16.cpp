@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 
 #include "gemm_bf16.h"
 #include "packed_weight.h"
@@ -20,9 +21,8 @@ using gemm::Problem;
 using gemm::TileFn;
 
 // Rows per tile: 6 rows x 4 vectors = 24 accumulators + 4 weight vectors. Every tile reads its column
-// group's rows whole and in order; the first from memory, the rest from L2. (Tiles of fewer vectors and
-// more rows, which split each weight row between passes, read memory at half the rate: 7-12 rows ran at
-// 0.5-0.7x of this, bench/linear_kernel.py.)
+// group's rows whole and in order. (Tiles of fewer vectors and more rows, which split each weight row
+// between passes, read memory at half the rate: 7-12 rows ran at 0.5-0.7x of this, bench/linear_kernel.py.)
 constexpr int kTileRows = 6;
 // Up to this many rows, items span several column groups so that each streams kStreamBytes of weights.
 constexpr int kFewRows = 12;
@@ -35,35 +35,82 @@ constexpr int64_t kStreamBytes = 1 << 20;
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 
+// K in blocks (set_packed_gemm_k_blocks; KernelConfig.gemm_k_blocks). Taken whole, a column group's
+// first row tile waits on memory while the later ones compute from cache, so memory idles half the
+// time. Taken in blocks, every tile of an item computes from cache while it prefetches its share of
+// the block after, so that the memory streams during the compute.
+std::atomic<bool> k_blocks_enabled{true};
+// k pairs per block: 24 KB of a group, which stays in L1 beside the tiles' partial sums.
+constexpr int64_t kBlockPairs = 96;
+// The most rows whose partial sums (256 bytes a row) are carried from block to block.
+constexpr int64_t kBlockMaxRows = 64;
+// An item's first block is read without a prefetch: only items of at least this many blocks gain.
+constexpr int64_t kMinItemBlocks = 4;
+
 template <typename Out>
 struct Tiles {
   // Index: rows - 1.
   static constexpr auto table = gemm::make_tile_table<4, Out>(std::make_integer_sequence<int, kTileRows>{});
 };
 
-// Rows [row0, row0 + rows) of one column group, in tiles as equal in size as kTileRows allows.
+// Rows [row0, row0 + rows) of one column group, in tiles as equal in size as kTileRows allows; in
+// blocks of K when k_blocked, prefetching the next group's first block when next_group_follows.
 template <typename Out>
-void run_group(const Problem& p, int64_t group, int64_t row0, int64_t rows) {
+void run_group(const Problem& p, int64_t group, int64_t row0, int64_t rows, bool k_blocked,
+               bool next_group_follows) {
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t base = rows / tiles, extra = rows % tiles;
-  for (int64_t t = 0, r = 0; t < tiles; ++t) {
-    const int64_t n = base + (t < extra);
-    Tiles<Out>::table[n - 1](p, row0 + r, group);
-    r += n;
+  const int64_t full_pairs = p.k / 2;
+  auto each_tile = [&](auto&& range_of) {
+    for (int64_t t = 0, r = 0; t < tiles; ++t) {
+      const int64_t n = base + (t < extra);
+      Tiles<Out>::table[n - 1](p, row0 + r, group, range_of(t, r));
+      r += n;
+    }
+  };
+  if (!k_blocked || tiles == 1) {
+    each_tile([&](int64_t, int64_t) { return gemm::KRange{0, full_pairs, nullptr, nullptr, nullptr, 0}; });
+    return;
+  }
+  assert(rows <= kBlockMaxRows);
+  alignas(64) float partial[kBlockMaxRows][kGroupCols];
+  constexpr int64_t kRowBytes = kGroupInts * int64_t(sizeof(int32_t));
+  constexpr int64_t kLine = 64;
+  const char* group_start = reinterpret_cast<const char*>(p.weight + group * p.pairs * kGroupInts);
+  // Each tile prefetches a 1 / tiles share of the next block's lines, at a pace that ends it in time.
+  const int per_pair = int((kRowBytes / kLine + tiles - 1) / tiles);
+  for (int64_t j0 = 0; j0 < full_pairs; j0 += kBlockPairs) {
+    const int64_t j1 = std::min(full_pairs, j0 + kBlockPairs);
+    const char* next = group_start + j1 * kRowBytes;
+    int64_t next_pairs = std::min(full_pairs, j1 + kBlockPairs) - j1;
+    if (next_pairs == 0 && next_group_follows) {
+      next = group_start + p.pairs * kRowBytes;
+      next_pairs = std::min(full_pairs, kBlockPairs);
+    }
+    const char* next_end = next + next_pairs * kRowBytes;
+    const int64_t share = (next_pairs * kRowBytes / kLine + tiles - 1) / tiles * kLine;
+    each_tile([&](int64_t t, int64_t r) {
+      const char* from = std::min(next_end, next + t * share);
+      return gemm::KRange{j0, j1, partial[r], from, std::min(next_end, from + share), per_pair};
+    });
   }
 }
 
 // Work items: `span` consecutive column groups times one block of `block_rows` rows.
 struct Plan {
   int64_t span, block_rows, blocks_per_span, items;
+  bool k_blocked;
 };
 
 Plan plan_items(const Problem& p, int64_t m) {
   const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
   const int64_t group_bytes = p.pairs * kGroupInts * int64_t(sizeof(int32_t));
-  const int64_t span = m <= kFewRows ? std::clamp(kStreamBytes / group_bytes, int64_t(1),
-                                                  std::max(int64_t(1), groups / kMinItems))
-                                     : 1;
+  const int64_t stream_span =
+      std::clamp(kStreamBytes / group_bytes, int64_t(1), std::max(int64_t(1), groups / kMinItems));
+  const int64_t group_blocks = (p.k / 2 + kBlockPairs - 1) / kBlockPairs;
+  const bool k_blocked = k_blocks_enabled.load(std::memory_order_relaxed) && m > kTileRows &&
+                         m <= kBlockMaxRows && stream_span * group_blocks >= kMinItemBlocks;
+  const int64_t span = m <= kFewRows || k_blocked ? stream_span : 1;
   const int64_t spans = (groups + span - 1) / span;
   // Few column groups are split into row blocks too, so that the items are many and the last one small.
   const int64_t split = std::min((kMinItems + spans - 1) / spans, m / kTileRows);
@@ -72,7 +119,7 @@ Plan plan_items(const Problem& p, int64_t m) {
   const int64_t per_block = (m + row_blocks - 1) / row_blocks;
   const int64_t block_rows = std::min(m, (per_block + kTileRows - 1) / kTileRows * kTileRows);
   const int64_t blocks_per_span = (m + block_rows - 1) / block_rows;
-  return {span, block_rows, blocks_per_span, spans * blocks_per_span};
+  return {span, block_rows, blocks_per_span, spans * blocks_per_span, k_blocked};
 }
 
 template <typename Out>
@@ -82,7 +129,8 @@ void run(const Problem& p, int64_t m) {
   auto item = [&](int64_t i) {
     const int64_t first = i / plan.blocks_per_span * plan.span, row0 = i % plan.blocks_per_span * plan.block_rows;
     const int64_t rows = std::min(plan.block_rows, m - row0);
-    for (int64_t g = first; g < std::min(groups, first + plan.span); ++g) run_group<Out>(p, g, row0, rows);
+    const int64_t end = std::min(groups, first + plan.span);
+    for (int64_t g = first; g < end; ++g) run_group<Out>(p, g, row0, rows, plan.k_blocked, g + 1 < end);
   };
   const int threads = at::get_num_threads();
   if (threads <= 1 || plan.items == 1 || m * p.n * p.k < kSerialMacs || at::in_parallel_region()) {
@@ -100,6 +148,8 @@ void run(const Problem& p, int64_t m) {
 }  // namespace
 
 bool packed_gemm_available() { return true; }
+
+void set_packed_gemm_k_blocks(bool enabled) { k_blocks_enabled.store(enabled, std::memory_order_relaxed); }
 
 void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                  at::Tensor& out) {
@@ -139,6 +189,8 @@ void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optio
 #else
 
 bool packed_gemm_available() { return false; }
+
+void set_packed_gemm_k_blocks(bool) {}
 
 void packed_gemm(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::Tensor&) {
   TORCH_CHECK(false, "this build of Sluice's CPU kernels has no AVX512_BF16, so it cannot use packed weights");

@@ -42,17 +42,41 @@ inline __mmask16 column_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
 }
 
+// The k pairs [j0, j1) of one tile's work, and what it does around them. A tile over all of K starts
+// from zero and writes out; a tile over one block of K (several tiles sharing a block that stays in
+// cache) carries its sums in `partial` from block to block, and meanwhile prefetches the lines
+// [prefetch, prefetch_stop), `prefetch_per_pair` per pair, so that memory streams while it computes.
+struct KRange {
+  int64_t j0, j1;
+  float* partial;  // [R][kGroupCols] fp32 sums between blocks; null when the tile covers all of K
+  const char* prefetch;
+  const char* prefetch_stop;
+  int prefetch_per_pair;
+};
+
 // Rows row0..row0+R of the first V vectors of column group `group`; Out is float or uint16_t (bf16 bits).
 template <int R, int V, typename Out>
-void tile(const Problem& p, int64_t row0, int64_t group) {
+void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
   static_assert(R * V + V <= 32, "accumulators and weight vectors must fit the 32 registers");
   const int32_t* w = p.weight + group * p.pairs * kGroupInts;
   const uint16_t* x = p.x + row0 * p.x_stride;
+  const int64_t full_pairs = p.k / 2;
+  const bool first = range.j0 == 0, last = range.j1 >= full_pairs;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  const int64_t full_pairs = p.k / 2;
-  for (int64_t j = 0; j < full_pairs; ++j) {
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(range.partial + r * kGroupCols + v * 16);
+  const char* prefetch = range.prefetch;
+  for (int64_t j = range.j0; j < range.j1; ++j) {
+    for (int i = 0; i < range.prefetch_per_pair; ++i) {
+      if (prefetch < range.prefetch_stop) {
+        // Into L2: a prefetch into L1 holds one of its few miss buffers, which caps how much a core
+        // reads at once (paged_attention.cpp). A register operand: with a memory operand GCC kept the
+        // accumulators in memory across it.
+        asm volatile("prefetcht2 (%0)" : : "r"(prefetch));
+        prefetch += 64;
+      }
+    }
     const int32_t* row = w + j * kGroupInts;
     __m512bh b[V];
     for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_load_si512(row + v * 16);
@@ -60,6 +84,11 @@ void tile(const Problem& p, int64_t row0, int64_t group) {
       const __m512bh a = pair_broadcast(x + r * p.x_stride + 2 * j);
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], b[v], a);
     }
+  }
+  if (!last) {
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) _mm512_store_ps(range.partial + r * kGroupCols + v * 16, acc[r][v]);
+    return;
   }
   if (p.k % 2) {
     // The last k has no partner in x: its pair's high half is zero, as the packed weight's is.
@@ -91,7 +120,7 @@ void tile(const Problem& p, int64_t row0, int64_t group) {
   }
 }
 
-using TileFn = void (*)(const Problem&, int64_t, int64_t);
+using TileFn = void (*)(const Problem&, int64_t, int64_t, const KRange&);
 
 template <int V, typename Out, int... I>
 constexpr auto make_tile_table(std::integer_sequence<int, I...>) {

@@ -38,6 +38,10 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 // Whether this build has the GEMM that reads packed weights (it needs AVX512_BF16).
 bool packed_gemm_available();
 
+// Whether the GEMM takes K in blocks at 7-64 rows, prefetching the next block while it computes
+// (KernelConfig.gemm_k_blocks; on by default): process-wide, so that its gain can be measured.
+void set_packed_gemm_k_blocks(bool enabled);
+
 // out [M, N] (bf16 or float32, contiguous rows) = x [M, K] (bf16, contiguous rows) @ W^T + bias (bf16).
 void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                  at::Tensor& out);

@@ -90,6 +90,7 @@ class LLM:
         cpu_bind: str = "auto",
         omp_spin_count: str | int = "auto",
         packed_linear: bool = True,
+        gemm_k_blocks: bool = True,
         cpu_decode_attention: bool = True,
         native_argmax: bool = True,
         cuda_attention_backend: str = "auto",
@@ -135,6 +136,7 @@ class LLM:
             ),
             kernel=KernelConfig(
                 packed_linear=packed_linear,
+                gemm_k_blocks=gemm_k_blocks,
                 cpu_decode_attention=cpu_decode_attention,
                 native_argmax=native_argmax,
                 cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]

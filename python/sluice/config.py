@@ -104,6 +104,9 @@ class KernelConfig:
     # CPU: bf16 linear weights packed at load for Sluice's GEMM (where the CPU has AVX512_BF16);
     # False keeps them as loaded, for ATen's matmul.
     packed_linear: bool = True
+    # CPU: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next block while it computes
+    # from cache; False reads each column group whole (its first row tile waits on memory).
+    gemm_k_blocks: bool = True
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True
     # CPU: greedy rows pick by Sluice's one-pass argmax kernel; False uses torch.argmax.

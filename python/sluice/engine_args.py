@@ -243,6 +243,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "--no-packed-linear keeps them as loaded, for ATen's matmul",
     )
     group.add_argument(
+        "--gemm-k-blocks",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.gemm_k_blocks,
+        help="CPU: the packed GEMM takes K in blocks at 7-64 rows and prefetches the next block while it "
+        "computes; --no-gemm-k-blocks reads each column group whole",
+    )
+    group.add_argument(
         "--cpu-decode-attention",
         action=argparse.BooleanOptionalAction,
         default=kernel.cpu_decode_attention,
@@ -347,6 +354,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
         device=device_config_from_args(args),
         kernel=KernelConfig(
             packed_linear=args.packed_linear,
+            gemm_k_blocks=args.gemm_k_blocks,
             cpu_decode_attention=args.cpu_decode_attention,
             native_argmax=args.native_argmax,
             cuda_attention_backend=args.cuda_attention_backend,

@@ -28,12 +28,14 @@ from typing import Any
 
 from harness import (
     BENCH_DIR,
+    KERNEL_SWITCHES_OFF,
     LOCK_ENV,
     SWITCHES_OFF,
     TARGETS,
     W5_FLOOR_BOUND,
     JsonLineChild,
     bench_lock,
+    chosen_switches,
     log,
     make_output_folders,
     offline_workload,
@@ -44,13 +46,6 @@ from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
 from vllm_peer import vllm_env, vllm_python, vllm_venv
 
-# Off switches measured offline only: kernels (the packed GEMM, the greedy argmax), whose gains the
-# offline workloads show alone.
-OFFLINE_SWITCHES_OFF = {
-    "no packed linear": ["--no-packed-linear"],
-    "no GEMM K blocks": ["--no-gemm-k-blocks"],
-    "no native argmax": ["--no-native-argmax"],
-}
 SLUICE = "sluice"
 VLLM = "vllm"
 # Which model each workload runs on: the default model's, or the 1.1B W4 model's phase.
@@ -62,20 +57,6 @@ class System:
     name: str
     argv: list[str]
     env: dict[str, str] | None
-
-
-def chosen_switches(names: str | None) -> dict[str, list[str]]:
-    """The off switches that --switches names: none, all ("all"), or a comma-separated list."""
-    offs = {**SWITCHES_OFF, **OFFLINE_SWITCHES_OFF}
-    if names is None:
-        return {}
-    if names == "all":
-        return offs
-    chosen = [name.strip() for name in names.split(",")]
-    unknown = [name for name in chosen if name not in offs]
-    if unknown:
-        raise SystemExit(f"unknown switch(es) {unknown}; known: {sorted(offs)}")
-    return {name: offs[name] for name in chosen}
 
 
 def systems_for(
@@ -226,7 +207,9 @@ def main() -> None:
             raise SystemExit(
                 f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
             )
-        systems = systems_for(model, venv, chosen_switches(args.switches), args.sluice_arg)
+        systems = systems_for(
+            model, venv, chosen_switches(args.switches, SWITCHES_OFF | KERNEL_SWITCHES_OFF), args.sluice_arg
+        )
         results = run_phase(model, workloads, systems, args)
         every["phases"][phase] = {"model": str(model), **results}
         report(results, args.runs, bars)

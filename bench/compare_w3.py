@@ -32,6 +32,7 @@ from harness import (
     TARGETS,
     bench_lock,
     busy_share,
+    chosen_switches,
     log,
     make_output_folders,
     spread,
@@ -59,8 +60,8 @@ IDLE_WINDOW_S = 3.0
 def sluice_configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     """Server name -> extra `sluice serve` options: the default, the switches off, the sweep."""
     configurations = {SLUICE: []}
-    if args.switches:
-        configurations |= {f"{SLUICE}, {name}": off for name, off in SWITCHES_OFF.items()}
+    switches = chosen_switches(args.switches, SWITCHES_OFF)
+    configurations |= {f"{SLUICE}, {name}": off for name, off in switches.items()}
     threads = args.num_threads or [None]
     binds = args.cpu_bind or [None]
     if args.num_threads or args.cpu_bind:
@@ -159,7 +160,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--switches", action="store_true", help="also serve with each optimisation off")
+    parser.add_argument(
+        "--switches",
+        nargs="?",
+        const="all",
+        default=None,
+        help="also serve with each optimisation off (the kernels' only by name), or only the named "
+        "ones (comma-separated)",
+    )
     parser.add_argument("--num-threads", type=int, action="append", help="sweep: engine threads (repeatable)")
     parser.add_argument("--cpu-bind", action="append", help="sweep: auto, none or a core list (repeatable)")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes during each timed run")

@@ -4,6 +4,7 @@ Run under the exclusive lock, e.g.:
   flock -x /tmp/sluice-bench.lock .venv/bin/python bench/cpu_step.py --model DIR --batch 1 --batch 64
 Each round runs every mode on the same state (a random KV cache of --context tokens per sequence),
 alternating, and prints per-round and median milliseconds per decode step and their ratios to eager.
+The mode full_whole_k is FULL with the packed GEMM's K blocks off (--no-gemm-k-blocks).
 A step is the forward pass plus the LM head on each sequence's last token and a greedy pick.
 --bind-threads pins torch's threads one per core; --busy-core starts a competing busy process there.
 """
@@ -31,6 +32,20 @@ from worker.model_loader import load_model
 from worker.native_ops import load_native_ops
 
 Forward = Callable[..., torch.Tensor]
+
+
+def with_whole_k(forward: Forward) -> Forward:
+    """forward with the packed GEMM reading each column group whole (--no-gemm-k-blocks)."""
+    ops = load_native_ops()
+
+    def run(*args: object) -> torch.Tensor:
+        ops.set_packed_gemm_k_blocks(False)
+        try:
+            return forward(*args)
+        finally:
+            ops.set_packed_gemm_k_blocks(True)
+
+    return run
 
 
 def decode_run(
@@ -62,6 +77,7 @@ def bench_batch(model: torch.nn.Module, step: CpuModelStep, args: argparse.Names
         "eager": model.forward,
         "full": step.forward_full,
         "piecewise": step.forward_piecewise,
+        "full_whole_k": with_whole_k(step.forward_full),
     }
     names = args.modes.split(",")
     modes = {name: every_mode[name] for name in names}

@@ -53,6 +53,30 @@ SWITCHES_OFF = {
     "in-process executor": ["--executor", "inproc"],
     "libgomp's spin count": ["--omp-spin-count", "inherit"],
 }
+# The CPU kernels' off switches: compare_offline.py runs them with --switches, where the offline
+# workloads show their gains alone; both benches run them when --switches names them.
+KERNEL_SWITCHES_OFF = {
+    "no packed linear": ["--no-packed-linear"],
+    "no GEMM K blocks": ["--no-gemm-k-blocks"],
+    "no native argmax": ["--no-native-argmax"],
+}
+
+
+def chosen_switches(names: str | None, every: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The off switches that --switches names: none (None), `every` ("all"), or a comma-separated
+    list of names from SWITCHES_OFF and KERNEL_SWITCHES_OFF."""
+    if names is None:
+        return {}
+    if names == "all":
+        return every
+    known = {**SWITCHES_OFF, **KERNEL_SWITCHES_OFF}
+    chosen = [name.strip() for name in names.split(",")]
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown switch(es) {unknown}; known: {sorted(known)}")
+    return {name: known[name] for name in chosen}
+
+
 TARGETS = {
     "W1": Target("output tok/s", 1.6, higher_is_better=True),
     "W2": Target("ms per token", 0.65, higher_is_better=False),

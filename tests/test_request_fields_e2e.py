@@ -338,6 +338,22 @@ def test_chat_echo_leads_with_the_prefilled_answer_whole_and_streamed(client: op
     assert after_user.choices[0].message.content == without.choices[0].message.content
 
 
+def test_without_a_generation_prompt_the_answer_has_the_final_messages_role(client: openai.OpenAI) -> None:
+    """As vLLM: add_generation_prompt false goes on with the final message, so the choices' messages
+    (whole and streamed) have its role, and echo repeats it; with the prompt they are the assistant's."""
+    common: Any = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    going_on = {"add_generation_prompt": False}
+    whole = client.chat.completions.create(**common, extra_body=going_on)
+    assert whole.choices[0].message.role == "user"  # type: ignore[comparison-overlap]
+    stream = client.chat.completions.create(**common, stream=True, extra_body=going_on)
+    roles = [chunk.choices[0].delta.role for chunk in stream if chunk.choices]
+    assert roles[0] == "user" and not any(roles[1:])  # type: ignore[comparison-overlap]
+    echoed = client.chat.completions.create(**common, extra_body={**going_on, "echo": True})
+    assert echoed.choices[0].message.content == MESSAGES[-1]["content"] + whole.choices[0].message.content
+    answer = client.chat.completions.create(**common)
+    assert answer.choices[0].message.role == "assistant"
+
+
 def test_return_token_ids_puts_the_prompts_and_outputs_ids_in_the_response(client: openai.OpenAI) -> None:
     def tokens(body: dict[str, Any]) -> list[int]:
         return client.post("/../tokenize", body=body, cast_to=object)["tokens"]  # type: ignore[index]

@@ -58,6 +58,13 @@ impl ResponseHeader {
     }
 }
 
+fn answer_role(request: &ValidRequest) -> &str {
+    request
+        .chat_role
+        .as_deref()
+        .expect("validate::chat gives every chat request its answer's role")
+}
+
 /// The finish reason of a choice that made calls: an output that ended by itself ended in them.
 fn finish_reason(engine_reason: &'static str, made_calls: bool) -> &'static str {
     match engine_reason {
@@ -86,6 +93,7 @@ fn whole(
     let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let tool_calls = &request.tool_calls;
     let shown_ids = request.return_token_ids;
+    let role = answer_role(request);
     let choices = results
         .into_iter()
         .enumerate()
@@ -102,7 +110,7 @@ fn whole(
                     finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
                 ),
                 message: AssistantMessage {
-                    role: "assistant".into(),
+                    role: role.to_owned(),
                     content,
                     tool_calls: (!calls.is_empty()).then_some(calls),
                 },
@@ -135,6 +143,7 @@ async fn stream(
     let label = TokenLabel::new(request.return_tokens_as_token_ids);
     let header = choices.header.clone();
     let shown_ids = request.return_token_ids;
+    let role = answer_role(request);
     // As OpenAI does, each choice opens with a delta that carries only the role (and, with
     // return_token_ids, the prompt's ids, as vLLM sends them).
     let opening = choices
@@ -145,7 +154,7 @@ async fn stream(
                 vec![ChatChunkChoice {
                     index: choice.index(),
                     delta: ChatDelta {
-                        role: Some("assistant".into()),
+                        role: Some(role.to_owned()),
                         content: Some(String::new()),
                         tool_calls: None,
                     },

@@ -618,6 +618,7 @@ impl CheckedSampling<'_> {
             prompt_logprobs: self.prompt_logprobs,
             echo_logprobs: self.echo_logprobs,
             tool_calls: None,
+            chat_role: None,
             return_token_ids: fields.return_token_ids.unwrap_or(false),
             return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
             cache_salt: fields.cache_salt.clone(),
@@ -670,6 +671,8 @@ pub struct ValidRequest {
     pub structured_output_field: Option<&'static str>,
     /// Chat with tools: how each choice's output is read for calls.
     pub tool_calls: Option<ToolCallReader>,
+    /// Chat: the role its choices' messages have (`chat_answer_role`); completions have none.
+    pub chat_role: Option<String>,
     /// vLLM's `return_token_ids`: the prompt's and each choice's token ids in the response.
     pub return_token_ids: bool,
     /// vLLM's `return_tokens_as_token_ids`: logprobs name their tokens `token_id:N`.
@@ -871,7 +874,12 @@ pub async fn chat(
     }
     sampling.tokenize_bad_words(state).await?;
     let max_model_len = state.max_model_len()?;
-    let echo = chat_echo(&request)?;
+    let (add_generation_prompt, _) = chat_ending(
+        request.add_generation_prompt,
+        request.continue_final_message,
+    )?;
+    let role = chat_answer_role(&request.messages, add_generation_prompt);
+    let echo = chat_echo(&request, &role)?;
     let text = chat_text(
         state,
         request.messages.clone(),
@@ -904,6 +912,7 @@ pub async fn chat(
     };
     let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
     valid.tool_calls = reader;
+    valid.chat_role = Some(role);
     if forced {
         // A forced call's schema is the tools' parameters: a schema that cannot compile is theirs.
         valid.structured_output_field = Some("tools");
@@ -911,13 +920,22 @@ pub async fn chat(
     Ok(valid)
 }
 
+/// The role of a chat answer, as vLLM gives it: a generation prompt starts the assistant's turn;
+/// without one the answer goes on with the final message, so it has that message's role.
+fn chat_answer_role(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    match messages.last() {
+        Some(last) if !add_generation_prompt => last.role.clone(),
+        _ => "assistant".into(),
+    }
+}
+
 /// Chat's `echo`, as vLLM's: the final message's text leads every choice's content when that
-/// message has the role the answer has (the assistant's); otherwise there is nothing to echo.
-fn chat_echo(request: &ChatCompletionRequest) -> Result<Option<String>, ApiError> {
+/// message has the role the answer has (`role`); otherwise there is nothing to echo.
+fn chat_echo(request: &ChatCompletionRequest, role: &str) -> Result<Option<String>, ApiError> {
     let Some(last) = request.messages.last() else {
         return Ok(None);
     };
-    if request.echo != Some(true) || last.role != "assistant" {
+    if request.echo != Some(true) || last.role != role {
         return Ok(None);
     }
     let text = message_text(last).map_err(|error| ApiError::InvalidParameter {
@@ -1135,16 +1153,36 @@ mod tests {
             {"type": "text", "text": "The answer"}, {"type": "text", "text": "is"}]});
         let echoed =
             chat(serde_json::json!({"model": "m", "messages": [user, answer], "echo": true}));
-        assert_eq!(chat_echo(&echoed), Ok(Some("The answer\nis".to_owned())));
+        assert_eq!(
+            chat_echo(&echoed, "assistant"),
+            Ok(Some("The answer\nis".to_owned()))
+        );
         let unasked = chat(serde_json::json!({"model": "m", "messages": [user, answer]}));
-        assert_eq!(chat_echo(&unasked), Ok(None));
+        assert_eq!(chat_echo(&unasked, "assistant"), Ok(None));
         let after_user =
             chat(serde_json::json!({"model": "m", "messages": [answer, user], "echo": true}));
-        assert_eq!(chat_echo(&after_user), Ok(None));
+        assert_eq!(chat_echo(&after_user, "assistant"), Ok(None));
+        // Without a generation prompt the answer goes on as the user: the user's text is echoed.
+        assert_eq!(chat_echo(&after_user, "user"), Ok(Some("Hi".to_owned())));
         let bad_part = serde_json::json!({"role": "assistant", "content": [{"type": "image_url"}]});
         let refused =
             chat(serde_json::json!({"model": "m", "messages": [user, bad_part], "echo": true}));
-        assert_eq!(param_of(chat_echo(&refused)), "messages");
+        assert_eq!(param_of(chat_echo(&refused, "assistant")), "messages");
+    }
+
+    #[test]
+    fn the_answer_is_the_assistants_unless_it_goes_on_with_the_final_message() {
+        let message = |role: &str| -> ChatMessage {
+            serde_json::from_value(serde_json::json!({"role": role, "content": "x"})).unwrap()
+        };
+        let history = [message("system"), message("user")];
+        assert_eq!(chat_answer_role(&history, true), "assistant");
+        assert_eq!(chat_answer_role(&history, false), "user");
+        assert_eq!(
+            chat_answer_role(&[message("assistant")], false),
+            "assistant"
+        );
+        assert_eq!(chat_answer_role(&[message("tool")], false), "tool");
     }
 
     #[test]

@@ -58,6 +58,7 @@ SWITCHES_OFF = {
 KERNEL_SWITCHES_OFF = {
     "no packed linear": ["--no-packed-linear"],
     "no GEMM K blocks": ["--no-gemm-k-blocks"],
+    "no fused gate_up": ["--no-fused-gate-up"],
     "no native argmax": ["--no-native-argmax"],
 }
 

@@ -14,6 +14,7 @@ from sluice.serve import add_serve_arguments, engine_argv
 OFF = [
     "--no-packed-linear",
     "--no-gemm-k-blocks",
+    "--no-fused-gate-up",
     "--no-cpu-decode-attention",
     "--no-native-argmax",
     "--cuda-attention-backend",
@@ -22,6 +23,7 @@ OFF = [
 ALL_OFF = KernelConfig(
     packed_linear=False,
     gemm_k_blocks=False,
+    fused_gate_up=False,
     cpu_decode_attention=False,
     native_argmax=False,
     cuda_attention_backend="triton",
@@ -38,6 +40,7 @@ def test_defaults_leave_every_kernel_on() -> None:
     assert config_from_args(parse([]), model_path="/m").kernel == KernelConfig(
         packed_linear=True,
         gemm_k_blocks=True,
+        fused_gate_up=True,
         cpu_decode_attention=True,
         native_argmax=True,
         cuda_attention_backend="auto",

@@ -101,8 +101,10 @@ def test_torch_fallback_agrees_with_native(ops):
     x = torch.randn(5, 64)
     weight = torch.randn(64)
     torch.testing.assert_close(fallback.rms_norm(x, weight, 1e-6), ops.rms_norm(x, weight, 1e-6))
-    gate_up = torch.randn(5, 128)
-    torch.testing.assert_close(fallback.silu_and_mul(gate_up), ops.silu_and_mul(gate_up))
+    x, gate_up_weight, bias = torch.randn(5, 32), torch.randn(128, 32), torch.randn(128)
+    torch.testing.assert_close(
+        fallback.gated_linear(x, gate_up_weight, bias), ops.gated_linear(x, gate_up_weight, bias)
+    )
 
 
 def test_bad_shapes_are_refused(ops):

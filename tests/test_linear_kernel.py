@@ -96,6 +96,40 @@ def test_k_blocks_change_no_bit_and_stay_within_rounding(ops, rows: int, n: int,
         assert torch.equal(blocked, whole)
 
 
+# 1536: the default model's MLP; 40 and 33 leave the last column group short of 32 features; K = 2049
+# takes K blocks at 7-64 rows, with an odd last k.
+@pytest.mark.parametrize(("width", "k"), [(1536, 576), (40, 2049), (33, 17)])
+@pytest.mark.parametrize("rows", [1, 7, 16, 65, 300])
+def test_gated_weight_writes_silu_and_mul_of_the_plain_gemm_bit_for_bit(
+    ops, rows: int, width: int, k: int
+) -> None:
+    torch.manual_seed(rows + width + k)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    w = torch.randn(2 * width, k, dtype=torch.bfloat16) * k**-0.5
+    b = torch.randn(2 * width, dtype=torch.bfloat16)
+    gated, plain = ops.pack_gated_linear_weight(w), ops.pack_linear_weight(w)
+    for bias in (None, b):
+        got = ops.gated_linear(x, gated, bias)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
+        # The plain GEMM (checked against float64 above), then silu_and_mul (test_layer_ops.py).
+        gate_up = ops.linear(x, plain, bias)
+        assert torch.equal(got, ops.silu_and_mul(gate_up))
+        assert torch.equal(got, ops.gated_linear(x, plain, bias))
+        gate, up = gate_up.chunk(2, dim=-1)
+        torch.testing.assert_close(got, F.silu(gate) * up, rtol=2**-7, atol=1e-6)
+
+
+def test_a_gated_weight_is_refused_where_a_plain_product_is_asked(ops) -> None:
+    gated = ops.pack_gated_linear_weight(torch.randn(40, 16, dtype=torch.bfloat16))
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    for linear in (ops.linear, ops.linear_float32):
+        with pytest.raises(RuntimeError, match="gated_linear"):
+            linear(x, gated, None)
+    with pytest.raises(RuntimeError, match="halves"):
+        ops.pack_gated_linear_weight(torch.randn(41, 16, dtype=torch.bfloat16))
+    assert ops.gated_linear(torch.empty(0, 16, dtype=torch.bfloat16), gated, None).shape == (0, 20)
+
+
 def test_three_dim_and_strided_inputs(ops) -> None:
     torch.manual_seed(7)
     w = torch.randn(80, 35, dtype=torch.bfloat16)
@@ -157,21 +191,28 @@ GENERATE = """
 import json, sys, torch
 from engine import LLM, SamplingParams
 prompts = json.loads(sys.stdin.read())
-llm = LLM(model=sys.argv[1], dtype="bfloat16", executor="inproc", packed_linear=sys.argv[2] == "1")
-packed = llm.engine.executor.worker.model_runner.model.lm_head.head_weight.dtype == torch.int32
+packed_linear, fused_gate_up = sys.argv[2] == "1", sys.argv[3] == "1"
+llm = LLM(
+    model=sys.argv[1], dtype="bfloat16", executor="inproc", packed_linear=packed_linear, fused_gate_up=fused_gate_up
+)
+model = llm.engine.executor.worker.model_runner.model
+packed = model.lm_head.head_weight.dtype == torch.int32
+# Header word 4 of a packed weight is its layout; 1 is gated.
+gate_up = model.layers[0].mlp.gate_up_proj.weight
+gated = packed and gate_up[4].item() == 1
 params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, logprobs=5)
 outs = [r.outputs[0] for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs] for o in outs]
-print(json.dumps({"packed": packed, "tokens": [o.token_ids for o in outs], "logprobs": logprobs}))
+print(json.dumps({"packed": packed, "gated": gated, "tokens": [o.token_ids for o in outs], "logprobs": logprobs}))
 """
 
 
 NEAR_TIE = 0.25
 
 
-def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str) -> dict:
+def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str, fused_gate_up: str = "1") -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", GENERATE, str(model), packed_linear],
+        [sys.executable, "-c", GENERATE, str(model), packed_linear, fused_gate_up],
         input=json.dumps(prompts),
         capture_output=True,
         text=True,
@@ -180,11 +221,22 @@ def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_packed_model_generates_what_the_unpacked_one_does(ops, default_model_path, w1_prompts) -> None:
-    prompts = mixed_length_prompts(w1_prompts, count=8)
-    packed = greedy_bf16(default_model_path, prompts, "1")
-    unpacked = greedy_bf16(default_model_path, prompts, "0")
-    assert packed["packed"] and not unpacked["packed"]
+@pytest.fixture(scope="module")
+def mixed_prompts(w1_prompts) -> list[list[int]]:
+    return mixed_length_prompts(w1_prompts, count=8)
+
+
+@pytest.fixture(scope="module")
+def packed_run(ops, default_model_path, mixed_prompts) -> dict:
+    return greedy_bf16(default_model_path, mixed_prompts, "1")
+
+
+def test_packed_model_generates_what_the_unpacked_one_does(
+    default_model_path, mixed_prompts, packed_run
+) -> None:
+    packed = packed_run
+    unpacked = greedy_bf16(default_model_path, mixed_prompts, "0")
+    assert packed["packed"] and packed["gated"] and not unpacked["packed"]
     for i, (ours, theirs) in enumerate(zip(packed["tokens"], unpacked["tokens"], strict=True)):
         pos = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
         if pos is None:
@@ -195,3 +247,10 @@ def test_packed_model_generates_what_the_unpacked_one_does(ops, default_model_pa
             top = run["logprobs"][i][pos]
             gap = top[str(chosen)] - top.get(str(other), float("-inf"))
             assert gap <= NEAR_TIE, f"prompt {i} diverges at {pos} where a run's margin was {gap:.3f}"
+
+
+def test_fused_gate_up_changes_no_bit_of_the_output(default_model_path, mixed_prompts, packed_run) -> None:
+    unfused = greedy_bf16(default_model_path, mixed_prompts, "1", "0")
+    assert unfused["packed"] and not unfused["gated"]
+    assert unfused["tokens"] == packed_run["tokens"]
+    assert unfused["logprobs"] == packed_run["logprobs"]

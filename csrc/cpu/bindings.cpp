@@ -67,6 +67,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &sluice::cpu::silu_and_mul, "silu(gate) * up", py::arg("gate_up"));
   m.def("linear", &sluice::cpu::linear, "x @ weight.T + bias", py::arg("x"), py::arg("weight"),
         py::arg("bias"));
+  m.def("gated_linear", &sluice::cpu::gated_linear, "silu(x @ gate.T + b) * (x @ up.T + b) for weight [gate; up]",
+        py::arg("x"), py::arg("weight"), py::arg("bias"));
   m.def("linear_float32", &sluice::cpu::linear_float32, "x @ weight.T + bias in float32", py::arg("x"),
         py::arg("weight"), py::arg("bias"));
   m.def("set_packed_gemm_k_blocks", &sluice::cpu::set_packed_gemm_k_blocks,
@@ -74,6 +76,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("enabled"));
   m.def("prepare_linear_weight", &sluice::cpu::prepare_linear_weight, "the weight as linear reads it fastest",
         py::arg("weight"));
+  m.def("prepare_gated_linear_weight", &sluice::cpu::prepare_gated_linear_weight,
+        "a [gate; up] weight as gated_linear reads it fastest", py::arg("weight"));
+  m.def("pack_gated_linear_weight", &sluice::cpu::pack_gated_linear_weight,
+        "a bf16 [gate; up] weight in the packed GEMM's gated layout", py::arg("weight"));
   m.def("pack_linear_weight", &sluice::cpu::pack_linear_weight, "a bf16 weight in the packed GEMM layout",
         py::arg("weight"));
   m.def("argmax_rows", &sluice::cpu::argmax_rows, "each row's argmax, as torch.argmax(dim=-1)", py::arg("x"));

@@ -157,9 +157,15 @@ void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optio
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16,
               "x must be a 2-d bfloat16 tensor with contiguous rows");
   TORCH_CHECK(x.size(1) == shape.k, "x has ", x.size(1), " features but the packed weight expects ", shape.k);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == shape.n && out.stride(1) == 1 &&
-                  (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat),
-              "out must be a bfloat16 or float32 [M, N] tensor with contiguous rows");
+  if (shape.gated) {
+    TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == shape.n / 2 && out.stride(1) == 1 &&
+                    out.scalar_type() == at::kBFloat16,
+                "a gated weight's out must be a bfloat16 [M, N / 2] tensor with contiguous rows");
+  } else {
+    TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == shape.n && out.stride(1) == 1 &&
+                    (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat),
+                "out must be a bfloat16 or float32 [M, N] tensor with contiguous rows");
+  }
   const uint16_t* bias_data = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() && bias->numel() == shape.n,
@@ -179,7 +185,9 @@ void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optio
       out.mutable_data_ptr(),
       out.stride(0),
   };
-  if (out.scalar_type() == at::kFloat) {
+  if (shape.gated) {
+    run<gemm::SiluGated>(p, m);
+  } else if (out.scalar_type() == at::kFloat) {
     run<float>(p, m);
   } else {
     run<uint16_t>(p, m);

@@ -16,10 +16,16 @@
 #include <utility>
 
 #include "packed_weight.h"
+#include "vec16.h"
 
 namespace sluice::cpu::gemm {
 
+// The Out of a gated weight's tile (packed_weight.h, kGatedLayout): bf16 silu(gate) * up, 32 features
+// per column group.
+struct SiluGated {};
+
 // What one linear call reads and writes; rows of x and out may be strided, columns are contiguous.
+// For a gated weight, n counts both halves and out holds n / 2 features.
 struct Problem {
   const uint16_t* x;
   int64_t x_stride;
@@ -42,6 +48,38 @@ inline __mmask16 column_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
 }
 
+// The bias's 16 features from col (those the mask leaves; zero without a bias) in fp32.
+inline __m512 bias_vector(const uint16_t* bias, int64_t col, __mmask16 mask) {
+  if (bias == nullptr) return _mm512_setzero_ps();
+  const __m256i raw = _mm256_maskz_loadu_epi16(mask, bias + col);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store_bf16(uint16_t* dst, __mmask16 mask, __m512 y) {
+  _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(y));
+}
+
+// Vectors v and v + V / 2 of a gated tile's sums are 16 gate and the 16 matching up features: writes
+// silu(gate) * up for the group's features from group * 32 + v * 16, each half rounded to bf16 first as
+// the plain GEMM's output would be, so that this equals silu_and_mul over it.
+template <int R, int V>
+void store_silu_gated(const Problem& p, int64_t row0, int64_t group, const __m512 (&acc)[R][V]) {
+  static_assert(V % 2 == 0, "a gated tile holds gate and up vectors in equal numbers");
+  const int64_t width = p.n / 2;
+  for (int v = 0; v < V / 2; ++v) {
+    const int64_t col = group * (kGroupCols / 2) + v * 16;
+    if (col >= width) break;
+    const __mmask16 mask = column_mask(width - col);
+    const __m512 gate_bias = bias_vector(p.bias, col, mask), up_bias = bias_vector(p.bias, width + col, mask);
+    for (int r = 0; r < R; ++r) {
+      const v16 gate = round_to<c10::BFloat16>(v16(_mm512_add_ps(acc[r][v], gate_bias)));
+      const v16 up = round_to<c10::BFloat16>(v16(_mm512_add_ps(acc[r][v + V / 2], up_bias)));
+      store_bf16(static_cast<uint16_t*>(p.out) + (row0 + r) * p.out_stride + col, mask,
+                 __m512(silu_times<c10::BFloat16>(gate, up)));
+    }
+  }
+}
+
 // The k pairs [j0, j1) of one tile's work, and what it does around them. A tile over all of K starts
 // from zero and writes out; a tile over one block of K (several tiles sharing a block that stays in
 // cache) carries its sums in `partial` from block to block, and meanwhile prefetches the lines
@@ -54,7 +92,8 @@ struct KRange {
   int prefetch_per_pair;
 };
 
-// Rows row0..row0+R of the first V vectors of column group `group`; Out is float or uint16_t (bf16 bits).
+// Rows row0..row0+R of the first V vectors of column group `group`; Out is float, uint16_t (bf16 bits)
+// or SiluGated.
 template <int R, int V, typename Out>
 void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
   static_assert(R * V + V <= 32, "accumulators and weight vectors must fit the 32 registers");
@@ -99,22 +138,21 @@ void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
         acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)_mm512_load_si512(row + v * 16), a);
     }
   }
+  if constexpr (std::is_same_v<Out, SiluGated>) {
+    store_silu_gated(p, row0, group, acc);
+    return;
+  }
   for (int v = 0; v < V; ++v) {
     const int64_t col = group * kGroupCols + v * 16;
     if (col >= p.n) break;
     const __mmask16 mask = column_mask(p.n - col);
-    __m512 bias = _mm512_setzero_ps();
-    if (p.bias != nullptr) {
-      const __m256i raw = _mm256_maskz_loadu_epi16(mask, p.bias + col);
-      bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
+    const __m512 bias = bias_vector(p.bias, col, mask);
     for (int r = 0; r < R; ++r) {
       const __m512 y = _mm512_add_ps(acc[r][v], bias);
       if constexpr (std::is_same_v<Out, float>) {
         _mm512_mask_storeu_ps(static_cast<float*>(p.out) + (row0 + r) * p.out_stride + col, mask, y);
       } else {
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + (row0 + r) * p.out_stride + col, mask,
-                                 (__m256i)_mm512_cvtneps_pbh(y));
+        store_bf16(static_cast<uint16_t*>(p.out) + (row0 + r) * p.out_stride + col, mask, y);
       }
     }
   }

@@ -140,14 +140,12 @@ void silu_and_mul_into(at::Tensor& out, const at::Tensor& gate_up) {
         const T* up = gate + n;
         T* o = dst + r * n;
         int64_t i = 0;
-        // silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e) on 16 lanes at a time.
         for (; i + 16 <= n; i += 16) {
-          const v16 g = load(gate + i);
-          const v16 act = round_to<T>(g / (splat(1.0f) + exp2(g * -1.4426950408889634f)));
+          const v16 y = silu_times<T>(load(gate + i), load(up + i));
           if constexpr (std::is_same_v<T, c10::Half>) {
-            for (int l = 0; l < 16; ++l) o[i + l] = from_float<T>(act[l] * to_float(up[i + l]));
+            for (int l = 0; l < 16; ++l) o[i + l] = from_float<T>(y[l]);
           } else {
-            store(o + i, act * load(up + i));
+            store(o + i, y);
           }
         }
         for (; i < n; ++i) {

@@ -127,10 +127,10 @@ at::Tensor DecoderStages::feed_forward(const at::Tensor& delta, at::Tensor& resi
   const int64_t n = checked_rows(residual);
   at::Tensor x = ws_->rows(ws_->normed, n, w.hidden_size());
   add_rms_norm_into(x, residual, delta, w.post_norm, w.eps);
+  // gate_up is written only where the weight is not packed gated, so otherwise its pages stay untouched.
   at::Tensor gate_up = ws_->rows(ws_->gate_up, n, 2 * w.intermediate_size);
-  linear_out(gate_up, x, w.gate_up_weight, w.gate_up_bias);
   at::Tensor act = ws_->rows(ws_->act, n, w.intermediate_size);
-  silu_and_mul_into(act, gate_up);
+  gated_linear_out(act, gate_up, x, w.gate_up_weight, w.gate_up_bias);
   at::Tensor out = ws_->rows(ws_->mlp_out, n, w.hidden_size());
   linear_out(out, act, w.down_weight, w.down_bias);
   return out;

@@ -40,6 +40,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                 const std::optional<at::Tensor>& bias);
 
+// silu(x @ gate^T + b_gate) * (x @ up^T + b_up) for weight = [gate; up] [2 I, K], as silu_and_mul over
+// linear's output computes it (bit for bit): in the GEMM's epilogue where weight was packed gated
+// (prepare_gated_linear_weight), else as those two ops.
+at::Tensor gated_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// gated_linear into out [rows, I]; gate_up [rows, 2 I] holds linear's output where weight is not gated.
+void gated_linear_out(at::Tensor& out, at::Tensor& gate_up, const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias);
+
 // linear's result in float32: a packed weight's fp32 accumulators are stored without a bf16 rounding,
 // any other weight's result is F.linear's then widened (as .float() would).
 at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
@@ -47,6 +55,9 @@ at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const s
 // The weight as linear reads it fastest: a 2-d bfloat16 weight packed (packed_weight.h) where this
 // CPU has AVX512_BF16; any other weight unchanged. (KernelConfig.packed_linear decides whether it is called.)
 at::Tensor prepare_linear_weight(const at::Tensor& weight);
+// An MLP's [gate; up] weight as gated_linear reads it fastest: packed gated (packed_weight.h) where
+// prepare_linear_weight would pack it, else unchanged (KernelConfig.fused_gate_up decides whether it is called).
+at::Tensor prepare_gated_linear_weight(const at::Tensor& weight);
 
 // Each row's argmax as torch.argmax(dim=-1) gives it (first of equal maxima, a NaN above all), in one
 // pass over x [rows, n] float32 on every thread: the greedy pick (KernelConfig.native_argmax).

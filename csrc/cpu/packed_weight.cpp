@@ -42,14 +42,20 @@ bool is_packed_weight(const at::Tensor& w) {
 PackedShape packed_shape(const at::Tensor& w) {
   const int32_t* header = w.const_data_ptr<int32_t>();
   TORCH_CHECK(header[1] == kPackedVersion, "packed weight has version ", header[1], ", expected ", kPackedVersion);
-  const PackedShape shape{header[2], header[3]};
+  TORCH_CHECK(header[4] == kPlainLayout || header[4] == kGatedLayout, "packed weight has unknown layout ",
+              header[4]);
+  const PackedShape shape{header[2], header[3], header[4] == kGatedLayout};
   const int64_t groups = (shape.n + kGroupCols - 1) / kGroupCols;
   TORCH_CHECK(w.numel() == kHeaderInts + groups * ((shape.k + 1) / 2) * kGroupInts,
               "packed weight's size does not match its header's [N, K] = [", shape.n, ", ", shape.k, "]");
   return shape;
 }
 
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
+namespace {
+
+// Packs weight [n, K] in `layout`: source_row(n, g, c) is the row that column c of group g holds, or -1.
+template <typename SourceRow>
+at::Tensor pack(const at::Tensor& weight, int32_t layout, SourceRow source_row) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
               "only a 2-d bfloat16 CPU weight can be packed, got ", weight.scalar_type(), " of shape ",
               weight.sizes());
@@ -63,19 +69,41 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   out[1] = kPackedVersion;
   out[2] = int32_t(n);
   out[3] = int32_t(k);
+  out[4] = layout;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
   const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       uint16_t* dst = reinterpret_cast<uint16_t*>(out + kHeaderInts + g * pairs * kGroupInts);
-      const int64_t cols = std::min<int64_t>(kGroupCols, n - g * kGroupCols);
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint16_t* src = w + (g * kGroupCols + c) * row_stride;
+      for (int64_t c = 0; c < kGroupCols; ++c) {
+        const int64_t row = source_row(n, g, c);
+        if (row < 0) continue;
+        const uint16_t* src = w + row * row_stride;
         for (int64_t kk = 0; kk < k; ++kk) dst[((kk / 2) * kGroupInts + c) * 2 + kk % 2] = src[kk * col_stride];
       }
     }
   });
   return packed;
+}
+
+}  // namespace
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  return pack(weight, kPlainLayout, [](int64_t n, int64_t g, int64_t c) {
+    const int64_t row = g * kGroupCols + c;
+    return row < n ? row : int64_t(-1);
+  });
+}
+
+at::Tensor pack_gated_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0,
+              "a gated weight must stack gate and up halves of equal height, got shape ", weight.sizes());
+  return pack(weight, kGatedLayout, [](int64_t n, int64_t g, int64_t c) {
+    constexpr int64_t half = kGroupCols / 2;
+    const int64_t width = n / 2, feature = g * half + c % half;
+    if (feature >= width) return int64_t(-1);
+    return c < half ? feature : width + feature;
+  });
 }
 
 }  // namespace sluice::cpu

@@ -113,6 +113,13 @@ inline v16 exp2(v16 x) {
   return x < lo ? v16{} : r;
 }
 
+// silu(gate) * up as torch computes it on T tensors: silu's result is rounded to T before the product
+// (which the caller rounds). silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e).
+template <typename T>
+inline v16 silu_times(v16 gate, v16 up) {
+  return round_to<T>(gate / (splat(1.0f) + exp2(gate * -1.4426950408889634f))) * up;
+}
+
 // In-place transpose of a 16x16 block held as 16 row vectors: swap off-diagonal sub-blocks of
 // width 8, 4, 2, 1 in turn.
 template <int S, bool Upper, int... J>

@@ -91,6 +91,7 @@ class LLM:
         omp_spin_count: str | int = "auto",
         packed_linear: bool = True,
         gemm_k_blocks: bool = True,
+        fused_gate_up: bool = True,
         cpu_decode_attention: bool = True,
         native_argmax: bool = True,
         cuda_attention_backend: str = "auto",
@@ -137,6 +138,7 @@ class LLM:
             kernel=KernelConfig(
                 packed_linear=packed_linear,
                 gemm_k_blocks=gemm_k_blocks,
+                fused_gate_up=fused_gate_up,
                 cpu_decode_attention=cpu_decode_attention,
                 native_argmax=native_argmax,
                 cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]

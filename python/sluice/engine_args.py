@@ -250,6 +250,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "computes; --no-gemm-k-blocks reads each column group whole",
     )
     group.add_argument(
+        "--fused-gate-up",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.fused_gate_up,
+        help="CPU: pack each MLP's gate_up weight so that its GEMM writes silu(gate) * up from the epilogue; "
+        "--no-fused-gate-up writes gate and up, then applies the activation over them",
+    )
+    group.add_argument(
         "--cpu-decode-attention",
         action=argparse.BooleanOptionalAction,
         default=kernel.cpu_decode_attention,
@@ -355,6 +362,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
         kernel=KernelConfig(
             packed_linear=args.packed_linear,
             gemm_k_blocks=args.gemm_k_blocks,
+            fused_gate_up=args.fused_gate_up,
             cpu_decode_attention=args.cpu_decode_attention,
             native_argmax=args.native_argmax,
             cuda_attention_backend=args.cuda_attention_backend,

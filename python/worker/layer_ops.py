@@ -29,6 +29,16 @@ class LayerOps(Protocol):
         KernelConfig.packed_linear is off)."""
         ...
 
+    def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """silu(gate) * up of linear(x, weight, bias) for an MLP's fused weight [gate; up], with weight
+        as prepare_linear_weight or prepare_gated_linear_weight returned it."""
+        ...
+
+    def prepare_gated_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """An MLP's [gate; up] weight in the form gated_linear reads fastest (on CPU: bf16 packed so
+        that the GEMM's epilogue applies the activation; KernelConfig.fused_gate_up)."""
+        ...
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
 
     def add_rms_norm(
@@ -36,8 +46,6 @@ class LayerOps(Protocol):
     ) -> torch.Tensor:
         """residual += delta in place; returns rms_norm(residual) * weight."""
         ...
-
-    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
     def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """Rotate qk [num_tokens, heads, head_dim] in place; sin_signed carries rotate_half's sign."""
@@ -56,6 +64,13 @@ class TorchLayerOps:
     def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
         return weight
 
+    def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def prepare_gated_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -66,10 +81,6 @@ class TorchLayerOps:
     ) -> torch.Tensor:
         residual.add_(delta)
         return self.rms_norm(residual, weight, eps)
-
-    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
 
     def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         half = qk.shape[-1] // 2

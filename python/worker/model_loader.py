@@ -44,11 +44,13 @@ def load_model(
     max_model_len: int | None = None,
     tp: TensorParallelGroup | None = None,
     packed_linear: bool = True,
+    fused_gate_up: bool = True,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
     packed_linear (KernelConfig.packed_linear) puts the linear weights in the form the device's linear
-    reads fastest (on CPU, bf16 packed for Sluice's GEMM); False keeps them as loaded."""
+    reads fastest (on CPU, bf16 packed for Sluice's GEMM); False keeps them as loaded. fused_gate_up
+    (KernelConfig.fused_gate_up) packs each MLP's gate_up so that the GEMM applies the activation."""
     with torch.device(device):
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
@@ -70,7 +72,7 @@ def load_model(
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
     if packed_linear:
-        model.prepare_linear_weights()
+        model.prepare_linear_weights(fused_gate_up)
     return model.eval()
 
 

@@ -105,6 +105,7 @@ class ModelRunner:
             attention,
             max_model_len=self.max_model_len,
             packed_linear=kernel.packed_linear,
+            fused_gate_up=kernel.fused_gate_up,
         )
         if device.type == "cpu" and kernel.packed_linear:
             # Process-wide: every packed linear in this worker reads its weight as the switch says.

@@ -62,9 +62,11 @@ class Projection(nn.Module):
         self.weight = _weight(out_features, in_features, dtype=dtype)
         self.bias = _weight(out_features, dtype=dtype) if bias else None
 
-    def prepare(self, ops: LayerOps) -> None:
-        """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU)."""
-        self.weight = nn.Parameter(ops.prepare_linear_weight(self.weight.data), requires_grad=False)
+    def prepare(self, ops: LayerOps, gated: bool = False) -> None:
+        """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU), or
+        with `gated`, for an MLP's [gate; up], the form ops.gated_linear reads fastest."""
+        prepare = ops.prepare_gated_linear_weight if gated else ops.prepare_linear_weight
+        self.weight = nn.Parameter(prepare(self.weight.data), requires_grad=False)
 
 
 class SelfAttention(nn.Module):
@@ -164,10 +166,11 @@ class DecoderLayer(nn.Module):
             scale=attn.scale,
         )
 
-    def prepare_linear_weights(self) -> None:
+    def prepare_linear_weights(self, fused_gate_up: bool) -> None:
         attn, mlp = self.self_attn, self.mlp
-        for projection in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for projection in (attn.qkv_proj, attn.o_proj, mlp.down_proj):
             projection.prepare(self.ops)
+        mlp.gate_up_proj.prepare(self.ops, gated=fused_gate_up)
         self.tensors = dataclasses.replace(
             self.tensors,
             qkv_weight=attn.qkv_proj.weight,
@@ -208,8 +211,8 @@ class DecoderLayer(nn.Module):
         """Adds the attention's `delta` into `residual` (in place); returns the MLP's output (a partial sum under TP)."""
         t, ops = self.tensors, self.ops
         x = ops.add_rms_norm(residual, delta, t.post_norm, t.eps)
-        gate_up = ops.linear(x, t.gate_up_weight, t.gate_up_bias)
-        return ops.linear(ops.silu_and_mul(gate_up), t.down_weight, t.down_bias)
+        activation = ops.gated_linear(x, t.gate_up_weight, t.gate_up_bias)
+        return ops.linear(activation, t.down_weight, t.down_bias)
 
 
 @dataclass(slots=True, frozen=True)
@@ -286,11 +289,13 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
 
-    def prepare_linear_weights(self) -> None:
+    def prepare_linear_weights(self, fused_gate_up: bool = True) -> None:
         """Puts every linear weight in the form self.ops.linear reads fastest; once, after loading (and
-        sharding). The embedding stays as loaded for F.embedding, so a tied LM head gets its own copy."""
+        sharding). The embedding stays as loaded for F.embedding, so a tied LM head gets its own copy.
+        fused_gate_up (KernelConfig.fused_gate_up) packs each MLP's gate_up so that its GEMM applies
+        the activation in its epilogue."""
         for layer in self.layers:
-            layer.prepare_linear_weights()
+            layer.prepare_linear_weights(fused_gate_up)
         self.lm_head.prepare(self.ops)
 
     def forward(

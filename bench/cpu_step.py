@@ -4,7 +4,8 @@ Run under the exclusive lock, e.g.:
   flock -x /tmp/sluice-bench.lock .venv/bin/python bench/cpu_step.py --model DIR --batch 1 --batch 64
 Each round runs every mode on the same state (a random KV cache of --context tokens per sequence),
 alternating, and prints per-round and median milliseconds per decode step and their ratios to eager.
-The mode full_whole_k is FULL with the packed GEMM's K blocks off (--no-gemm-k-blocks).
+The mode full_whole_k is FULL with the packed GEMM's K blocks off (--no-gemm-k-blocks), and
+full_unfused_gate_up is FULL on a second copy of the model loaded with --no-fused-gate-up.
 A step is the forward pass plus the LM head on each sequence's last token and a greedy pick.
 --bind-threads pins torch's threads one per core; --busy-core starts a competing busy process there.
 """
@@ -64,7 +65,13 @@ def decode_run(
     return elapsed / steps, picks.tolist()
 
 
-def bench_batch(model: torch.nn.Module, step: CpuModelStep, args: argparse.Namespace, num_seqs: int) -> None:
+def bench_batch(
+    model: torch.nn.Module,
+    step: CpuModelStep,
+    args: argparse.Namespace,
+    num_seqs: int,
+    other_models: dict[str, Forward],
+) -> None:
     vocab = model.embed_tokens.weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     seqs = [
@@ -78,6 +85,7 @@ def bench_batch(model: torch.nn.Module, step: CpuModelStep, args: argparse.Names
         "full": step.forward_full,
         "piecewise": step.forward_piecewise,
         "full_whole_k": with_whole_k(step.forward_full),
+        **other_models,
     }
     names = args.modes.split(",")
     modes = {name: every_mode[name] for name in names}
@@ -119,9 +127,14 @@ def main() -> None:
     parser.add_argument("--busy-core", type=int, help="keep this core busy with another process meanwhile")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    model = load_model(read_model_spec(args.model), dtype, torch.device("cpu"), CpuAttentionBackend())
+    spec = read_model_spec(args.model)
+    model = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend())
     batches = args.batch or [1]
     step = CpuModelStep(model, max(batches))
+    other_models: dict[str, Forward] = {}
+    if "full_unfused_gate_up" in args.modes.split(","):
+        unfused = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend(), fused_gate_up=False)
+        other_models["full_unfused_gate_up"] = CpuModelStep(unfused, max(batches)).forward_full
     if args.bind_threads:
         cores = sorted(os.sched_getaffinity(0))[: torch.get_num_threads()]
         print("bound threads to cores", load_native_ops().bind_threads(cores))
@@ -132,7 +145,7 @@ def main() -> None:
     try:
         print(f"{args.model.name} {args.dtype}, {torch.get_num_threads()} threads")
         for num_seqs in batches:
-            bench_batch(model, step, args, num_seqs)
+            bench_batch(model, step, args, num_seqs, other_models)
     finally:
         if busy is not None:
             busy.kill()

@@ -14,6 +14,12 @@
 namespace sluice::cpu {
 namespace {
 
+// Whether prepare_linear_weight (and prepare_gated_linear_weight) would pack this weight.
+bool packs(const at::Tensor& weight) {
+  return packed_gemm_available() && weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 &&
+         weight.device().is_cpu();
+}
+
 bool is_gated_weight(const at::Tensor& weight) { return is_packed_weight(weight) && packed_shape(weight).gated; }
 
 void check_not_gated(const at::Tensor& weight) {
@@ -81,15 +87,6 @@ void gated_linear_out(at::Tensor& out, at::Tensor& gate_up, const at::Tensor& x,
   sluice::cpu::linear_out(gate_up, x, weight, bias);
   silu_and_mul_into(out, gate_up);
 }
-
-namespace {
-
-bool packs(const at::Tensor& weight) {
-  return packed_gemm_available() && weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 &&
-         weight.device().is_cpu();
-}
-
-}  // namespace
 
 at::Tensor prepare_linear_weight(const at::Tensor& weight) { return packs(weight) ? pack_linear_weight(weight) : weight; }
 

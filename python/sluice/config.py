@@ -107,8 +107,8 @@ class KernelConfig:
     # CPU: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next block while it computes
     # from cache; False reads each column group whole (its first row tile waits on memory).
     gemm_k_blocks: bool = True
-    # CPU: each MLP's gate_up weight packed so that its GEMM writes silu(gate) * up from the epilogue
-    # (same bits); False writes gate and up, then runs silu_and_mul over them.
+    # CPU, where packed_linear packs: each MLP's gate_up weight packed so that its GEMM writes
+    # silu(gate) * up from the epilogue (same bits); False writes gate and up, then runs silu_and_mul.
     fused_gate_up: bool = True
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True

@@ -4,8 +4,8 @@ Run under the exclusive lock, e.g.:
   flock -x /tmp/sluice-bench.lock .venv/bin/python bench/cpu_step.py --model DIR --batch 1 --batch 64
 Each round runs every mode on the same state (a random KV cache of --context tokens per sequence),
 alternating, and prints per-round and median milliseconds per decode step and their ratios to eager.
-The mode full_whole_k is FULL with the packed GEMM's K blocks off (--no-gemm-k-blocks), and
-full_unfused_gate_up is FULL on a second copy of the model loaded with --no-fused-gate-up.
+The modes full_whole_k and full_unfused_gate_up are FULL on a second copy of the model, loaded with
+--no-gemm-k-blocks (the packed GEMM reads each column group whole) or --no-fused-gate-up.
 A step is the forward pass plus the LM head on each sequence's last token and a greedy pick.
 --bind-threads pins torch's threads one per core; --busy-core starts a competing busy process there.
 """
@@ -35,18 +35,11 @@ from worker.native_ops import load_native_ops
 Forward = Callable[..., torch.Tensor]
 
 
-def with_whole_k(forward: Forward) -> Forward:
-    """forward with the packed GEMM reading each column group whole (--no-gemm-k-blocks)."""
-    ops = load_native_ops()
-
-    def run(*args: object) -> torch.Tensor:
-        ops.set_packed_gemm_k_blocks(False)
-        try:
-            return forward(*args)
-        finally:
-            ops.set_packed_gemm_k_blocks(True)
-
-    return run
+# Modes that run FULL on a second copy of the model, loaded with one kernel switch off.
+SECOND_COPY_MODES = {
+    "full_whole_k": {"gemm_k_blocks": False},
+    "full_unfused_gate_up": {"fused_gate_up": False},
+}
 
 
 def decode_run(
@@ -84,7 +77,6 @@ def bench_batch(
         "eager": model.forward,
         "full": step.forward_full,
         "piecewise": step.forward_piecewise,
-        "full_whole_k": with_whole_k(step.forward_full),
         **other_models,
     }
     names = args.modes.split(",")
@@ -132,9 +124,10 @@ def main() -> None:
     batches = args.batch or [1]
     step = CpuModelStep(model, max(batches))
     other_models: dict[str, Forward] = {}
-    if "full_unfused_gate_up" in args.modes.split(","):
-        unfused = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend(), fused_gate_up=False)
-        other_models["full_unfused_gate_up"] = CpuModelStep(unfused, max(batches)).forward_full
+    for mode, switches in SECOND_COPY_MODES.items():
+        if mode in args.modes.split(","):
+            copy = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend(), **switches)
+            other_models[mode] = CpuModelStep(copy, max(batches)).forward_full
     if args.bind_threads:
         cores = sorted(os.sched_getaffinity(0))[: torch.get_num_threads()]
         print("bound threads to cores", load_native_ops().bind_threads(cores))

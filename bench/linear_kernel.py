@@ -85,36 +85,30 @@ def seconds_per_call(fns: list[Callable[[int], object]], calls: int, runs: int) 
 
 def time_all(k: int, n: int, m: int, runs: int) -> tuple[float, float, float]:
     """Seconds per call for x [m, k] and W [n, k]: F.linear, the packed linear, and the packed linear
-    with K taken whole (set_packed_gemm_k_blocks(False): KernelConfig.gemm_k_blocks off)."""
+    with K taken whole (weights packed with k_blocks=False: KernelConfig.gemm_k_blocks off)."""
     ops = load_native_ops()
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     packed = [ops.pack_linear_weight(w) for w in weights]
+    packed_whole_k = [ops.pack_linear_weight(w, k_blocks=False) for w in weights]
     x = torch.randn(m, k, dtype=torch.bfloat16)
 
     def torch_call(i: int) -> object:
         return F.linear(x, weights[i % copies])
 
     def ours_call(i: int) -> object:
-        if i == 0:
-            ops.set_packed_gemm_k_blocks(True)
         return ops.linear(x, packed[i % copies], None)
 
     def whole_k_call(i: int) -> object:
-        if i == 0:
-            ops.set_packed_gemm_k_blocks(False)
-        return ops.linear(x, packed[i % copies], None)
+        return ops.linear(x, packed_whole_k[i % copies], None)
 
     # Enough calls per run for about 50 ms, and at least one pass over the copies.
     (once,) = seconds_per_call([torch_call], 2, 1)
     calls = max(copies, min(2000, int(0.05 / max(once, 1e-7))))
-    try:
-        # F.linear apart: a call right after it runs slower (its threads), whichever of ours it is.
-        (theirs,) = seconds_per_call([torch_call], calls, runs)
-        seconds_per_call([ours_call, whole_k_call], calls, 1)
-        ours, whole_k = seconds_per_call([ours_call, whole_k_call], calls, runs)
-    finally:
-        ops.set_packed_gemm_k_blocks(True)
+    # F.linear apart: a call right after it runs slower (its threads), whichever of ours it is.
+    (theirs,) = seconds_per_call([torch_call], calls, runs)
+    seconds_per_call([ours_call, whole_k_call], calls, 1)
+    ours, whole_k = seconds_per_call([ours_call, whole_k_call], calls, runs)
     return theirs, ours, whole_k
 
 

@@ -81,14 +81,12 @@ def test_k_blocks_change_no_bit_and_stay_within_rounding(ops, rows: int, n: int,
     x = torch.randn(rows, k, dtype=torch.bfloat16)
     w = torch.randn(n, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16)
-    packed = ops.pack_linear_weight(w)
     results = {}
-    try:
-        for k_blocks in (False, True):
-            ops.set_packed_gemm_k_blocks(k_blocks)
-            results[k_blocks] = (ops.linear(x, packed, b), ops.linear_float32(x, packed, b))
-    finally:
-        ops.set_packed_gemm_k_blocks(True)
+    for k_blocks in (False, True):
+        packed = ops.pack_linear_weight(w, k_blocks=k_blocks)
+        # Header word 5 of a packed weight says whether its GEMM may take K in blocks.
+        assert packed[5].item() == int(k_blocks)
+        results[k_blocks] = (ops.linear(x, packed, b), ops.linear_float32(x, packed, b))
     exact, magnitude = reference(x, w, b)
     for whole, blocked in zip(results[False], results[True], strict=True):
         assert_within_rounding(blocked, exact, magnitude, k)
@@ -191,28 +189,43 @@ GENERATE = """
 import json, sys, torch
 from engine import LLM, SamplingParams
 prompts = json.loads(sys.stdin.read())
-packed_linear, fused_gate_up = sys.argv[2] == "1", sys.argv[3] == "1"
+packed_linear, fused_gate_up, gemm_k_blocks = (flag == "1" for flag in sys.argv[2:5])
 llm = LLM(
-    model=sys.argv[1], dtype="bfloat16", executor="inproc", packed_linear=packed_linear, fused_gate_up=fused_gate_up
+    model=sys.argv[1],
+    dtype="bfloat16",
+    executor="inproc",
+    packed_linear=packed_linear,
+    fused_gate_up=fused_gate_up,
+    gemm_k_blocks=gemm_k_blocks,
 )
 model = llm.engine.executor.worker.model_runner.model
 packed = model.lm_head.head_weight.dtype == torch.int32
-# Header word 4 of a packed weight is its layout; 1 is gated.
+# Header word 4 of a packed weight is its layout (1 is gated); word 5 is 1 where its GEMM may take K in blocks.
 gate_up = model.layers[0].mlp.gate_up_proj.weight
 gated = packed and gate_up[4].item() == 1
+weights = [model.layers[0].self_attn.qkv_proj.weight, gate_up, model.lm_head.head_weight]
+k_blocks = [w[5].item() for w in weights] if packed else []
 params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, logprobs=5)
 outs = [r.outputs[0] for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 logprobs = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs] for o in outs]
-print(json.dumps({"packed": packed, "gated": gated, "tokens": [o.token_ids for o in outs], "logprobs": logprobs}))
+print(json.dumps({
+    "packed": packed, "gated": gated, "k_blocks": k_blocks, "tokens": [o.token_ids for o in outs], "logprobs": logprobs
+}))
 """
 
 
 NEAR_TIE = 0.25
 
 
-def greedy_bf16(model: Path, prompts: list[list[int]], packed_linear: str, fused_gate_up: str = "1") -> dict:
+def greedy_bf16(
+    model: Path,
+    prompts: list[list[int]],
+    packed_linear: str,
+    fused_gate_up: str = "1",
+    gemm_k_blocks: str = "1",
+) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", GENERATE, str(model), packed_linear, fused_gate_up],
+        [sys.executable, "-c", GENERATE, str(model), packed_linear, fused_gate_up, gemm_k_blocks],
         input=json.dumps(prompts),
         capture_output=True,
         text=True,
@@ -254,3 +267,26 @@ def test_fused_gate_up_changes_no_bit_of_the_output(default_model_path, mixed_pr
     assert unfused["packed"] and not unfused["gated"]
     assert unfused["tokens"] == packed_run["tokens"]
     assert unfused["logprobs"] == packed_run["logprobs"]
+
+
+def test_gemm_k_blocks_off_marks_every_weight_and_changes_no_bit(
+    default_model_path, mixed_prompts, packed_run
+) -> None:
+    whole_k = greedy_bf16(default_model_path, mixed_prompts, "1", "1", "0")
+    assert packed_run["k_blocks"] == [1, 1, 1] and whole_k["k_blocks"] == [0, 0, 0]
+    assert whole_k["tokens"] == packed_run["tokens"]
+    assert whole_k["logprobs"] == packed_run["logprobs"]
+
+
+def test_two_models_in_one_process_keep_their_own_k_blocks(ops, default_model_path) -> None:
+    spec = read_model_spec(default_model_path)
+    models = {
+        k_blocks: load_model(
+            spec, torch.bfloat16, torch.device("cpu"), CpuAttentionBackend(), gemm_k_blocks=k_blocks
+        )
+        for k_blocks in (True, False)
+    }
+    for k_blocks, model in models.items():
+        layer = model.layers[-1]
+        weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight, model.lm_head.head_weight]
+        assert [w[5].item() for w in weights] == [int(k_blocks)] * 3

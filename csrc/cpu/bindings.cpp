@@ -71,17 +71,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("bias"));
   m.def("linear_float32", &sluice::cpu::linear_float32, "x @ weight.T + bias in float32", py::arg("x"),
         py::arg("weight"), py::arg("bias"));
-  m.def("set_packed_gemm_k_blocks", &sluice::cpu::set_packed_gemm_k_blocks,
-        "whether the packed GEMM takes K in blocks at 7-64 rows, prefetching the next (process-wide)",
-        py::arg("enabled"));
+  // k_blocks: whether the packed GEMM may take K in blocks at 7-64 rows (KernelConfig.gemm_k_blocks).
   m.def("prepare_linear_weight", &sluice::cpu::prepare_linear_weight, "the weight as linear reads it fastest",
-        py::arg("weight"));
+        py::arg("weight"), py::arg("k_blocks") = true);
   m.def("prepare_gated_linear_weight", &sluice::cpu::prepare_gated_linear_weight,
-        "a [gate; up] weight as gated_linear reads it fastest", py::arg("weight"));
+        "a [gate; up] weight as gated_linear reads it fastest", py::arg("weight"), py::arg("k_blocks") = true);
   m.def("pack_gated_linear_weight", &sluice::cpu::pack_gated_linear_weight,
-        "a bf16 [gate; up] weight in the packed GEMM's gated layout", py::arg("weight"));
+        "a bf16 [gate; up] weight in the packed GEMM's gated layout", py::arg("weight"), py::arg("k_blocks") = true);
   m.def("pack_linear_weight", &sluice::cpu::pack_linear_weight, "a bf16 weight in the packed GEMM layout",
-        py::arg("weight"));
+        py::arg("weight"), py::arg("k_blocks") = true);
   m.def("argmax_rows", &sluice::cpu::argmax_rows, "each row's argmax, as torch.argmax(dim=-1)", py::arg("x"));
   m.def("rotary_embedding", &sluice::cpu::rotary_embedding, "rotate q and k in place", py::arg("qk"),
         py::arg("cos"), py::arg("sin_signed"));

@@ -35,11 +35,10 @@ constexpr int64_t kStreamBytes = 1 << 20;
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 
-// K in blocks (set_packed_gemm_k_blocks; KernelConfig.gemm_k_blocks). Taken whole, a column group's
+// K in blocks (PackedShape.k_blocks; KernelConfig.gemm_k_blocks). Taken whole, a column group's
 // first row tile waits on memory while the later ones compute from cache, so memory idles half the
 // time. Taken in blocks, every tile of an item computes from cache while it prefetches its share of
 // the block after, so that the memory streams during the compute.
-std::atomic<bool> k_blocks_enabled{true};
 // k pairs per block: 24 KB of a group, which stays in L1 beside the tiles' partial sums.
 constexpr int64_t kBlockPairs = 96;
 // The most rows whose partial sums (256 bytes a row) are carried from block to block.
@@ -102,13 +101,13 @@ struct Plan {
   bool k_blocked;
 };
 
-Plan plan_items(const Problem& p, int64_t m) {
+Plan plan_items(const Problem& p, int64_t m, bool k_blocks) {
   const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
   const int64_t group_bytes = p.pairs * kGroupInts * int64_t(sizeof(int32_t));
   const int64_t stream_span =
       std::clamp(kStreamBytes / group_bytes, int64_t(1), std::max(int64_t(1), groups / kMinItems));
   const int64_t group_blocks = (p.k / 2 + kBlockPairs - 1) / kBlockPairs;
-  const bool k_blocked = k_blocks_enabled.load(std::memory_order_relaxed) && m > kTileRows &&
+  const bool k_blocked = k_blocks && m > kTileRows &&
                          m <= kBlockMaxRows && stream_span * group_blocks >= kMinItemBlocks;
   const int64_t span = m <= kFewRows || k_blocked ? stream_span : 1;
   const int64_t spans = (groups + span - 1) / span;
@@ -123,8 +122,8 @@ Plan plan_items(const Problem& p, int64_t m) {
 }
 
 template <typename Out>
-void run(const Problem& p, int64_t m) {
-  const Plan plan = plan_items(p, m);
+void run(const Problem& p, int64_t m, bool k_blocks) {
+  const Plan plan = plan_items(p, m, k_blocks);
   const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
   auto item = [&](int64_t i) {
     const int64_t first = i / plan.blocks_per_span * plan.span, row0 = i % plan.blocks_per_span * plan.block_rows;
@@ -148,8 +147,6 @@ void run(const Problem& p, int64_t m) {
 }  // namespace
 
 bool packed_gemm_available() { return true; }
-
-void set_packed_gemm_k_blocks(bool enabled) { k_blocks_enabled.store(enabled, std::memory_order_relaxed); }
 
 void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                  at::Tensor& out) {
@@ -186,19 +183,17 @@ void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optio
       out.stride(0),
   };
   if (shape.gated) {
-    run<gemm::SiluGated>(p, m);
+    run<gemm::SiluGated>(p, m, shape.k_blocks);
   } else if (out.scalar_type() == at::kFloat) {
-    run<float>(p, m);
+    run<float>(p, m, shape.k_blocks);
   } else {
-    run<uint16_t>(p, m);
+    run<uint16_t>(p, m, shape.k_blocks);
   }
 }
 
 #else
 
 bool packed_gemm_available() { return false; }
-
-void set_packed_gemm_k_blocks(bool) {}
 
 void packed_gemm(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::Tensor&) {
   TORCH_CHECK(false, "this build of Sluice's CPU kernels has no AVX512_BF16, so it cannot use packed weights");

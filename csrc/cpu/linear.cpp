@@ -88,10 +88,12 @@ void gated_linear_out(at::Tensor& out, at::Tensor& gate_up, const at::Tensor& x,
   silu_and_mul_into(out, gate_up);
 }
 
-at::Tensor prepare_linear_weight(const at::Tensor& weight) { return packs(weight) ? pack_linear_weight(weight) : weight; }
+at::Tensor prepare_linear_weight(const at::Tensor& weight, bool k_blocks) {
+  return packs(weight) ? pack_linear_weight(weight, k_blocks) : weight;
+}
 
-at::Tensor prepare_gated_linear_weight(const at::Tensor& weight) {
-  return packs(weight) ? pack_gated_linear_weight(weight) : weight;
+at::Tensor prepare_gated_linear_weight(const at::Tensor& weight, bool k_blocks) {
+  return packs(weight) ? pack_gated_linear_weight(weight, k_blocks) : weight;
 }
 
 }  // namespace sluice::cpu

@@ -53,11 +53,12 @@ void gated_linear_out(at::Tensor& out, at::Tensor& gate_up, const at::Tensor& x,
 at::Tensor linear_float32(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 // The weight as linear reads it fastest: a 2-d bfloat16 weight packed (packed_weight.h) where this
-// CPU has AVX512_BF16; any other weight unchanged. (KernelConfig.packed_linear decides whether it is called.)
-at::Tensor prepare_linear_weight(const at::Tensor& weight);
+// CPU has AVX512_BF16; any other weight unchanged. (KernelConfig.packed_linear decides whether it is called,
+// and KernelConfig.gemm_k_blocks gives k_blocks: whether its GEMM may take K in blocks.)
+at::Tensor prepare_linear_weight(const at::Tensor& weight, bool k_blocks);
 // An MLP's [gate; up] weight as gated_linear reads it fastest: packed gated (packed_weight.h) where
 // prepare_linear_weight would pack it, else unchanged (KernelConfig.fused_gate_up decides whether it is called).
-at::Tensor prepare_gated_linear_weight(const at::Tensor& weight);
+at::Tensor prepare_gated_linear_weight(const at::Tensor& weight, bool k_blocks);
 
 // Each row's argmax as torch.argmax(dim=-1) gives it (first of equal maxima, a NaN above all), in one
 // pass over x [rows, n] float32 on every thread: the greedy pick (KernelConfig.native_argmax).

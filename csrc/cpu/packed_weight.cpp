@@ -44,7 +44,8 @@ PackedShape packed_shape(const at::Tensor& w) {
   TORCH_CHECK(header[1] == kPackedVersion, "packed weight has version ", header[1], ", expected ", kPackedVersion);
   TORCH_CHECK(header[4] == kPlainLayout || header[4] == kGatedLayout, "packed weight has unknown layout ",
               header[4]);
-  const PackedShape shape{header[2], header[3], header[4] == kGatedLayout};
+  TORCH_CHECK(header[5] == 0 || header[5] == 1, "packed weight has a k_blocks word of ", header[5]);
+  const PackedShape shape{header[2], header[3], header[4] == kGatedLayout, header[5] == 1};
   const int64_t groups = (shape.n + kGroupCols - 1) / kGroupCols;
   TORCH_CHECK(w.numel() == kHeaderInts + groups * ((shape.k + 1) / 2) * kGroupInts,
               "packed weight's size does not match its header's [N, K] = [", shape.n, ", ", shape.k, "]");
@@ -55,7 +56,7 @@ namespace {
 
 // Packs weight [n, K] in `layout`: source_row(n, g, c) is the row that column c of group g holds, or -1.
 template <typename SourceRow>
-at::Tensor pack(const at::Tensor& weight, int32_t layout, SourceRow source_row) {
+at::Tensor pack(const at::Tensor& weight, int32_t layout, bool k_blocks, SourceRow source_row) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
               "only a 2-d bfloat16 CPU weight can be packed, got ", weight.scalar_type(), " of shape ",
               weight.sizes());
@@ -70,6 +71,7 @@ at::Tensor pack(const at::Tensor& weight, int32_t layout, SourceRow source_row) 
   out[2] = int32_t(n);
   out[3] = int32_t(k);
   out[4] = layout;
+  out[5] = k_blocks ? 1 : 0;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
   const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -88,17 +90,17 @@ at::Tensor pack(const at::Tensor& weight, int32_t layout, SourceRow source_row) 
 
 }  // namespace
 
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  return pack(weight, kPlainLayout, [](int64_t n, int64_t g, int64_t c) {
+at::Tensor pack_linear_weight(const at::Tensor& weight, bool k_blocks) {
+  return pack(weight, kPlainLayout, k_blocks, [](int64_t n, int64_t g, int64_t c) {
     const int64_t row = g * kGroupCols + c;
     return row < n ? row : int64_t(-1);
   });
 }
 
-at::Tensor pack_gated_linear_weight(const at::Tensor& weight) {
+at::Tensor pack_gated_linear_weight(const at::Tensor& weight, bool k_blocks) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0,
               "a gated weight must stack gate and up halves of equal height, got shape ", weight.sizes());
-  return pack(weight, kGatedLayout, [](int64_t n, int64_t g, int64_t c) {
+  return pack(weight, kGatedLayout, k_blocks, [](int64_t n, int64_t g, int64_t c) {
     constexpr int64_t half = kGroupCols / 2;
     const int64_t width = n / 2, feature = g * half + c % half;
     if (feature >= width) return int64_t(-1);

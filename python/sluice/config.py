@@ -104,8 +104,9 @@ class KernelConfig:
     # CPU: bf16 linear weights packed at load for Sluice's GEMM (where the CPU has AVX512_BF16);
     # False keeps them as loaded, for ATen's matmul.
     packed_linear: bool = True
-    # CPU: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next block while it computes
-    # from cache; False reads each column group whole (its first row tile waits on memory).
+    # CPU, where packed_linear packs: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next
+    # block while it computes from cache; False reads each column group whole (its first row tile waits on
+    # memory). Marked on each packed weight at load, so two models in one process may differ.
     gemm_k_blocks: bool = True
     # CPU, where packed_linear packs: each MLP's gate_up weight packed so that its GEMM writes
     # silu(gate) * up from the epilogue (same bits); False writes gate and up, then runs silu_and_mul.

@@ -23,10 +23,11 @@ class LayerOps(Protocol):
         """linear's result in float32 (logits), without rounding to the model dtype first where it can."""
         ...
 
-    def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def prepare_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         """A loaded [out, in] weight in the form linear reads fastest (on CPU: bf16 packed for the
         native GEMM); call once per weight, after loading and sharding (load_model skips it where
-        KernelConfig.packed_linear is off)."""
+        KernelConfig.packed_linear is off). k_blocks (KernelConfig.gemm_k_blocks): whether the packed
+        GEMM may take K in blocks over this weight; a choice of each packed weight, not of the process."""
         ...
 
     def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -34,9 +35,10 @@ class LayerOps(Protocol):
         as prepare_linear_weight or prepare_gated_linear_weight returned it."""
         ...
 
-    def prepare_gated_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def prepare_gated_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         """An MLP's [gate; up] weight in the form gated_linear reads fastest (on CPU: bf16 packed so
-        that the GEMM's epilogue applies the activation; KernelConfig.fused_gate_up)."""
+        that the GEMM's epilogue applies the activation; KernelConfig.fused_gate_up); k_blocks as for
+        prepare_linear_weight."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
@@ -61,14 +63,15 @@ class TorchLayerOps:
     ) -> torch.Tensor:
         return F.linear(x, weight, bias).float()
 
-    def prepare_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    # k_blocks schedules the packed CPU GEMM; F.linear has no such choice.
+    def prepare_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         return weight
 
     def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def prepare_gated_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def prepare_gated_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         return weight
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

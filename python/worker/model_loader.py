@@ -45,12 +45,14 @@ def load_model(
     tp: TensorParallelGroup | None = None,
     packed_linear: bool = True,
     fused_gate_up: bool = True,
+    gemm_k_blocks: bool = True,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
     packed_linear (KernelConfig.packed_linear) puts the linear weights in the form the device's linear
     reads fastest (on CPU, bf16 packed for Sluice's GEMM); False keeps them as loaded. fused_gate_up
-    (KernelConfig.fused_gate_up) packs each MLP's gate_up so that the GEMM applies the activation."""
+    (KernelConfig.fused_gate_up) packs each MLP's gate_up so that the GEMM applies the activation, and
+    gemm_k_blocks (KernelConfig.gemm_k_blocks) marks the packed weights for a GEMM that takes K in blocks."""
     with torch.device(device):
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
@@ -72,7 +74,7 @@ def load_model(
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
     if packed_linear:
-        model.prepare_linear_weights(fused_gate_up)
+        model.prepare_linear_weights(fused_gate_up, gemm_k_blocks)
     return model.eval()
 
 

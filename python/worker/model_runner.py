@@ -106,10 +106,8 @@ class ModelRunner:
             max_model_len=self.max_model_len,
             packed_linear=kernel.packed_linear,
             fused_gate_up=kernel.fused_gate_up,
+            gemm_k_blocks=kernel.gemm_k_blocks,
         )
-        if device.type == "cpu" and kernel.packed_linear:
-            # Process-wide: every packed linear in this worker reads its weight as the switch says.
-            load_native_ops().set_packed_gemm_k_blocks(kernel.gemm_k_blocks)
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
         self.num_kv_heads = self.model.num_kv_heads

@@ -62,11 +62,12 @@ class Projection(nn.Module):
         self.weight = _weight(out_features, in_features, dtype=dtype)
         self.bias = _weight(out_features, dtype=dtype) if bias else None
 
-    def prepare(self, ops: LayerOps, gated: bool = False) -> None:
+    def prepare(self, ops: LayerOps, gated: bool = False, k_blocks: bool = True) -> None:
         """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU), or
-        with `gated`, for an MLP's [gate; up], the form ops.gated_linear reads fastest."""
+        with `gated`, for an MLP's [gate; up], the form ops.gated_linear reads fastest; k_blocks as
+        LayerOps.prepare_linear_weight takes it."""
         prepare = ops.prepare_gated_linear_weight if gated else ops.prepare_linear_weight
-        self.weight = nn.Parameter(prepare(self.weight.data), requires_grad=False)
+        self.weight = nn.Parameter(prepare(self.weight.data, k_blocks), requires_grad=False)
 
 
 class SelfAttention(nn.Module):
@@ -166,11 +167,11 @@ class DecoderLayer(nn.Module):
             scale=attn.scale,
         )
 
-    def prepare_linear_weights(self, fused_gate_up: bool) -> None:
+    def prepare_linear_weights(self, fused_gate_up: bool, gemm_k_blocks: bool) -> None:
         attn, mlp = self.self_attn, self.mlp
         for projection in (attn.qkv_proj, attn.o_proj, mlp.down_proj):
-            projection.prepare(self.ops)
-        mlp.gate_up_proj.prepare(self.ops, gated=fused_gate_up)
+            projection.prepare(self.ops, k_blocks=gemm_k_blocks)
+        mlp.gate_up_proj.prepare(self.ops, gated=fused_gate_up, k_blocks=gemm_k_blocks)
         self.tensors = dataclasses.replace(
             self.tensors,
             qkv_weight=attn.qkv_proj.weight,
@@ -289,14 +290,15 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
 
-    def prepare_linear_weights(self, fused_gate_up: bool = True) -> None:
+    def prepare_linear_weights(self, fused_gate_up: bool = True, gemm_k_blocks: bool = True) -> None:
         """Puts every linear weight in the form self.ops.linear reads fastest; once, after loading (and
         sharding). The embedding stays as loaded for F.embedding, so a tied LM head gets its own copy.
         fused_gate_up (KernelConfig.fused_gate_up) packs each MLP's gate_up so that its GEMM applies
-        the activation in its epilogue."""
+        the activation in its epilogue; gemm_k_blocks (KernelConfig.gemm_k_blocks) lets the packed GEMM
+        take K in blocks over these weights."""
         for layer in self.layers:
-            layer.prepare_linear_weights(fused_gate_up)
-        self.lm_head.prepare(self.ops)
+            layer.prepare_linear_weights(fused_gate_up, gemm_k_blocks)
+        self.lm_head.prepare(self.ops, gemm_k_blocks)
 
     def forward(
         self,

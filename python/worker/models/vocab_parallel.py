@@ -35,9 +35,10 @@ class VocabParallelEmbedding(nn.Module):
         # second parameter, so that the loader sees one table.
         self.head_weight: torch.Tensor = self.weight.detach()
 
-    def prepare(self, ops: LayerOps) -> None:
-        """Once, after loading: the LM head's weight in the form ops.linear reads fastest."""
-        self.head_weight = ops.prepare_linear_weight(self.weight.data)
+    def prepare(self, ops: LayerOps, k_blocks: bool = True) -> None:
+        """Once, after loading: the LM head's weight in the form ops.linear reads fastest (k_blocks as
+        LayerOps.prepare_linear_weight takes it)."""
+        self.head_weight = ops.prepare_linear_weight(self.weight.data, k_blocks)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[num_tokens, hidden]: each rank looks up the ids it holds, zeros elsewhere, then the sum over ranks."""

@@ -486,7 +486,8 @@ def dp(args: argparse.Namespace) -> None:
     model = args.model.resolve()
     prompts = w1_prompts()[:16]
     extra = ["--max-num-seqs", str(len(prompts)), "--kv-cache-memory", str(args.kv_cache_memory)]
-    extra += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.max_num_batched_tokens is not None:
+        extra += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     legs = []
     with ExitStack() as stack:
         one = start_sluice("one replica, all cores", model, extra, args.log_dir)
@@ -601,9 +602,8 @@ def main() -> None:
     data_parallel.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=128,
-        help="a step's token budget: a 512-token step of the 1.1B model on one core (a replica of "
-        "--data-parallel-size 2) outlasts the frontend's 16 s wait for an engine step",
+        default=None,
+        help="a step's token budget on both legs (default: the engine's; the first rounds used 128)",
     )
     data_parallel.set_defaults(run=dp)
 

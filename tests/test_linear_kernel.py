@@ -161,6 +161,14 @@ def test_bad_inputs_are_refused(ops) -> None:
         ops.linear(torch.randn(3, 16, dtype=torch.bfloat16), packed, torch.randn(39, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize(("word", "error"), [(4, "unknown layout"), (5, "k_blocks word")])
+def test_a_packed_weight_with_a_corrupt_header_is_refused(ops, word: int, error: str) -> None:
+    packed = ops.pack_linear_weight(torch.randn(40, 16, dtype=torch.bfloat16))
+    packed[word] = 7
+    with pytest.raises(RuntimeError, match=error):
+        ops.linear(torch.randn(3, 16, dtype=torch.bfloat16), packed, None)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_other_dtypes_stay_unpacked_and_exact(dtype: torch.dtype) -> None:
     native = load_native_ops()

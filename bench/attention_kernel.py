@@ -2,11 +2,14 @@
 
 Run: .venv/bin/python bench/attention_kernel.py [--no-cpu-decode-attention]
 (--no-cpu-decode-attention times decode on the general tile path instead, for comparison.)
+The decode cases from DRAM with one or two sequences time the decode path with its keys split among
+the threads (KernelConfig.cpu_decode_split_keys) and without, alternating, and print both.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -60,7 +63,7 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
     ops.write_kv_cache(key, value, key_cache, value_cache, slots)
     kernel = median_ms(
         lambda: ops.paged_attention(
-            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path
+            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path, True
         ),
         repeats,
     )
@@ -99,20 +102,35 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
 
 
 def report_from_dram(
-    name: str, num_seqs: int, context: int, layers: int, repeats: int, decode_path: bool
+    name: str, num_seqs: int, context: int, layers: int, repeats: int, decode_path: bool, split: bool = False
 ) -> None:
-    """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3."""
+    """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3. With
+    `split`, also times the decode path with its keys split among the threads off, in turn."""
     ops = load_native_ops()
     batches = [batch(num_seqs, context, 1) for _ in range(layers)]
     out = torch.empty_like(batches[0][0])
 
-    def forward() -> None:
+    def forward(split_keys: bool) -> None:
         for query, _, _, key_cache, value_cache, block_table, qsl, seq_lens, _ in batches:
             ops.paged_attention(
-                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path
+                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path, split_keys
             )
 
-    print(f"{name:<34} kernel {median_ms(forward, repeats) / layers:8.3f} ms per layer", flush=True)
+    if not split:
+        print(
+            f"{name:<34} kernel {median_ms(lambda: forward(True), repeats) / layers:8.3f} ms per layer",
+            flush=True,
+        )
+        return
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(3):
+        for split_keys in (True, False):
+            times[split_keys].append(median_ms(functools.partial(forward, split_keys), repeats) / layers)
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    print(
+        f"{name:<34} kernel {on:8.3f} ms per layer with keys split, {off:8.3f} without ({off / on:.2f}x)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -127,6 +145,9 @@ def main() -> None:
     report("decode 64 seqs x 256 context", 64, 256, 1, 50, decode_path)
     report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20, decode_path)
     report_from_dram("decode 16 x 2048, 8 layers' caches", 16, 2048, 8, 20, decode_path)
+    report_from_dram("decode 1 x 2048, 48 layers' caches", 1, 2048, 48, 20, decode_path, split=True)
+    report_from_dram("decode 1 x 8192, 16 layers' caches", 1, 8192, 16, 20, decode_path, split=True)
+    report_from_dram("decode 2 x 8192, 8 layers' caches", 2, 8192, 8, 20, decode_path, split=True)
     report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20, decode_path)
     report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5, decode_path)
     report("decode 1 seq x 160 context", 1, 160, 1, 200, decode_path)

@@ -4,8 +4,9 @@ Run under the exclusive lock, e.g.:
   flock -x /tmp/sluice-bench.lock .venv/bin/python bench/cpu_step.py --model DIR --batch 1 --batch 64
 Each round runs every mode on the same state (a random KV cache of --context tokens per sequence),
 alternating, and prints per-round and median milliseconds per decode step and their ratios to eager.
-The modes full_whole_k and full_unfused_gate_up are FULL on a second copy of the model, loaded with
---no-gemm-k-blocks (the packed GEMM reads each column group whole) or --no-fused-gate-up.
+The modes full_whole_k, full_unfused_gate_up and full_unsplit_keys are FULL on a second copy of the
+model, loaded with --no-gemm-k-blocks (the packed GEMM reads each column group whole),
+--no-fused-gate-up, or --no-cpu-decode-split-keys (a few sequences' attention keys stay whole).
 A step is the forward pass plus the LM head on each sequence's last token and a greedy pick.
 --bind-threads pins torch's threads one per core; --busy-core starts a competing busy process there.
 """
@@ -35,10 +36,12 @@ from worker.native_ops import load_native_ops
 Forward = Callable[..., torch.Tensor]
 
 
-# Modes that run FULL on a second copy of the model, loaded with one kernel switch off.
-SECOND_COPY_MODES = {
-    "full_whole_k": {"gemm_k_blocks": False},
-    "full_unfused_gate_up": {"fused_gate_up": False},
+# Modes that run FULL on a second copy of the model, loaded with one kernel switch off: load_model's
+# keywords, then the attention backend's.
+SECOND_COPY_MODES: dict[str, tuple[dict[str, bool], dict[str, bool]]] = {
+    "full_whole_k": ({"gemm_k_blocks": False}, {}),
+    "full_unfused_gate_up": ({"fused_gate_up": False}, {}),
+    "full_unsplit_keys": ({}, {"split_keys": False}),
 }
 
 
@@ -124,9 +127,10 @@ def main() -> None:
     batches = args.batch or [1]
     step = CpuModelStep(model, max(batches))
     other_models: dict[str, Forward] = {}
-    for mode, switches in SECOND_COPY_MODES.items():
+    for mode, (switches, attention_switches) in SECOND_COPY_MODES.items():
         if mode in args.modes.split(","):
-            copy = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend(), **switches)
+            attention = CpuAttentionBackend(**attention_switches)
+            copy = load_model(spec, dtype, torch.device("cpu"), attention, **switches)
             other_models[mode] = CpuModelStep(copy, max(batches)).forward_full
     if args.bind_threads:
         cores = sorted(os.sched_getaffinity(0))[: torch.get_num_threads()]

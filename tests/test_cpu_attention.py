@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from worker.attention.cpu_backend import CpuAttentionBackend
 
 
 def run_both(
-    case: Case, scale: float = 0.125, decode_path: bool = True
+    case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     ours = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
@@ -19,7 +21,7 @@ def run_both(
     ref = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
-    got = CpuAttentionBackend(decode_path=decode_path).forward(
+    got = CpuAttentionBackend(decode_path=decode_path, split_keys=split_keys).forward(
         ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
     )
     want = ReferenceAttentionBackend().forward(
@@ -131,6 +133,57 @@ def test_decode_rows_match_reference_with_poisoned_spare_slots(
     assert torch.isfinite(got.float()).all()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.fixture
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Runs the test with torch (and the kernels' parallel_for) on `request.param` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# Few decodes with long contexts, so that the decode path splits their keys among the threads (parts of
+# at least 512 keys): one sequence, or one with a prefill chunk beside it; none a multiple of 16.
+FEW_LONG_DECODES = [[(1100, 1)], [(2999, 1)], [(1537, 1), (300, 45)], [(5000, 1), (700, 1), (90, 1)]]
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 8), (3, 3)])
+@pytest.mark.parametrize("seqs", FEW_LONG_DECODES)
+def test_few_long_decodes_split_among_threads_match_reference(
+    threads: int, dtype: torch.dtype, num_kv_heads: int, group: int, seqs: list[tuple[int, int]]
+) -> None:
+    case = make_case(
+        seqs, num_kv_heads=num_kv_heads, group=group, head_dim=64, dtype=dtype, seed=11, fill=float("nan")
+    )
+    split, want, _, _ = run_both(case, split_keys=True)
+    whole, _, _, _ = run_both(case, split_keys=False)
+    assert torch.isfinite(split.float()).all()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(split.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(whole.float(), want.float(), atol=tol, rtol=tol)
+    # The rule: split where the decode items (sequences x KV heads) do not share out evenly among the
+    # threads and are fewer than 4 a thread, for sequences with keys for 2 parts of 512 or more.
+    decodes = [ctx for ctx, q_len in seqs if q_len == 1]
+    items = len(decodes) * num_kv_heads
+    splits = items % threads != 0 and items < 4 * threads and max(decodes) >= 1024
+    if dtype == torch.float32:
+        # The parts' merged sums round differently from one pass over the keys: whether the bits differ
+        # shows whether the split ran (in bf16 and fp16 the output's rounding may hide it).
+        assert torch.equal(split, whole) != splits
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_evenly_shared_or_short_decodes_are_not_split(threads: int) -> None:
+    # 2 sequences x 3 KV heads share out evenly on 2 threads; 1,000 keys make fewer than 2 parts of 512.
+    for seqs, num_kv_heads in (([(3000, 1), (2500, 1)], 3), ([(1000, 1)], 3)):
+        case = make_case(seqs, num_kv_heads=num_kv_heads, group=3, head_dim=64, dtype=torch.float32, seed=4)
+        split, _, _, _ = run_both(case, split_keys=True)
+        whole, _, _, _ = run_both(case, split_keys=False)
+        assert torch.equal(split, whole)
 
 
 def test_single_token_tail_of_a_prefill_chunk_is_causal() -> None:

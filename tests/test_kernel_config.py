@@ -16,6 +16,7 @@ OFF = [
     "--no-gemm-k-blocks",
     "--no-fused-gate-up",
     "--no-cpu-decode-attention",
+    "--no-cpu-decode-split-keys",
     "--no-native-argmax",
     "--cuda-attention-backend",
     "triton",
@@ -25,6 +26,7 @@ ALL_OFF = KernelConfig(
     gemm_k_blocks=False,
     fused_gate_up=False,
     cpu_decode_attention=False,
+    cpu_decode_split_keys=False,
     native_argmax=False,
     cuda_attention_backend="triton",
 )
@@ -42,6 +44,7 @@ def test_defaults_leave_every_kernel_on() -> None:
         gemm_k_blocks=True,
         fused_gate_up=True,
         cpu_decode_attention=True,
+        cpu_decode_split_keys=True,
         native_argmax=True,
         cuda_attention_backend="auto",
     )

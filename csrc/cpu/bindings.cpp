@@ -40,9 +40,10 @@ void bind_model_step(py::module_& m) {
 
   py::class_<ModelStep>(m, "ModelStep", "the whole forward pass of a single-rank model in one call (FULL)")
       .def(py::init<std::vector<DecoderLayerWeights>, at::Tensor, at::Tensor, double, at::Tensor, at::Tensor,
-                    int64_t, bool>(),
+                    int64_t, bool, bool>(),
            py::arg("layers"), py::arg("embedding"), py::arg("final_norm"), py::arg("final_eps"),
-           py::arg("cos_table"), py::arg("sin_table"), py::arg("max_tokens"), py::arg("decode_attention"))
+           py::arg("cos_table"), py::arg("sin_table"), py::arg("max_tokens"), py::arg("decode_attention"),
+           py::arg("decode_split_keys"))
       .def("set_kv_caches", &ModelStep::set_kv_caches, py::arg("kv_caches"))
       .def("forward", &ModelStep::forward, ReleaseGil(), py::arg("input_ids"), py::arg("positions"),
            py::arg("slot_mapping"), py::arg("block_table"), py::arg("query_start_loc"), py::arg("seq_lens"))
@@ -57,7 +58,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Sluice CPU kernels";
   m.def("paged_attention", &sluice::cpu::paged_attention, "causal attention over the paged KV cache",
         py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_table"),
-        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"), py::arg("decode_path"));
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"), py::arg("decode_path"),
+        py::arg("split_keys"));
   m.def("write_kv_cache", &sluice::cpu::write_kv_cache, "copy new key/value rows into their cache slots",
         py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"));
   m.def("rms_norm", &sluice::cpu::rms_norm, "rms_norm(x) * weight over each row", py::arg("x"), py::arg("weight"),

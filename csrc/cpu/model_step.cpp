@@ -138,14 +138,15 @@ at::Tensor DecoderStages::feed_forward(const at::Tensor& delta, at::Tensor& resi
 
 ModelStep::ModelStep(std::vector<DecoderLayerWeights> layers, at::Tensor embedding, at::Tensor final_norm,
                      double final_eps, at::Tensor cos_table, at::Tensor sin_table, int64_t max_tokens,
-                     bool decode_attention)
+                     bool decode_attention, bool decode_split_keys)
     : ws_(std::make_shared<StepWorkspace>(layers, max_tokens)),
       embedding_(std::move(embedding)),
       final_norm_(std::move(final_norm)),
       cos_table_(std::move(cos_table)),
       sin_table_(std::move(sin_table)),
       final_eps_(final_eps),
-      decode_attention_(decode_attention) {
+      decode_attention_(decode_attention),
+      decode_split_keys_(decode_split_keys) {
   const DecoderLayerWeights& first = layers.front();
   TORCH_CHECK(embedding_.dim() == 2 && embedding_.size(1) == first.hidden_size() &&
                   embedding_.scalar_type() == first.input_norm.scalar_type(),
@@ -192,7 +193,7 @@ at::Tensor ModelStep::forward(const at::Tensor& input_ids, const at::Tensor& pos
     write_kv_cache(k, v, key_cache, value_cache, slot_mapping);
     at::Tensor attn = ws_->rows(ws_->attn, n, w.num_heads * w.head_dim).view({n, w.num_heads, w.head_dim});
     paged_attention(attn, q, key_cache, value_cache, block_table, query_start_loc, seq_lens, w.scale,
-                    decode_attention_);
+                    decode_attention_, decode_split_keys_);
     delta = stages.feed_forward(stages.attention_output(attn), residual);
   }
   at::Tensor out = ws_->rows(ws_->hidden, n, hidden);

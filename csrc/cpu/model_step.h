@@ -83,13 +83,13 @@ class DecoderStages {
 };
 
 // The whole forward pass of a single-rank model in one call (FULL): embedding, every layer with its
-// KV-cache write and paged attention, and the final norm, over the workspace. decode_attention is
-// paged_attention's decode_path.
+// KV-cache write and paged attention, and the final norm, over the workspace. decode_attention and
+// decode_split_keys are paged_attention's decode_path and split_keys.
 class ModelStep {
  public:
   ModelStep(std::vector<DecoderLayerWeights> layers, at::Tensor embedding, at::Tensor final_norm,
             double final_eps, at::Tensor cos_table, at::Tensor sin_table, int64_t max_tokens,
-            bool decode_attention);
+            bool decode_attention, bool decode_split_keys);
 
   // The per-layer (key_cache, value_cache) pairs that forward writes and reads; set once they exist.
   void set_kv_caches(std::vector<std::pair<at::Tensor, at::Tensor>> kv_caches);
@@ -110,6 +110,7 @@ class ModelStep {
   at::Tensor embedding_, final_norm_, cos_table_, sin_table_;
   double final_eps_;
   bool decode_attention_;
+  bool decode_split_keys_;
 };
 
 }  // namespace sluice::cpu

@@ -11,11 +11,13 @@ namespace sluice::cpu {
 // Causal attention of each sequence's new query rows over its whole context, read in place from the
 // paged cache through the block table. Writes out [num_tokens, num_heads, head_dim]. decode_path sends
 // one-token sequences through their own kernel path; false runs them on the general tile path, so that
-// the decode path's gain can be measured (KernelConfig.cpu_decode_attention).
+// the decode path's gain can be measured (KernelConfig.cpu_decode_attention). split_keys lets the decode
+// path split each one-token sequence's keys among the threads where the batch has too few such
+// sequences to keep them all busy (KernelConfig.cpu_decode_split_keys).
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     bool decode_path);
+                     bool decode_path, bool split_keys);
 
 // Copies each new token's key/value row to its slot; slots below zero (padding) are skipped.
 void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,

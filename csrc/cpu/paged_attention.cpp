@@ -3,13 +3,15 @@
 // fetched through the block table serves the whole group. Keys go 16 at a time: K is widened to
 // float and transposed so that scores come out as one 16-lane vector per row, then an online
 // softmax rescales the float accumulators. Decode items (one query token) take their own path, see
-// attend_decode.
+// attend_decode; where a batch has too few of them to share out evenly, their keys are split into parts
+// (see plan_tiles and merge_parts).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,6 +44,12 @@ constexpr int kMaxDecodeRows = 16;
 constexpr int kMaxDecodeDim = 1024;
 // How many 16-key chunks ahead of the dot products the decode path prefetches K and V into L2.
 constexpr int kFarChunks = 3;
+// A decode item's keys are split only into parts of at least this many keys: below it, writing and
+// merging a part's sums costs more than the idle thread it saves.
+constexpr int kMinPartKeys = 512;
+// Batches with at least this many decode items per thread are not split: dynamic hand-out of that many
+// items already ends close to even.
+constexpr int kSplitBelowItemsPerThread = 4;
 // Stands in for keys past the context in a padded chunk, for every cache dtype (all-zero bits).
 alignas(64) const float kZeros[kMaxDecodeDim] = {};
 
@@ -58,11 +66,22 @@ struct Problem {
   int block_size, head_dim, group;
   float scale_log2;
   bool decode_path;
+  // Partial sums of split decode items: per part, per row, its max score, its sum of exponentials and its
+  // unnormalised output row (dim floats).
+  float* parts;
 };
 
 struct Tile {
   int32_t seq, kv_head, q_row, t0, t1, prefix;
   int64_t cost;
+  // Decode items attend keys [key_lo, key_hi) of the context. A part of a split item (part >= 0) writes
+  // its partial sums to that slot of the parts buffer instead of the output.
+  int32_t key_lo, key_hi, part;
+};
+
+// One decode item whose keys went to parts first_part .. first_part + parts - 1.
+struct SplitItem {
+  int32_t kv_head, q_row, first_part, parts;
 };
 
 struct Scratch {
@@ -424,7 +443,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
     mrow[m] = -std::numeric_limits<float>::infinity();
   }
 
-  const int n_keys = w.prefix + w.t1;
+  const int n_keys = w.key_hi - w.key_lo;
   const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
   const C* k_base = static_cast<const C*>(p.k_cache) + int64_t(w.kv_head) * dim;
   const C* v_base = static_cast<const C*>(p.v_cache) + int64_t(w.kv_head) * dim;
@@ -444,10 +463,11 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   s.reserve_rows(n_padded);
   const C** k_rows = reinterpret_cast<const C**>(s.k_rows.data());
   const C** v_rows = reinterpret_cast<const C**>(s.v_rows.data());
-  for (int i = 0, block = 0; i < n_keys; ++block) {
-    const int64_t first = int64_t(blocks[block]) * p.block_size;
+  for (int i = 0; i < n_keys;) {
+    const int key = w.key_lo + i, offset = key % p.block_size;
+    const int64_t first = int64_t(blocks[key / p.block_size]) * p.block_size + offset;
     // Keys inside one block are evenly spaced, so their rows need no per-key lookup.
-    const int run = std::min(p.block_size, n_keys - i);
+    const int run = std::min(p.block_size - offset, n_keys - i);
     for (int j = 0; j < run; ++j) {
       const int64_t at = (first + j) * p.slot_stride;
       k_rows[i + j] = k_base + at;
@@ -529,6 +549,20 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   }
 
   float* ordered = acc + rows * dim;
+  if (w.part >= 0) {
+    float* part = p.parts + int64_t(w.part) * rows * (dim + 2);
+    for (int m = 0; m < rows; ++m, part += dim + 2) {
+      const float* row = acc + m * dim;
+      if constexpr (Dot) {
+        for (int d = 0; d < dim; d += 32) bf16dot::unpack_order(row + d, ordered + d);
+        row = ordered;
+      }
+      part[0] = mrow[m];
+      part[1] = lsum[m];
+      std::memcpy(part + 2, row, sizeof(float) * dim);
+    }
+    return;
+  }
   for (int m = 0; m < rows; ++m) {
     const int h = w.kv_head * rows + m;
     Q* dst = static_cast<Q*>(p.out) + (w.q_row + w.t0) * p.o_tok + h * p.o_head;
@@ -541,16 +575,54 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   }
 }
 
+// Whether items of one query token take attend_decode (the only path that attends a part of the keys).
+bool takes_decode_path(const Problem& p) {
+  return p.decode_path && p.group <= kMaxDecodeRows && p.head_dim <= kMaxDecodeDim;
+}
+
 template <typename Q, typename C, bool Dot>
 void attend(const Problem& p, const Tile& w, Scratch& s) {
-  if (w.t1 - w.t0 == 1 && p.group <= kMaxDecodeRows && p.head_dim <= kMaxDecodeDim && p.decode_path) {
+  if (w.t1 - w.t0 == 1 && takes_decode_path(p)) {
     attend_decode<Q, C, Dot>(p, w, s);
   } else {
+    assert(w.part < 0 && "only the decode path attends a part of the keys");
     attend_tile<Q, C, Dot>(p, w, s);
   }
 }
 
+// Combines each split item's parts: the softmax over all its keys is the parts' sums, each rescaled from
+// its own maximum to the overall one.
+template <typename Q>
+void merge_parts(const Problem& p, const std::vector<SplitItem>& splits) {
+  const int dim = p.head_dim, rows = p.group;
+  std::vector<float> acc(dim);
+  for (const SplitItem& item : splits) {
+    const float* first = p.parts + int64_t(item.first_part) * rows * (dim + 2);
+    for (int m = 0; m < rows; ++m) {
+      float top = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < item.parts; ++i) top = std::max(top, first[(int64_t(i) * rows + m) * (dim + 2)]);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      for (int i = 0; i < item.parts; ++i) {
+        const float* part = first + (int64_t(i) * rows + m) * (dim + 2);
+        const float weight = std::exp2(part[0] - top);
+        sum += part[1] * weight;
+        for (int d = 0; d < dim; ++d) acc[d] += part[2 + d] * weight;
+      }
+      const int h = item.kv_head * rows + m;
+      Q* dst = static_cast<Q*>(p.out) + item.q_row * p.o_tok + h * p.o_head;
+      store_row(dst, acc.data(), 1.0f / sum, dim);
+    }
+  }
+}
+
 using TileFn = void (*)(const Problem&, const Tile&, Scratch&);
+using MergeFn = void (*)(const Problem&, const std::vector<SplitItem>&);
+
+struct Kernels {
+  TileFn tile;
+  MergeFn merge;
+};
 
 #ifdef SLUICE_BF16_DOT
 constexpr bool kHasBf16Dot = true;
@@ -572,31 +644,57 @@ TileFn pick_for_cache(at::ScalarType cache, int dim) {
   }
 }
 
-TileFn pick_tile_fn(at::ScalarType query, at::ScalarType cache, int dim) {
+template <typename Q>
+Kernels kernels_for(at::ScalarType cache, int dim) {
+  return {pick_for_cache<Q>(cache, dim), &merge_parts<Q>};
+}
+
+Kernels pick_kernels(at::ScalarType query, at::ScalarType cache, int dim) {
   switch (query) {
-    case at::kFloat: return pick_for_cache<float>(cache, dim);
-    case at::kBFloat16: return pick_for_cache<c10::BFloat16>(cache, dim);
-    case at::kHalf: return pick_for_cache<c10::Half>(cache, dim);
+    case at::kFloat: return kernels_for<float>(cache, dim);
+    case at::kBFloat16: return kernels_for<c10::BFloat16>(cache, dim);
+    case at::kHalf: return kernels_for<c10::Half>(cache, dim);
     default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", query);
   }
 }
 
-// Splits every sequence into work items, costliest first so that dynamic hand-out ends balanced.
-int64_t plan_tiles(std::vector<Tile>& tiles, const int32_t* qsl, const int32_t* seq_lens, int num_seqs,
-                   int num_kv_heads, int group) {
+// Splits every sequence into work items, costliest first so that dynamic hand-out ends balanced. Where
+// decode items (of sequences with one query token) are too few to share evenly among the threads, each
+// is split into parts of its keys, as many as make the items a multiple of the threads (split_parts).
+int64_t plan_tiles(std::vector<Tile>& tiles, std::vector<SplitItem>& splits, const int32_t* qsl,
+                   const int32_t* seq_lens, int num_seqs, int num_kv_heads, int group, int split_parts) {
   tiles.clear();
+  splits.clear();
   const int tile_tokens = std::max(1, kTileRows / group);
   int64_t total = 0;
+  int parts_used = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const int q_len = qsl[s + 1] - qsl[s];
     if (q_len <= 0) continue;
     const int prefix = seq_lens[s] - q_len;
     TORCH_CHECK(prefix >= 0, "paged_attention: sequence ", s, " has more query tokens than context");
+    const int parts = q_len == 1 ? std::min(split_parts, seq_lens[s] / kMinPartKeys) : 1;
+    if (parts > 1) {
+      const int keys = seq_lens[s];
+      for (int g = 0; g < num_kv_heads; ++g) {
+        splits.push_back({g, qsl[s], parts_used, parts});
+        for (int i = 0; i < parts; ++i) {
+          // Boundaries on 16-key chunks, so that only the last part pads its final chunk.
+          const int lo = int(int64_t(keys) * i / parts) / kChunk * kChunk;
+          const int hi = i + 1 == parts ? keys : int(int64_t(keys) * (i + 1) / parts) / kChunk * kChunk;
+          const int64_t cost = int64_t(hi - lo) * (group + 8);
+          tiles.push_back({s, g, qsl[s], 0, 1, prefix, cost, lo, hi, parts_used++});
+          total += cost;
+        }
+      }
+      continue;
+    }
     for (int t0 = 0; t0 < q_len; t0 += tile_tokens) {
       const int t1 = std::min(q_len, t0 + tile_tokens);
       // Widening and transposing K costs about as much as eight rows of dot products.
       const int64_t cost = int64_t(prefix + t1) * ((t1 - t0) * group + 8);
-      for (int g = 0; g < num_kv_heads; ++g) tiles.push_back({s, g, qsl[s], t0, t1, prefix, cost});
+      for (int g = 0; g < num_kv_heads; ++g)
+        tiles.push_back({s, g, qsl[s], t0, t1, prefix, cost, 0, prefix + t1, -1});
       total += cost * num_kv_heads;
     }
   }
@@ -604,12 +702,23 @@ int64_t plan_tiles(std::vector<Tile>& tiles, const int32_t* qsl, const int32_t* 
   return total;
 }
 
+// How many parts each decode item's keys go into: none (1) where the decode items already share out
+// evenly among the threads, or are many; otherwise the fewest parts that make a multiple of the threads.
+int decode_split_parts(int decode_items, int threads) {
+  if (threads <= 1 || decode_items == 0 || decode_items % threads == 0 ||
+      decode_items >= kSplitBelowItemsPerThread * threads)
+    return 1;
+  for (int parts = 2; parts <= threads; ++parts)
+    if (decode_items * parts % threads == 0) return parts;
+  return threads;
+}
+
 }  // namespace
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
-                     bool decode_path) {
+                     bool decode_path, bool split_keys) {
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_dim]");
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.scalar_type() == query.scalar_type(),
               "out must match query's shape and dtype");
@@ -631,7 +740,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
   TORCH_CHECK(qsl[num_seqs] <= query.size(0), "query_start_loc points past the query rows");
 
-  const Problem problem{
+  Problem problem{
       query.const_data_ptr(),
       query.stride(0),
       query.stride(1),
@@ -648,27 +757,44 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
       num_heads / num_kv_heads,
       float(scale * M_LOG2E),
       decode_path,
+      nullptr,
   };
-  const TileFn tile_fn = pick_tile_fn(query.scalar_type(), key_cache.scalar_type(), head_dim);
+  const Kernels kernels = pick_kernels(query.scalar_type(), key_cache.scalar_type(), head_dim);
+  const TileFn tile_fn = kernels.tile;
 
-  static thread_local std::vector<Tile> tiles;
-  const int64_t work =
-      plan_tiles(tiles, qsl, seq_lens.const_data_ptr<int32_t>(), num_seqs, num_kv_heads, problem.group);
-  const int64_t n = tiles.size();
   const int threads = at::get_num_threads();
-  if (threads <= 1 || work < kSerialWork || n == 1 || at::in_parallel_region()) {
+  const bool parallel = threads > 1 && !at::in_parallel_region();
+  int split_parts = 1;
+  if (split_keys && parallel && takes_decode_path(problem)) {
+    int decode_seqs = 0;
+    for (int s = 0; s < num_seqs; ++s) decode_seqs += qsl[s + 1] - qsl[s] == 1;
+    split_parts = decode_split_parts(decode_seqs * num_kv_heads, threads);
+  }
+  static thread_local std::vector<Tile> tiles;
+  static thread_local std::vector<SplitItem> splits;
+  static thread_local std::vector<float> parts;
+  const int64_t work = plan_tiles(tiles, splits, qsl, seq_lens.const_data_ptr<int32_t>(), num_seqs, num_kv_heads,
+                                  problem.group, split_parts);
+  const int64_t n = tiles.size();
+  if (!splits.empty()) {
+    const SplitItem& last = splits.back();
+    parts.resize(size_t(last.first_part + last.parts) * problem.group * (head_dim + 2));
+    problem.parts = parts.data();
+  }
+  if (!parallel || work < kSerialWork || n == 1) {
     static thread_local Scratch scratch;
     for (const Tile& t : tiles) tile_fn(problem, t, scratch);
-    return;
+  } else {
+    std::atomic<int64_t> next{0};
+    const std::vector<Tile>& plan = tiles;
+    at::parallel_for(0, std::min<int64_t>(threads, n), 1, [&](int64_t, int64_t) {
+      static thread_local Scratch scratch;
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+           i = next.fetch_add(1, std::memory_order_relaxed))
+        tile_fn(problem, plan[i], scratch);
+    });
   }
-  std::atomic<int64_t> next{0};
-  const std::vector<Tile>& plan = tiles;
-  at::parallel_for(0, std::min<int64_t>(threads, n), 1, [&](int64_t, int64_t) {
-    static thread_local Scratch scratch;
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      tile_fn(problem, plan[i], scratch);
-  });
+  if (!splits.empty()) kernels.merge(problem, splits);
 }
 
 }  // namespace sluice::cpu

@@ -93,6 +93,7 @@ class LLM:
         gemm_k_blocks: bool = True,
         fused_gate_up: bool = True,
         cpu_decode_attention: bool = True,
+        cpu_decode_split_keys: bool = True,
         native_argmax: bool = True,
         cuda_attention_backend: str = "auto",
         kv_events_port: int | None = None,
@@ -140,6 +141,7 @@ class LLM:
                 gemm_k_blocks=gemm_k_blocks,
                 fused_gate_up=fused_gate_up,
                 cpu_decode_attention=cpu_decode_attention,
+                cpu_decode_split_keys=cpu_decode_split_keys,
                 native_argmax=native_argmax,
                 cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]
             ),

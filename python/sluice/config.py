@@ -113,6 +113,11 @@ class KernelConfig:
     fused_gate_up: bool = True
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True
+    # CPU, on that decode path: where a batch has too few one-token sequences (times KV heads) to share
+    # out evenly among the threads, each one's keys are split into parts, attended in parallel and merged
+    # (at least 512 keys a part). False leaves a thread idle instead, as one sequence with 3 KV heads on
+    # 2 threads does. The parts' sums round differently from one pass, so the bits differ slightly.
+    cpu_decode_split_keys: bool = True
     # CPU: greedy rows pick by Sluice's one-pass argmax kernel; False uses torch.argmax.
     native_argmax: bool = True
     cuda_attention_backend: CudaAttentionBackend = "auto"

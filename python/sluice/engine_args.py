@@ -263,6 +263,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="CPU: run one-token (decode) attention on its own kernel path rather than the general tile path",
     )
     group.add_argument(
+        "--cpu-decode-split-keys",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.cpu_decode_split_keys,
+        help="CPU: where too few sequences decode to keep every thread busy in attention, split each one's "
+        "keys (512 or more) among the threads and merge the parts",
+    )
+    group.add_argument(
         "--native-argmax",
         action=argparse.BooleanOptionalAction,
         default=kernel.native_argmax,
@@ -364,6 +371,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             gemm_k_blocks=args.gemm_k_blocks,
             fused_gate_up=args.fused_gate_up,
             cpu_decode_attention=args.cpu_decode_attention,
+            cpu_decode_split_keys=args.cpu_decode_split_keys,
             native_argmax=args.native_argmax,
             cuda_attention_backend=args.cuda_attention_backend,
         ),

@@ -48,8 +48,9 @@ class CpuModelStep:
             cos_table=model.rotary.cos,
             sin_table=model.rotary.sin_signed,
             max_tokens=max_num_tokens,
-            # FULL runs only over the CPU backend (supports_full), so it follows that backend's setting.
+            # FULL runs only over the CPU backend (supports_full), so it follows that backend's settings.
             decode_attention=attention.decode_path if cpu_attention else True,
+            decode_split_keys=attention.split_keys if cpu_attention else True,
         )
         # One C++ DecoderStages per layer, each with DecoderLayer's three stage methods.
         self.stages = self._step.layers

@@ -54,7 +54,8 @@ def _build_dir(files: list[Path]) -> Path:
 @functools.cache
 def load_native_ops() -> ModuleType:
     """The compiled module: paged_attention(out, query, key_cache, value_cache, block_table,
-    query_start_loc, seq_lens, scale) and write_kv_cache(key, value, key_cache, value_cache, slot_mapping).
+    query_start_loc, seq_lens, scale, decode_path, split_keys), write_kv_cache(key, value, key_cache,
+    value_cache, slot_mapping), and the other ops of csrc/cpu/bindings.cpp.
     """
     files = sorted(p for p in _SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".h"))
     sources = [str(p) for p in files if p.suffix == ".cpp"]

@@ -11,9 +11,11 @@ from worker.native_ops import load_native_ops
 class CpuAttentionBackend:
     supports_full_graph = True
 
-    def __init__(self, decode_path: bool = True) -> None:
-        """decode_path: one-token sequences take the kernel's decode path (KernelConfig.cpu_decode_attention)."""
+    def __init__(self, decode_path: bool = True, split_keys: bool = True) -> None:
+        """decode_path: one-token sequences take the kernel's decode path (KernelConfig.cpu_decode_attention);
+        split_keys: that path may split their keys among the threads (KernelConfig.cpu_decode_split_keys)."""
         self.decode_path = decode_path
+        self.split_keys = split_keys
         ops = load_native_ops()
         self._write_kv_cache = ops.write_kv_cache
         self._paged_attention = ops.paged_attention
@@ -40,5 +42,6 @@ class CpuAttentionBackend:
             metadata.seq_lens,
             scale,
             self.decode_path,
+            self.split_keys,
         )
         return out

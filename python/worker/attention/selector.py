@@ -4,7 +4,8 @@ On CUDA, flash-attn serves when it imports and fits the cache (block size a mult
 fp16/bf16); otherwise Triton. KernelConfig.cuda_attention_backend (--cuda-attention-backend)
 "triton" or "flash_attn" forces one (the off switch for measuring flash-attn against Triton);
 forcing flash-attn where it does not fit is an error that says why. On CPU,
-KernelConfig.cpu_decode_attention turns the C++ kernel's decode path off.
+KernelConfig.cpu_decode_attention turns the C++ kernel's decode path off, and
+KernelConfig.cpu_decode_split_keys its splitting of a few sequences' keys among the threads.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def select_attention_backend(
     if device.type == "cpu":
         from worker.attention.cpu_backend import CpuAttentionBackend
 
-        return CpuAttentionBackend(decode_path=kernel.cpu_decode_attention)
+        return CpuAttentionBackend(
+            decode_path=kernel.cpu_decode_attention, split_keys=kernel.cpu_decode_split_keys
+        )
     if device.type == "cuda":
         return _cuda_backend(block_size, dtype, kernel.cuda_attention_backend)
     raise NotImplementedError(

@@ -28,15 +28,17 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 9, 3, 64, 16, torch.bfloat16
 SCALE = HEAD_DIM**-0.5
 
 
-def batch(num_seqs: int, context: int, q_len: int) -> tuple[torch.Tensor, ...]:
+def batch(
+    num_seqs: int, context: int, q_len: int, kv_heads: int = KV_HEADS, heads: int = HEADS
+) -> tuple[torch.Tensor, ...]:
     blocks_per_seq = (context + BLOCK_SIZE - 1) // BLOCK_SIZE
     num_blocks = num_seqs * blocks_per_seq
     block_table = torch.randperm(num_blocks, dtype=torch.int32).view(num_seqs, blocks_per_seq)
-    shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    shape = (num_blocks, BLOCK_SIZE, kv_heads, HEAD_DIM)
     key_cache, value_cache = torch.randn(shape).to(DTYPE), torch.randn(shape).to(DTYPE)
-    query = torch.randn(num_seqs * q_len, HEADS, HEAD_DIM).to(DTYPE)
-    key = torch.randn(num_seqs * q_len, KV_HEADS, HEAD_DIM).to(DTYPE)
-    value = torch.randn(num_seqs * q_len, KV_HEADS, HEAD_DIM).to(DTYPE)
+    query = torch.randn(num_seqs * q_len, heads, HEAD_DIM).to(DTYPE)
+    key = torch.randn(num_seqs * q_len, kv_heads, HEAD_DIM).to(DTYPE)
+    value = torch.randn(num_seqs * q_len, kv_heads, HEAD_DIM).to(DTYPE)
     query_start_loc = torch.arange(0, num_seqs * q_len + 1, q_len, dtype=torch.int32)
     seq_lens = torch.full((num_seqs,), context, dtype=torch.int32)
     positions = torch.arange(context - q_len, context)
@@ -102,12 +104,21 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
 
 
 def report_from_dram(
-    name: str, num_seqs: int, context: int, layers: int, repeats: int, decode_path: bool, split: bool = False
+    name: str,
+    num_seqs: int,
+    context: int,
+    layers: int,
+    repeats: int,
+    decode_path: bool,
+    split: bool = False,
+    kv_heads: int = KV_HEADS,
 ) -> None:
     """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3. With
-    `split`, also times the decode path with its keys split among the threads off, in turn."""
+    `split`, also times the decode path with its keys split among the threads off, in turn. kv_heads
+    other than the default model's keep its 3 query heads per KV head."""
     ops = load_native_ops()
-    batches = [batch(num_seqs, context, 1) for _ in range(layers)]
+    heads = kv_heads * (HEADS // KV_HEADS)
+    batches = [batch(num_seqs, context, 1, kv_heads, heads) for _ in range(layers)]
     out = torch.empty_like(batches[0][0])
 
     def forward(split_keys: bool) -> None:
@@ -148,6 +159,7 @@ def main() -> None:
     report_from_dram("decode 1 x 2048, 48 layers' caches", 1, 2048, 48, 20, decode_path, split=True)
     report_from_dram("decode 1 x 8192, 16 layers' caches", 1, 8192, 16, 20, decode_path, split=True)
     report_from_dram("decode 2 x 8192, 8 layers' caches", 2, 8192, 8, 20, decode_path, split=True)
+    report_from_dram("decode 1 x 8192, 1 KV head x 48", 1, 8192, 48, 20, decode_path, True, 1)
     report("prefill 64 seqs x 128 tokens", 64, 128, 128, 20, decode_path)
     report("prefill 1 seq x 2048 tokens", 1, 2048, 2048, 5, decode_path)
     report("decode 1 seq x 160 context", 1, 160, 1, 200, decode_path)

@@ -154,7 +154,8 @@ inline void pv(float* acc, int dim, const uint32_t* probs, const float* alpha, c
 // key and the query's matching 8 dims sit broadcast in every lane, so 4 keys share one dot product;
 // each key's 4 partial sums are added once per 16 keys. q holds dim / 8 such vectors per row.
 template <int R>
-void decode_qk(const __m512i* q, int dim, const uint16_t* const* k, float* s, int s_stride) {
+void decode_qk(const void* query, int dim, const uint16_t* const* k, float* s, int s_stride) {
+  const __m512i* q = static_cast<const __m512i*>(query);
   const int q_stride = dim / 8;
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -206,6 +207,13 @@ void decode_pv(float* acc, int dim, const uint32_t* probs, int p_stride, const u
     for (int z = 0; z < 2 * H; ++z) _mm512_storeu_ps(acc + r * dim + off + z * 16, a[r][z]);
 }
 
+// A decode query row as decode_qk reads it: each 8 dims (bf16 pairs) broadcast to all four 128-bit lanes.
+inline void broadcast_query(float* dst, const uint16_t* src, int dim) {
+  for (int j = 0; j < dim / 8; ++j)
+    _mm512_storeu_si512(dst + j * 16,
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * 8))));
+}
+
 // Undoes decode_pv's dim order for one 32-dim block.
 inline void unpack_order(const float* src, float* dst) {
   const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
@@ -215,6 +223,29 @@ inline void unpack_order(const float* src, float* dst) {
   _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(lo, second, hi));
 }
 
+}  // namespace sluice::cpu::bf16dot
+
+#else
+
+#include <cstdint>
+
+#include "vec16.h"
+
+// Declarations only, so that the attention kernel's bf16-dot branches, discarded by `if constexpr` where this
+// CPU lacks AVX512_BF16, still parse; nothing calls them, so nothing needs their definitions.
+namespace sluice::cpu::bf16dot {
+constexpr int kMaxDim = 1024;
+extern const uint16_t kZeroRow[kMaxDim];
+void pack_keys(const uint16_t* const* rows, int dim, uint32_t* kp);
+void qk(const uint32_t* q, int dim, const uint32_t* kp, int rows, float* s);
+void store_probs(v16 p, uint32_t* dst);
+void pv(float* acc, int dim, const uint32_t* probs, const float* alpha, const uint16_t* const* v, int nk, int rows);
+template <int R>
+void decode_qk(const void* query, int dim, const uint16_t* const* k, float* s, int s_stride);
+template <int R, int H>
+void decode_pv(float* acc, int dim, const uint32_t* probs, int p_stride, const uint16_t* const* v, int pairs, int off);
+void broadcast_query(float* dst, const uint16_t* src, int dim);
+void unpack_order(const float* src, float* dst);
 }  // namespace sluice::cpu::bf16dot
 
 #endif

@@ -362,7 +362,7 @@ void decode_pv_float(float* acc, int dim, const float* p, int p_stride, const C*
 template <typename C, bool Dot, int R>
 void decode_qk_rows(const float* q, int dim, const C* const* k, float* s) {
   if constexpr (Dot) {
-    bf16dot::decode_qk<R>(reinterpret_cast<const __m512i*>(q), dim, reinterpret_cast<const uint16_t* const*>(k), s,
+    bf16dot::decode_qk<R>(q, dim, reinterpret_cast<const uint16_t* const*>(k), s,
                           kSegKeys);
   } else {
     decode_qk_float<C, R>(q, dim, k, s, kSegKeys);
@@ -426,9 +426,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
     const Q* src = static_cast<const Q*>(p.query) + (w.q_row + w.t0) * p.q_tok + h * p.q_head;
     float* dst = qv + m * q_stride;
     if constexpr (Dot) {
-      for (int j = 0; j < dim / 8; ++j)
-        _mm512_storeu_si512(dst + j * 16, _mm512_broadcast_i32x4(_mm_loadu_si128(
-                                              reinterpret_cast<const __m128i*>(src + j * 8))));
+      bf16dot::broadcast_query(dst, reinterpret_cast<const uint16_t*>(src), dim);
     } else {
       for (int c = 0; c < dim / 16; ++c) {
         const v16 x = load(src + c * 16) * p.scale_log2;

@@ -20,9 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from reference_attention import ReferenceAttentionBackend
+from sluice.cpu_tiers import CPU_ISA_CHOICES
 from worker.attention.backend import AttentionMetadata
-from worker.native_ops import load_native_ops
+from worker.attention.torch_backend import TorchAttentionBackend
+from worker.native_ops import NativeOps, cpu_kernels, use_cpu_isa
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 9, 3, 64, 16, torch.bfloat16
 SCALE = HEAD_DIM**-0.5
@@ -46,6 +47,13 @@ def batch(
     return query, key, value, key_cache, value_cache, block_table, query_start_loc, seq_lens, slots
 
 
+def kernels() -> NativeOps:
+    ops = cpu_kernels()
+    if ops is None:
+        raise SystemExit("attention_kernel times Sluice's kernels: --cpu-isa none has none")
+    return ops
+
+
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()
     times = []
@@ -57,7 +65,7 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, decode_path: bool) -> None:
-    ops = load_native_ops()
+    ops = kernels()
     query, key, value, key_cache, value_cache, block_table, qsl, seq_lens, slots = batch(
         num_seqs, context, q_len
     )
@@ -80,7 +88,7 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
         max_query_len=q_len,
         max_seq_len=context,
     )
-    reference_backend = ReferenceAttentionBackend()
+    reference_backend = TorchAttentionBackend()
     reference = median_ms(
         lambda: reference_backend.forward(query, key, value, key_cache, value_cache, metadata, SCALE),
         max(3, repeats // 10),
@@ -116,7 +124,7 @@ def report_from_dram(
     """Cycles through one cache per layer, as a forward pass does, so K/V come from DRAM, not L3. With
     `split`, also times the decode path with its keys split among the threads off, in turn. kv_heads
     other than the default model's keep its 3 query heads per KV head."""
-    ops = load_native_ops()
+    ops = kernels()
     heads = kv_heads * (HEADS // KV_HEADS)
     batches = [batch(num_seqs, context, 1, kv_heads, heads) for _ in range(layers)]
     out = torch.empty_like(batches[0][0])
@@ -149,9 +157,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--cpu-decode-attention", action=argparse.BooleanOptionalAction, default=True)
-    decode_path = parser.parse_args().cpu_decode_attention
+    parser.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="the kernels' tier")
+    args = parser.parse_args()
+    decode_path = args.cpu_decode_attention
+    use_cpu_isa(args.cpu_isa)
     print(
-        f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}"
+        f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}, "
+        f"{kernels().tier} kernels"
     )
     report("decode 64 seqs x 256 context", 64, 256, 1, 50, decode_path)
     report_from_dram("decode 64 x 256, 16 layers' caches", 64, 256, 16, 20, decode_path)

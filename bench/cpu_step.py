@@ -27,11 +27,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from paged_sequences import PagedSequences
+from sluice.cpu_tiers import CPU_ISA_CHOICES
 from sluice.model_spec import read_model_spec
 from worker.attention.cpu_backend import CpuAttentionBackend
 from worker.cpu_model_step import CpuModelStep
 from worker.model_loader import load_model
-from worker.native_ops import load_native_ops
+from worker.native_ops import use_cpu_isa
 
 Forward = Callable[..., torch.Tensor]
 
@@ -108,7 +109,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", type=Path, default=Path(os.environ.get("SLUICE_MODEL_DIR", "")))
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="the kernels' tier")
     parser.add_argument("--batch", type=int, action="append", help="decode sequences per step (repeatable)")
     parser.add_argument("--context", type=int, default=160)
     parser.add_argument("--steps", type=int, default=32)
@@ -123,24 +125,27 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     spec = read_model_spec(args.model)
-    model = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend())
+    ops = use_cpu_isa(args.cpu_isa)
+    if ops is None:
+        raise SystemExit("cpu_step times Sluice's kernels: --cpu-isa none has none")
+    model = load_model(spec, dtype, torch.device("cpu"), CpuAttentionBackend(ops))
     batches = args.batch or [1]
-    step = CpuModelStep(model, max(batches))
+    step = CpuModelStep(ops, model, max(batches))
     other_models: dict[str, Forward] = {}
     for mode, (switches, attention_switches) in SECOND_COPY_MODES.items():
         if mode in args.modes.split(","):
-            attention = CpuAttentionBackend(**attention_switches)
+            attention = CpuAttentionBackend(ops, **attention_switches)
             copy = load_model(spec, dtype, torch.device("cpu"), attention, **switches)
-            other_models[mode] = CpuModelStep(copy, max(batches)).forward_full
+            other_models[mode] = CpuModelStep(ops, copy, max(batches)).forward_full
     if args.bind_threads:
         cores = sorted(os.sched_getaffinity(0))[: torch.get_num_threads()]
-        print("bound threads to cores", load_native_ops().bind_threads(cores))
+        print("bound threads to cores", ops.bind_threads(cores))
     busy = None
     if args.busy_core is not None:
         spin = f"import os; os.sched_setaffinity(0, {{{args.busy_core}}})\nwhile True: pass"
         busy = subprocess.Popen([sys.executable, "-c", spin])
     try:
-        print(f"{args.model.name} {args.dtype}, {torch.get_num_threads()} threads")
+        print(f"{args.model.name} {args.dtype}, {torch.get_num_threads()} threads, {ops.tier} kernels")
         for num_seqs in batches:
             bench_batch(model, step, args, num_seqs, other_models)
     finally:

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from worker.native_ops import load_native_ops
+from sluice.cpu_tiers import CPU_ISA_CHOICES
+from worker.native_ops import NativeOps, use_cpu_isa
 
 # (name, K, N) of each linear: qkv, o, gate_up, down and the LM head.
 SHAPES = {
@@ -83,10 +84,9 @@ def seconds_per_call(fns: list[Callable[[int], object]], calls: int, runs: int) 
     return [statistics.median(fn_times) for fn_times in times]
 
 
-def time_all(k: int, n: int, m: int, runs: int) -> tuple[float, float, float]:
+def time_all(ops: NativeOps, k: int, n: int, m: int, runs: int) -> tuple[float, float, float]:
     """Seconds per call for x [m, k] and W [n, k]: F.linear, the packed linear, and the packed linear
     with K taken whole (weights packed with k_blocks=False: KernelConfig.gemm_k_blocks off)."""
-    ops = load_native_ops()
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     packed = [ops.pack_linear_weight(w) for w in weights]
@@ -112,7 +112,7 @@ def time_all(k: int, n: int, m: int, runs: int) -> tuple[float, float, float]:
     return theirs, ours, whole_k
 
 
-def print_table(models: list[str], rows: list[int], runs: int, bandwidth: float) -> None:
+def print_table(ops: NativeOps, models: list[str], rows: list[int], runs: int, bandwidth: float) -> None:
     print(
         f"{'model':8} {'linear':8} {'K':>5} {'N':>6} {'M':>5} {'torch GF/s':>10} {'ours GF/s':>10} {'ratio':>6}"
         f" {'whole-K GF/s':>12} {'K blocks':>8}"
@@ -120,7 +120,7 @@ def print_table(models: list[str], rows: list[int], runs: int, bandwidth: float)
     for model in models:
         for name, k, n in SHAPES[model]:
             for m in rows:
-                theirs, ours, whole_k = time_all(k, n, m, runs)
+                theirs, ours, whole_k = time_all(ops, k, n, m, runs)
                 flops = 2 * m * n * k
                 line = (
                     f"{model:8} {name:8} {k:5} {n:6} {m:5} {flops / theirs / 1e9:10.1f} "
@@ -158,19 +158,23 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=ROWS)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="also repeat the table with one core kept busy")
+    parser.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="the kernels' tier")
     args = parser.parse_args()
+    ops = use_cpu_isa(args.cpu_isa)
+    if ops is None:
+        raise SystemExit("linear_kernel times Sluice's kernels: --cpu-isa none has none")
     torch.manual_seed(0)
     small_pages = read_bandwidth(args.runs, huge_pages=False)
     bandwidth = read_bandwidth(args.runs, huge_pages=True)
     print(
-        f"threads {torch.get_num_threads()}, read bandwidth (sum over 1 GiB): {bandwidth:.1f} GB/s on 2 MiB pages,"
+        f"{ops.tier} kernels, threads {torch.get_num_threads()}, read bandwidth (sum over 1 GiB): {bandwidth:.1f} GB/s on 2 MiB pages,"
         f" {small_pages:.1f} GB/s on 4 KiB pages; packed weights live on 2 MiB pages, F.linear's on 4 KiB"
     )
-    print_table(args.models, args.rows, args.runs, bandwidth)
+    print_table(ops, args.models, args.rows, args.runs, bandwidth)
     if args.busy:
         print("\nwith a competing process spinning on one core:")
         with busy_core():
-            print_table(args.models, args.rows, args.runs, bandwidth)
+            print_table(ops, args.models, args.rows, args.runs, bandwidth)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The C++ paged-attention backend against the slow reference, on random paged caches."""
+"""The paged-attention kernels, at every tier this CPU runs, against torch's attention on random paged caches."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ import pytest
 import torch
 
 from paged_attention_cases import Case, make_case
-from reference_attention import ReferenceAttentionBackend
 from worker.attention.cpu_backend import CpuAttentionBackend
+from worker.attention.torch_backend import TorchAttentionBackend
+
+
+@pytest.fixture(scope="module")
+def ops(native):
+    return native
 
 
 def run_both(
-    case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True
+    ops, case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     ours = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
@@ -21,10 +26,10 @@ def run_both(
     ref = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
-    got = CpuAttentionBackend(decode_path=decode_path, split_keys=split_keys).forward(
+    got = CpuAttentionBackend(ops, decode_path=decode_path, split_keys=split_keys).forward(
         ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
     )
-    want = ReferenceAttentionBackend().forward(
+    want = TorchAttentionBackend().forward(
         ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale
     )
     return got, want, ours, ref
@@ -38,9 +43,9 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 3])
-def test_mixed_batch_matches_reference(dtype: torch.dtype, head_dim: int, group: int) -> None:
+def test_mixed_batch_matches_reference(ops, dtype: torch.dtype, head_dim: int, group: int) -> None:
     case = make_case(MIXED, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype)
-    got, want, ours, ref = run_both(case)
+    got, want, ours, ref = run_both(ops, case)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     assert torch.equal(ours.key_cache, ref.key_cache)
@@ -48,40 +53,40 @@ def test_mixed_batch_matches_reference(dtype: torch.dtype, head_dim: int, group:
 
 
 @pytest.mark.parametrize("block_size", [1, 7, 32])
-def test_block_sizes_that_split_or_span_chunks(block_size: int) -> None:
+def test_block_sizes_that_split_or_span_chunks(ops, block_size: int) -> None:
     case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32, block_size=block_size)
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [80, 96])
-def test_head_dims_that_are_not_a_multiple_of_64(dtype: torch.dtype, head_dim: int) -> None:
+def test_head_dims_that_are_not_a_multiple_of_64(ops, dtype: torch.dtype, head_dim: int) -> None:
     case = make_case(MIXED, num_kv_heads=1, group=4, head_dim=head_dim, dtype=dtype)
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-def test_long_fresh_prefill_and_many_decodes() -> None:
+def test_long_fresh_prefill_and_many_decodes(ops) -> None:
     seqs = [(300, 300)] + [(40 + 7 * i, 1) for i in range(40)]
     case = make_case(seqs, num_kv_heads=3, group=3, head_dim=64, dtype=torch.bfloat16, seed=3)
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("fill", [float("nan"), 1e30])
-def test_slots_outside_the_table_do_not_leak_in(fill: float) -> None:
+def test_slots_outside_the_table_do_not_leak_in(ops, fill: float) -> None:
     case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32, fill=fill)
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
-def test_new_rows_land_in_their_slots_and_nowhere_else() -> None:
+def test_new_rows_land_in_their_slots_and_nowhere_else(ops) -> None:
     case = make_case([(21, 4), (9, 1)], num_kv_heads=2, group=1, head_dim=64, dtype=torch.bfloat16)
     before_k, before_v = case.key_cache.clone(), case.value_cache.clone()
-    CpuAttentionBackend().forward(
+    CpuAttentionBackend(ops).forward(
         case.query, case.key, case.value, case.key_cache, case.value_cache, case.metadata, 0.125
     )
     slots = case.metadata.slot_mapping
@@ -95,22 +100,20 @@ def test_new_rows_land_in_their_slots_and_nowhere_else() -> None:
     assert torch.equal(flat_v[untouched], before_v.view(-1, 2, 64)[untouched])
 
 
-def test_strided_query_and_key_views_are_read_correctly() -> None:
+def test_strided_query_and_key_views_are_read_correctly(ops) -> None:
     case = make_case(MIXED, num_kv_heads=3, group=3, head_dim=64, dtype=torch.float32)
     # The model slices q, k and v out of one fused projection, so they arrive as strided views.
     qkv = torch.cat([case.query, case.key, case.value], dim=1)
     case.query, case.key, case.value = qkv[:, :9], qkv[:, 9:12], qkv[:, 12:]
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
-def test_negative_slots_are_skipped() -> None:
+def test_negative_slots_are_skipped(ops) -> None:
     case = make_case([(10, 3)], num_kv_heads=1, group=1, head_dim=64, dtype=torch.float32)
     before = case.key_cache.clone()
-    from worker.native_ops import load_native_ops
-
     padded = torch.full_like(case.metadata.slot_mapping, -1)
-    load_native_ops().write_kv_cache(case.key, case.value, case.key_cache, case.value_cache, padded)
+    ops.write_kv_cache(case.key, case.value, case.key_cache, case.value_cache, padded)
     assert torch.equal(case.key_cache, before)
 
 
@@ -124,12 +127,12 @@ DECODES = [(1, 1), (15, 1), (16, 1), (130, 1), (256, 1), (257, 1), (600, 1)]
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("group", [1, 3, 5])
 def test_decode_rows_match_reference_with_poisoned_spare_slots(
-    dtype: torch.dtype, head_dim: int, group: int, decode_path: bool
+    ops, dtype: torch.dtype, head_dim: int, group: int, decode_path: bool
 ) -> None:
     case = make_case(
         DECODES, num_kv_heads=2, group=group, head_dim=head_dim, dtype=dtype, seed=7, fill=float("nan")
     )
-    got, want, _, _ = run_both(case, decode_path=decode_path)
+    got, want, _, _ = run_both(ops, case, decode_path=decode_path)
     assert torch.isfinite(got.float()).all()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
@@ -154,13 +157,13 @@ FEW_LONG_DECODES = [[(1100, 1)], [(2999, 1)], [(1537, 1), (300, 45)], [(5000, 1)
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(1, 8), (3, 3)])
 @pytest.mark.parametrize("seqs", FEW_LONG_DECODES)
 def test_few_long_decodes_split_among_threads_match_reference(
-    threads: int, dtype: torch.dtype, num_kv_heads: int, group: int, seqs: list[tuple[int, int]]
+    ops, threads: int, dtype: torch.dtype, num_kv_heads: int, group: int, seqs: list[tuple[int, int]]
 ) -> None:
     case = make_case(
         seqs, num_kv_heads=num_kv_heads, group=group, head_dim=64, dtype=dtype, seed=11, fill=float("nan")
     )
-    split, want, _, _ = run_both(case, split_keys=True)
-    whole, _, _, _ = run_both(case, split_keys=False)
+    split, want, _, _ = run_both(ops, case, split_keys=True)
+    whole, _, _, _ = run_both(ops, case, split_keys=False)
     assert torch.isfinite(split.float()).all()
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(split.float(), want.float(), atol=tol, rtol=tol)
@@ -177,19 +180,19 @@ def test_few_long_decodes_split_among_threads_match_reference(
 
 
 @pytest.mark.parametrize("threads", [2], indirect=True)
-def test_evenly_shared_or_short_decodes_are_not_split(threads: int) -> None:
+def test_evenly_shared_or_short_decodes_are_not_split(ops, threads: int) -> None:
     # 2 sequences x 3 KV heads share out evenly on 2 threads; 1,000 keys make fewer than 2 parts of 512.
     for seqs, num_kv_heads in (([(3000, 1), (2500, 1)], 3), ([(1000, 1)], 3)):
         case = make_case(seqs, num_kv_heads=num_kv_heads, group=3, head_dim=64, dtype=torch.float32, seed=4)
-        split, _, _, _ = run_both(case, split_keys=True)
-        whole, _, _, _ = run_both(case, split_keys=False)
+        split, _, _, _ = run_both(ops, case, split_keys=True)
+        whole, _, _, _ = run_both(ops, case, split_keys=False)
         assert torch.equal(split, whole)
 
 
-def test_single_token_tail_of_a_prefill_chunk_is_causal() -> None:
+def test_single_token_tail_of_a_prefill_chunk_is_causal(ops) -> None:
     # 3 query heads per kv head make 16-token tiles, so 33 new tokens leave a 1-token tile at the end.
     case = make_case(
         [(90, 33), (300, 17)], num_kv_heads=3, group=3, head_dim=64, dtype=torch.bfloat16, seed=5
     )
-    got, want, _, _ = run_both(case)
+    got, want, _, _ = run_both(ops, case)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

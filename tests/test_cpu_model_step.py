@@ -1,4 +1,5 @@
-"""The C++ model step (FULL) and its per-layer stages (PIECEWISE) against the eager Python forward.
+"""The kernels' model step (FULL) and its per-layer stages (PIECEWISE) against the eager Python forward,
+at every tier this CPU runs.
 
 They run the same kernels in the same order, so every hidden state and every KV-cache entry must be
 bitwise equal, in float32 and in bfloat16, through prefill chunks, pure decodes and mixed steps.
@@ -25,6 +26,7 @@ from worker.attention.cpu_backend import CpuAttentionBackend
 from worker.cpu_model_step import CpuModelStep, cpu_model_step_for
 from worker.model_loader import load_model
 from worker.models.llama import LlamaForCausalLM
+from worker.native_ops import NativeOps
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -38,9 +40,16 @@ def folders(default_model_path: Path) -> dict[str, Path]:
     return {arch: default_model_path if arch == "default" else tiny_model_dir(arch) for arch in ARCHS}
 
 
-def _load(folder: Path, dtype: torch.dtype, decode_path: bool = True) -> LlamaForCausalLM:
-    attention = CpuAttentionBackend(decode_path=decode_path)
-    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), attention)
+@pytest.fixture(scope="module")
+def ops(native) -> NativeOps:
+    return native
+
+
+def _load(
+    ops: NativeOps, folder: Path, dtype: torch.dtype, decode_path: bool = True, **kwargs
+) -> LlamaForCausalLM:
+    attention = CpuAttentionBackend(ops, decode_path=decode_path)
+    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), attention, **kwargs)
 
 
 Forward = Callable[..., torch.Tensor]
@@ -53,10 +62,10 @@ Forward = Callable[..., torch.Tensor]
     ids=str,
 )
 def test_full_and_piecewise_are_bitwise_the_eager_forward(
-    arch: str, dtype: torch.dtype, decode_path: bool, folders: dict[str, Path]
+    ops: NativeOps, arch: str, dtype: torch.dtype, decode_path: bool, folders: dict[str, Path]
 ) -> None:
-    model = _load(folders[arch], dtype, decode_path)
-    step = CpuModelStep(model, MAX_TOKENS)
+    model = _load(ops, folders[arch], dtype, decode_path)
+    step = CpuModelStep(ops, model, MAX_TOKENS)
     assert step.supports_full
     vocab = model.embed_tokens.weight.shape[0]
     gen = torch.Generator().manual_seed(7)
@@ -85,9 +94,11 @@ def test_full_and_piecewise_are_bitwise_the_eager_forward(
             assert torch.equal(key, eager_key) and torch.equal(value, eager_value), f"{name} KV cache differs"
 
 
-def test_buffers_keep_their_addresses_across_steps_of_any_size(folders: dict[str, Path]) -> None:
-    model = _load(folders["qwen3"], torch.float32)
-    step = CpuModelStep(model, MAX_TOKENS)
+def test_buffers_keep_their_addresses_across_steps_of_any_size(
+    ops: NativeOps, folders: dict[str, Path]
+) -> None:
+    model = _load(ops, folders["qwen3"], torch.float32)
+    step = CpuModelStep(ops, model, MAX_TOKENS)
     buffers = step.workspace_data_ptrs()
     seqs = [list(range(3, 3 + n)) for n in (45, 15)]
     batch = PagedSequences(model, seqs)
@@ -110,9 +121,9 @@ def test_buffers_keep_their_addresses_across_steps_of_any_size(folders: dict[str
     assert step.workspace_data_ptrs() == buffers
 
 
-def test_a_step_larger_than_the_workspace_is_refused(folders: dict[str, Path]) -> None:
-    model = _load(folders["llama"], torch.float32)
-    step = CpuModelStep(model, 8)
+def test_a_step_larger_than_the_workspace_is_refused(ops: NativeOps, folders: dict[str, Path]) -> None:
+    model = _load(ops, folders["llama"], torch.float32)
+    step = CpuModelStep(ops, model, 8)
     assert step.fits(8) and not step.fits(9) and not step.fits(0)
     batch = PagedSequences(model, [list(range(3, 20))])
     ids, positions, metadata = batch.next_inputs([9])
@@ -120,24 +131,29 @@ def test_a_step_larger_than_the_workspace_is_refused(folders: dict[str, Path]) -
         step.forward_full(ids, positions, batch.kv_caches, metadata)
 
 
-def test_full_needs_a_single_rank_and_enforce_eager_turns_the_step_off(folders: dict[str, Path]) -> None:
-    model = _load(folders["llama"], torch.float32)
-    assert not CpuModelStep(model, MAX_TOKENS, tensor_parallel_size=2).supports_full
+def test_full_needs_a_single_rank_and_enforce_eager_turns_the_step_off(
+    ops: NativeOps, folders: dict[str, Path]
+) -> None:
+    model = _load(ops, folders["llama"], torch.float32)
+    assert not CpuModelStep(ops, model, MAX_TOKENS, tensor_parallel_size=2).supports_full
     assert cpu_model_step_for(model, GraphConfig(enforce_eager=True), MAX_TOKENS, 1) is None
     assert cpu_model_step_for(model, GraphConfig(mode="none"), MAX_TOKENS, 1) is None
     assert isinstance(cpu_model_step_for(model, GraphConfig(), MAX_TOKENS, 1), CpuModelStep)
+    # The step multiplies packed weights only: --no-packed-linear runs every step eagerly.
+    unpacked = _load(ops, folders["llama"], torch.float32, packed_linear=False)
+    assert cpu_model_step_for(unpacked, GraphConfig(), MAX_TOKENS, 1) is None
 
 
-def test_bind_threads_pins_each_thread_of_torchs_pool_to_its_core() -> None:
+def test_bind_threads_pins_each_thread_of_torchs_pool_to_its_core(ops: NativeOps) -> None:
     # Reversed, so that thread i landing on core cpu_ids[i] is told apart from thread i on core i.
     cores = sorted(os.sched_getaffinity(0))[:2][::-1]
     # In a child process: pinning is permanent for the threads it touches.
     script = textwrap.dedent(
         f"""
         import json, os, torch
-        from worker.native_ops import load_native_ops
+        from worker.native_ops import native_ops_for
         torch.set_num_threads({len(cores)})
-        bound = load_native_ops().bind_threads({cores})
+        bound = native_ops_for("{ops.tier}").bind_threads({cores})
         torch.ones(1 << 22).sum()
         allowed = []
         for tid in os.listdir("/proc/self/task"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import ALL_TIERS
 from engine import LLM, SamplingParams
 from hf_reference import ReferenceOutput, hf_greedy, load_hf_model, mixed_length_prompts
 
@@ -53,14 +54,18 @@ def record_schedules(llm: LLM) -> list[dict[str, int]]:
     return seen
 
 
-def test_fp32_batch_matches_transformers_one_prompt_at_a_time(default_model_path, prompts, fp32_reference):
-    llm = LLM(model=str(default_model_path), dtype="float32")
+@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
+def test_fp32_batch_matches_transformers_one_prompt_at_a_time(
+    default_model_path, prompts, fp32_reference, cpu_isa
+):
+    llm = LLM(model=str(default_model_path), dtype="float32", cpu_isa=cpu_isa)
     assert_identical(generate_tokens(llm, prompts), fp32_reference)
 
 
-def test_bf16_matches_transformers_up_to_first_divergence(default_model_path, prompts):
+@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
+def test_bf16_matches_transformers_up_to_first_divergence(default_model_path, prompts, cpu_isa):
     model = load_hf_model(default_model_path, torch.bfloat16)
-    llm = LLM(model=str(default_model_path), dtype="bfloat16")
+    llm = LLM(model=str(default_model_path), dtype="bfloat16", cpu_isa=cpu_isa)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=5)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for i, (prompt, result) in enumerate(zip(prompts, results)):

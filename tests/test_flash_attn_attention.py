@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from paged_attention_cases import MIXED, Case, make_case
-from reference_attention import ReferenceAttentionBackend
 from sluice.config import KernelConfig
 from sluice.errors import AttentionBackendError
 from worker.attention.flash_attn_backend import FlashAttentionBackend
 from worker.attention.selector import select_attention_backend
+from worker.attention.torch_backend import TorchAttentionBackend
 from worker.attention.triton_backend import TritonAttentionBackend
 
 CUDA = torch.cuda.is_available()
@@ -85,7 +85,7 @@ def _assert_matches_reference(case: Case, tol: float) -> None:
         ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, 0.125
     )
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
-    want = ReferenceAttentionBackend().forward(
+    want = TorchAttentionBackend().forward(
         ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125
     )
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)

@@ -12,6 +12,8 @@ from sluice.engine_args import add_engine_arguments, config_from_args
 from sluice.serve import add_serve_arguments, engine_argv
 
 OFF = [
+    "--cpu-isa",
+    "none",
     "--no-packed-linear",
     "--no-gemm-k-blocks",
     "--no-fused-gate-up",
@@ -22,6 +24,7 @@ OFF = [
     "triton",
 ]
 ALL_OFF = KernelConfig(
+    cpu_isa="none",
     packed_linear=False,
     gemm_k_blocks=False,
     fused_gate_up=False,
@@ -40,6 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_defaults_leave_every_kernel_on() -> None:
     assert config_from_args(parse([]), model_path="/m").kernel == KernelConfig(
+        cpu_isa="auto",
         packed_linear=True,
         gemm_k_blocks=True,
         fused_gate_up=True,
@@ -64,7 +68,12 @@ def test_serve_passes_the_switches_to_its_engine_core() -> None:
     assert config_from_args(parse(argv), model_path="/m").kernel == ALL_OFF
 
 
-def test_an_unknown_cuda_backend_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("option", "value"), [("--cuda-attention-backend", "xformers"), ("--cpu-isa", "sse2")]
+)
+def test_an_unknown_choice_is_refused_by_the_parser(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
-        parse(["--cuda-attention-backend", "xformers"])
-    assert "invalid choice: 'xformers'" in capsys.readouterr().err
+        parse([option, value])
+    assert f"invalid choice: '{value}'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The fused C++ layer ops against transformers' formulas written out in torch."""
+"""The fused layer kernels, at every tier this CPU runs, against transformers' formulas written out in torch."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from worker.layer_ops import TorchLayerOps
-from worker.native_ops import load_native_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.fixture(scope="module")
-def ops():
-    return load_native_ops()
+def ops(native):
+    return native
 
 
 def assert_matches(ours: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None) -> None:
@@ -93,6 +92,27 @@ def test_rotary_embedding_matches_rotate_half(ops, dtype, dim):
     ops.rotary_embedding(qk, cos, sin_signed)
     assert_matches(qk, expected)
     assert torch.equal(qkv[:, heads + kv_heads :], untouched)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_matches_transformers_per_head_norms(ops, dtype):
+    torch.manual_seed(4)
+    tokens, heads, kv_heads, dim = 11, 6, 2, 64
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim, dtype=dtype) * 2
+    q_weight, k_weight = torch.randn(dim, dtype=dtype), torch.randn(dim, dtype=dtype)
+    qk = qkv[:, : heads + kv_heads]
+    # transformers' Qwen3: q_norm(q) and k_norm(k), each an RMSNorm over head_dim.
+    expected = torch.cat(
+        (hf_rms_norm(qk[:, :heads], q_weight, 1e-6), hf_rms_norm(qk[:, heads:], k_weight, 1e-6)), dim=1
+    )
+    untouched = qkv[:, heads + kv_heads :].clone()
+    fallback = qk.clone()
+    ops.qk_norm(qk, heads, q_weight, k_weight, 1e-6)
+    weights = torch.cat((q_weight.expand(heads, dim), k_weight.expand(kv_heads, dim))).float().abs()
+    assert_matches(qk, expected, magnitude=expected.float().abs() + weights * 4)
+    assert torch.equal(qkv[:, heads + kv_heads :], untouched)
+    TorchLayerOps().qk_norm(fallback, heads, q_weight, k_weight, 1e-6)
+    assert_matches(fallback, expected, magnitude=expected.float().abs() + weights * 4)
 
 
 def test_torch_fallback_agrees_with_native(ops):

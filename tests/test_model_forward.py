@@ -1,4 +1,5 @@
-"""Our Llama-family model against transformers on the same folders, over a paged KV cache."""
+"""Our Llama-family model against transformers on the same folders, over a paged KV cache, with the
+layer ops of every CPU kernel tier this machine runs and of none (torch's own ops)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,29 @@ import functools
 import json
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import ALL_TIERS
 from paged_sequences import PagedSequences
-from reference_attention import ReferenceAttentionBackend
 from sluice.errors import UnsupportedArchitectureError
 from sluice.model_spec import read_model_spec
 from tiny_models import tiny_model_dir
+from worker.attention.torch_backend import TorchAttentionBackend
 from worker.model_loader import WeightLoadError, load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.models.rotary import inverse_frequencies, rope_parameters_of
+from worker.native_ops import use_cpu_isa
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
 
 
 def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), ReferenceAttentionBackend())
+    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), TorchAttentionBackend())
 
 
 @functools.cache
@@ -54,13 +58,17 @@ def _assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
-@pytest.fixture(scope="module")
-def models(default_model_path: Path) -> dict[str, tuple[Path, LlamaForCausalLM]]:
+@pytest.fixture(scope="module", params=ALL_TIERS)
+def models(
+    request: pytest.FixtureRequest, default_model_path: Path
+) -> Iterator[dict[str, tuple[Path, LlamaForCausalLM]]]:
+    use_cpu_isa(request.param)
     loaded = {}
     for arch in ARCHS:
         folder = default_model_path if arch == "default" else tiny_model_dir(arch)
         loaded[arch] = (folder, _ours(folder))
-    return loaded
+    yield loaded
+    use_cpu_isa("auto")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -122,9 +130,7 @@ def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) ->
     with pytest.raises(UnsupportedArchitectureError, match="sliding"):
         _ours(tmp_path)
     spec = read_model_spec(tmp_path)
-    model = load_model(
-        spec, torch.float32, torch.device("cpu"), ReferenceAttentionBackend(), max_model_len=128
-    )
+    model = load_model(spec, torch.float32, torch.device("cpu"), TorchAttentionBackend(), max_model_len=128)
     assert model.architecture == "MistralForCausalLM"
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from sluice.sampling_params import SamplingParams
-from worker.native_ops import load_native_ops
 from worker.sampler import Sampler, native_argmax, torch_argmax
 from worker.sampling_state import SamplingState
 
@@ -15,8 +14,8 @@ INF, NAN = float("inf"), float("nan")
 
 
 @pytest.fixture(scope="module")
-def ops():
-    return load_native_ops()
+def ops(native):
+    return native
 
 
 @pytest.mark.parametrize(("rows", "width"), [(1, 1), (3, 15), (5, 16), (7, 33), (64, 49152), (2, 1000)])

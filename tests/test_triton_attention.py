@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from paged_attention_cases import MIXED, Case, make_case
-from reference_attention import ReferenceAttentionBackend
+from worker.attention.torch_backend import TorchAttentionBackend
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -53,7 +53,7 @@ def run_both(case: Case, scale: float = 0.125) -> tuple[torch.Tensor, torch.Tens
     got = TritonAttentionBackend().forward(
         ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
     )
-    want = ReferenceAttentionBackend().forward(
+    want = TorchAttentionBackend().forward(
         ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale
     )
     return got.cpu(), want, ours, ref

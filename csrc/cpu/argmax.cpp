@@ -3,16 +3,13 @@
 // keeps the largest value it has seen and where, taking a later value only when strictly larger, so
 // a lane's index is the first of its maxima; the lanes are merged once at the end. (torch's argmax
 // ran at about a tenth of the speed of its amax on 64 rows of 49,152 logits.)
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/util/Exception.h>
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "check.h"
 #include "ops.h"
+#include "parallel.h"
 #include "vec16.h"
 
 namespace sluice::cpu {
@@ -61,17 +58,11 @@ int64_t row_argmax(const float* x, int64_t n) {
 
 }  // namespace
 
-at::Tensor argmax_rows(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1 && x.size(1) > 0,
-              "argmax_rows: x must be a 2-d float32 tensor with contiguous, non-empty rows");
-  const int64_t rows = x.size(0), n = x.size(1), stride = x.stride(0);
-  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
-  const float* data = x.const_data_ptr<float>();
-  int64_t* picks = out.mutable_data_ptr<int64_t>();
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) picks[r] = row_argmax(data + r * stride, n);
+void argmax_rows(const Matrix& x, int64_t* out) {
+  SK_CHECK(x.dtype == DType::kFloat32 && x.cols > 0, "argmax_rows: x must be float32 with non-empty rows");
+  parallel_for(0, x.rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) out[r] = row_argmax(x.row<float>(r), x.cols);
   });
-  return out;
 }
 
 }  // namespace sluice::cpu

@@ -1,16 +1,14 @@
-// x @ W^T + bias over a packed bf16 weight, for any number of rows. The work is a list of items,
-// each one column group (64 output features) times one block of rows; threads take items from an
-// atomic counter, so a thread that the OS descheduled delays the call by at most the item it holds
-// while the other keeps taking work (static partitioning would leave half the work waiting on it).
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
-
+// x @ W^T + bias over a kFormatBf16Pairs weight, for any number of rows. The work is a list of items,
+// each one column group (64 output features) times one block of rows, which the threads take from an
+// atomic counter (run_items).
 #include <algorithm>
-#include <atomic>
 #include <cassert>
 
+#include "check.h"
+#include "gemm.h"
 #include "gemm_bf16.h"
 #include "packed_weight.h"
+#include "parallel.h"
 
 namespace sluice::cpu {
 
@@ -72,10 +70,10 @@ void run_group(const Problem& p, int64_t group, int64_t row0, int64_t rows, bool
     return;
   }
   assert(rows <= kBlockMaxRows);
-  alignas(64) float partial[kBlockMaxRows][kGroupCols];
-  constexpr int64_t kRowBytes = kGroupInts * int64_t(sizeof(int32_t));
+  alignas(64) float partial[kBlockMaxRows][kPairGroupCols];
+  constexpr int64_t kRowBytes = kPairGroupCols * int64_t(sizeof(int32_t));
   constexpr int64_t kLine = 64;
-  const char* group_start = reinterpret_cast<const char*>(p.weight + group * p.pairs * kGroupInts);
+  const char* group_start = reinterpret_cast<const char*>(p.weight + group * p.pairs * kPairGroupCols);
   // Each tile prefetches a 1 / tiles share of the next block's lines, at a pace that ends it in time.
   const int per_pair = int((kRowBytes / kLine + tiles - 1) / tiles);
   for (int64_t j0 = 0; j0 < full_pairs; j0 += kBlockPairs) {
@@ -102,8 +100,8 @@ struct Plan {
 };
 
 Plan plan_items(const Problem& p, int64_t m, bool k_blocks) {
-  const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
-  const int64_t group_bytes = p.pairs * kGroupInts * int64_t(sizeof(int32_t));
+  const int64_t groups = (p.n + kPairGroupCols - 1) / kPairGroupCols;
+  const int64_t group_bytes = p.pairs * kPairGroupCols * int64_t(sizeof(int32_t));
   const int64_t stream_span =
       std::clamp(kStreamBytes / group_bytes, int64_t(1), std::max(int64_t(1), groups / kMinItems));
   const int64_t group_blocks = (p.k / 2 + kBlockPairs - 1) / kBlockPairs;
@@ -124,67 +122,36 @@ Plan plan_items(const Problem& p, int64_t m, bool k_blocks) {
 template <typename Out>
 void run(const Problem& p, int64_t m, bool k_blocks) {
   const Plan plan = plan_items(p, m, k_blocks);
-  const int64_t groups = (p.n + kGroupCols - 1) / kGroupCols;
-  auto item = [&](int64_t i) {
+  const int64_t groups = (p.n + kPairGroupCols - 1) / kPairGroupCols;
+  run_items(plan.items, m * p.n * p.k < kSerialMacs, [&](int64_t i) {
     const int64_t first = i / plan.blocks_per_span * plan.span, row0 = i % plan.blocks_per_span * plan.block_rows;
     const int64_t rows = std::min(plan.block_rows, m - row0);
     const int64_t end = std::min(groups, first + plan.span);
     for (int64_t g = first; g < end; ++g) run_group<Out>(p, g, row0, rows, plan.k_blocked, g + 1 < end);
-  };
-  const int threads = at::get_num_threads();
-  if (threads <= 1 || plan.items == 1 || m * p.n * p.k < kSerialMacs || at::in_parallel_region()) {
-    for (int64_t i = 0; i < plan.items; ++i) item(i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(threads, plan.items), 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < plan.items;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      item(i);
   });
 }
 
 }  // namespace
 
-bool packed_gemm_available() { return true; }
+bool has_bf16_pairs() { return true; }
 
-void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                 at::Tensor& out) {
-  const PackedShape shape = packed_shape(packed);
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16,
-              "x must be a 2-d bfloat16 tensor with contiguous rows");
-  TORCH_CHECK(x.size(1) == shape.k, "x has ", x.size(1), " features but the packed weight expects ", shape.k);
-  if (shape.gated) {
-    TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == shape.n / 2 && out.stride(1) == 1 &&
-                    out.scalar_type() == at::kBFloat16,
-                "a gated weight's out must be a bfloat16 [M, N / 2] tensor with contiguous rows");
-  } else {
-    TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == shape.n && out.stride(1) == 1 &&
-                    (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat),
-                "out must be a bfloat16 or float32 [M, N] tensor with contiguous rows");
-  }
-  const uint16_t* bias_data = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() && bias->numel() == shape.n,
-                "bias must be a contiguous bfloat16 vector of ", shape.n, " features");
-    bias_data = reinterpret_cast<const uint16_t*>(bias->const_data_ptr<at::BFloat16>());
-  }
-  const int64_t m = x.size(0);
-  if (m == 0) return;
+void bf16_pairs_gemm(const Matrix& x, const PackedShape& shape, const int32_t* packed, const void* bias,
+                     const Matrix& out) {
+  const int64_t m = x.rows;
   const Problem p{
-      reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
-      x.stride(0),
-      packed.const_data_ptr<int32_t>() + kHeaderInts,
+      static_cast<const uint16_t*>(x.data),
+      x.stride,
+      packed + kHeaderInts,
       (shape.k + 1) / 2,
       shape.k,
       shape.n,
-      bias_data,
-      out.mutable_data_ptr(),
-      out.stride(0),
+      static_cast<const uint16_t*>(bias),
+      out.data,
+      out.stride,
   };
   if (shape.gated) {
     run<gemm::SiluGated>(p, m, shape.k_blocks);
-  } else if (out.scalar_type() == at::kFloat) {
+  } else if (out.dtype == DType::kFloat32) {
     run<float>(p, m, shape.k_blocks);
   } else {
     run<uint16_t>(p, m, shape.k_blocks);
@@ -193,10 +160,10 @@ void packed_gemm(const at::Tensor& x, const at::Tensor& packed, const std::optio
 
 #else
 
-bool packed_gemm_available() { return false; }
+bool has_bf16_pairs() { return false; }
 
-void packed_gemm(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::Tensor&) {
-  TORCH_CHECK(false, "this build of Sluice's CPU kernels has no AVX512_BF16, so it cannot use packed weights");
+void bf16_pairs_gemm(const Matrix&, const PackedShape&, const int32_t*, const void*, const Matrix&) {
+  fail("the ", tier_name(), " tier has no bf16-pair GEMM (it needs AVX512_BF16)");
 }
 
 #endif

@@ -1,5 +1,5 @@
 // The bf16 GEMM micro-kernel: out[R rows, V x 16 columns] = x . W^T (+ bias), fp32 accumulation,
-// reading one column group of a packed weight (see packed_weight.h). Each step over K takes one pair
+// reading one column group of a kFormatBf16Pairs weight (see packed_weight.h). Each step over K takes one pair
 // of k: a 32-bit broadcast of the row's two activations against one 64-byte vector holding that
 // pair for 16 output features, so vdpbf16ps reads every weight byte exactly once per row tile.
 #pragma once
@@ -67,15 +67,15 @@ void store_silu_gated(const Problem& p, int64_t row0, int64_t group, const __m51
   static_assert(V % 2 == 0, "a gated tile holds gate and up vectors in equal numbers");
   const int64_t width = p.n / 2;
   for (int v = 0; v < V / 2; ++v) {
-    const int64_t col = group * (kGroupCols / 2) + v * 16;
+    const int64_t col = group * (kPairGroupCols / 2) + v * 16;
     if (col >= width) break;
     const __mmask16 mask = column_mask(width - col);
     const __m512 gate_bias = bias_vector(p.bias, col, mask), up_bias = bias_vector(p.bias, width + col, mask);
     for (int r = 0; r < R; ++r) {
-      const v16 gate = round_to<c10::BFloat16>(v16(_mm512_add_ps(acc[r][v], gate_bias)));
-      const v16 up = round_to<c10::BFloat16>(v16(_mm512_add_ps(acc[r][v + V / 2], up_bias)));
+      const v16 gate = round_to<bf16>(v16(_mm512_add_ps(acc[r][v], gate_bias)));
+      const v16 up = round_to<bf16>(v16(_mm512_add_ps(acc[r][v + V / 2], up_bias)));
       store_bf16(static_cast<uint16_t*>(p.out) + (row0 + r) * p.out_stride + col, mask,
-                 __m512(silu_times<c10::BFloat16>(gate, up)));
+                 __m512(silu_times<bf16>(gate, up)));
     }
   }
 }
@@ -86,7 +86,7 @@ void store_silu_gated(const Problem& p, int64_t row0, int64_t group, const __m51
 // [prefetch, prefetch_stop), `prefetch_per_pair` per pair, so that memory streams while it computes.
 struct KRange {
   int64_t j0, j1;
-  float* partial;  // [R][kGroupCols] fp32 sums between blocks; null when the tile covers all of K
+  float* partial;  // [R][kPairGroupCols] fp32 sums between blocks; null when the tile covers all of K
   const char* prefetch;
   const char* prefetch_stop;
   int prefetch_per_pair;
@@ -97,14 +97,14 @@ struct KRange {
 template <int R, int V, typename Out>
 void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
   static_assert(R * V + V <= 32, "accumulators and weight vectors must fit the 32 registers");
-  const int32_t* w = p.weight + group * p.pairs * kGroupInts;
+  const int32_t* w = p.weight + group * p.pairs * kPairGroupCols;
   const uint16_t* x = p.x + row0 * p.x_stride;
   const int64_t full_pairs = p.k / 2;
   const bool first = range.j0 == 0, last = range.j1 >= full_pairs;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v)
-      acc[r][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(range.partial + r * kGroupCols + v * 16);
+      acc[r][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(range.partial + r * kPairGroupCols + v * 16);
   const char* prefetch = range.prefetch;
   for (int64_t j = range.j0; j < range.j1; ++j) {
     for (int i = 0; i < range.prefetch_per_pair; ++i) {
@@ -116,7 +116,7 @@ void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
         prefetch += 64;
       }
     }
-    const int32_t* row = w + j * kGroupInts;
+    const int32_t* row = w + j * kPairGroupCols;
     __m512bh b[V];
     for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_load_si512(row + v * 16);
     for (int r = 0; r < R; ++r) {
@@ -126,12 +126,12 @@ void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
   }
   if (!last) {
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < V; ++v) _mm512_store_ps(range.partial + r * kGroupCols + v * 16, acc[r][v]);
+      for (int v = 0; v < V; ++v) _mm512_store_ps(range.partial + r * kPairGroupCols + v * 16, acc[r][v]);
     return;
   }
   if (p.k % 2) {
     // The last k has no partner in x: its pair's high half is zero, as the packed weight's is.
-    const int32_t* row = w + full_pairs * kGroupInts;
+    const int32_t* row = w + full_pairs * kPairGroupCols;
     for (int r = 0; r < R; ++r) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(x[r * p.x_stride + p.k - 1]));
       for (int v = 0; v < V; ++v)
@@ -143,7 +143,7 @@ void tile(const Problem& p, int64_t row0, int64_t group, const KRange& range) {
     return;
   }
   for (int v = 0; v < V; ++v) {
-    const int64_t col = group * kGroupCols + v * 16;
+    const int64_t col = group * kPairGroupCols + v * 16;
     if (col >= p.n) break;
     const __mmask16 mask = column_mask(p.n - col);
     const __m512 bias = bias_vector(p.bias, col, mask);

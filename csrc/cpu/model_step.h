@@ -1,116 +1,110 @@
-// The CPU's own "graph": a decoder's dense stages, and its whole forward pass, as C++ calls over
-// activation buffers allocated once. Python pays one call per stage (PIECEWISE) or one per step
-// (FULL) instead of a dozen dispatches per layer, and a step allocates no activations.
+// The CPU's own "graph": a decoder's dense stages, and its whole forward pass, as calls over activation
+// buffers allocated once. Python pays one call per stage (PIECEWISE) or one per step (FULL) instead of a
+// dozen dispatches per layer, and a step allocates no activations. The buffers, the weights and the KV
+// caches are the worker's torch tensors (worker/cpu_model_step.py), which outlive the step.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
-#include <memory>
-#include <optional>
-#include <tuple>
-#include <utility>
 #include <vector>
+
+#include "ops.h"
 
 namespace sluice::cpu {
 
-// One decoder layer's tensors as the Python model holds them (worker/models/llama.py, _LayerTensors).
-// With tensor parallelism they are this rank's shards and the head counts are this rank's.
-struct DecoderLayerWeights {
-  at::Tensor input_norm;
-  at::Tensor post_norm;
+// A packed weight (packed_weight.h) of `ints` words.
+struct PackedRef {
+  const int32_t* data;
+  int64_t ints;
+};
+
+// One decoder layer's tensors as the Python model holds them (worker/models/llama.py, _LayerTensors); with
+// tensor parallelism they are this rank's shards and the head counts are this rank's. Norms and biases
+// are in the model dtype; a null bias or q/k norm is absent.
+struct LayerWeights {
+  const void* input_norm;
+  const void* post_norm;
   double eps;
-  at::Tensor qkv_weight;
-  std::optional<at::Tensor> qkv_bias;
-  at::Tensor o_weight;
-  std::optional<at::Tensor> o_bias;
-  at::Tensor gate_up_weight;
-  std::optional<at::Tensor> gate_up_bias;
-  at::Tensor down_weight;
-  std::optional<at::Tensor> down_bias;
+  PackedRef qkv;
+  const void* qkv_bias;
+  PackedRef o;
+  const void* o_bias;
+  PackedRef gate_up;  // packed gated, or plain (then silu_and_mul runs after it)
+  const void* gate_up_bias;
+  PackedRef down;
+  const void* down_bias;
   // Qwen3 normalises each head of q and k before the rotation.
-  std::optional<at::Tensor> q_norm;
-  std::optional<at::Tensor> k_norm;
-  int64_t num_heads;
-  int64_t num_kv_heads;
-  int64_t head_dim;
-  int64_t intermediate_size;
+  const void* q_norm;
+  const void* k_norm;
+  int64_t num_heads, num_kv_heads, head_dim, intermediate_size;
   double scale;
 
-  int64_t hidden_size() const { return input_norm.numel(); }
   int64_t qkv_width() const { return (num_heads + 2 * num_kv_heads) * head_dim; }
 };
 
-// Activation buffers shared by every layer, each sized for max_tokens rows of its widest use; a step
-// of n tokens works in the first n rows, so any batch up to max_tokens runs without padding.
-class StepWorkspace {
- public:
-  StepWorkspace(const std::vector<DecoderLayerWeights>& layers, int64_t max_tokens);
-
-  // The first n rows of `buffer` as a contiguous [n, width] tensor.
-  at::Tensor rows(const at::Tensor& buffer, int64_t n, int64_t width) const;
-  std::vector<at::Tensor> buffers() const;
-
-  int64_t max_tokens;
-  at::Tensor normed, qkv, attn, attn_out, gate_up, act, mlp_out, residual, cos, sin_signed, hidden;
+// Activation buffers shared by every layer, each of max_tokens rows of its widest use (a step of n tokens
+// works in the first n rows), in the model dtype.
+struct Workspace {
+  void* normed;    // hidden
+  void* qkv;       // widest qkv_width
+  void* attn;      // widest num_heads * head_dim
+  void* attn_out;  // hidden
+  void* gate_up;   // widest 2 * intermediate_size
+  void* act;       // widest intermediate_size
+  void* mlp_out;   // hidden
+  void* residual;  // hidden
+  void* cos;       // head_dim
+  void* sin;       // head_dim
+  void* hidden;    // hidden: the final-normed output
 };
 
-// A decoder layer's three dense stages, each mirroring the method of the same name on llama.py's
-// DecoderLayer op for op. The tensors returned are views of the shared workspace, valid until the
-// same stage of any layer runs again. attention_output and feed_forward return this rank's partial
-// sums under tensor parallelism; the caller all-reduces them.
-class DecoderStages {
- public:
-  DecoderStages(DecoderLayerWeights weights, std::shared_ptr<StepWorkspace> workspace);
-
-  // Adds `delta` (the previous layer's output, none for the first layer) into `residual` in place;
-  // returns rotated q, k and v as views of the workspace's qkv rows.
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_input(const std::optional<at::Tensor>& delta,
-                                                                  at::Tensor& residual, const at::Tensor& cos,
-                                                                  const at::Tensor& sin_signed) const;
-  // o_proj of the attention output [num_tokens, heads, head_dim].
-  at::Tensor attention_output(const at::Tensor& attn) const;
-  // Adds the attention's `delta` into `residual` in place; returns the MLP's output.
-  at::Tensor feed_forward(const at::Tensor& delta, at::Tensor& residual) const;
-
-  const DecoderLayerWeights& weights() const { return weights_; }
-
- private:
-  int64_t checked_rows(const at::Tensor& t) const;
-
-  DecoderLayerWeights weights_;
-  std::shared_ptr<StepWorkspace> ws_;
+struct ModelShape {
+  DType dtype;
+  int64_t hidden, vocab, max_tokens, max_positions;
 };
 
-// The whole forward pass of a single-rank model in one call (FULL): embedding, every layer with its
-// KV-cache write and paged attention, and the final norm, over the workspace. decode_attention and
-// decode_split_keys are paged_attention's decode_path and split_keys.
 class ModelStep {
  public:
-  ModelStep(std::vector<DecoderLayerWeights> layers, at::Tensor embedding, at::Tensor final_norm,
-            double final_eps, at::Tensor cos_table, at::Tensor sin_table, int64_t max_tokens,
+  // embedding [vocab, hidden], cos and sin tables [max_positions, head_dim], final_norm [hidden].
+  ModelStep(std::vector<LayerWeights> layers, ModelShape shape, const void* embedding, const void* final_norm,
+            double final_eps, const void* cos_table, const void* sin_table, Workspace workspace,
             bool decode_attention, bool decode_split_keys);
 
-  // The per-layer (key_cache, value_cache) pairs that forward writes and reads; set once they exist.
-  void set_kv_caches(std::vector<std::pair<at::Tensor, at::Tensor>> kv_caches);
+  // The per-layer caches that forward writes and reads; set once they exist.
+  void set_kv_caches(std::vector<KvCache> caches);
 
-  // Final-normed hidden states [num_tokens, hidden], a view of the workspace valid until the next call.
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& positions, const at::Tensor& slot_mapping,
-                     const at::Tensor& block_table, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens);
+  // FULL: embedding, every layer with its KV-cache write and paged attention, and the final norm, into the
+  // workspace's first n rows of `hidden`. decode_attention and decode_split_keys are paged_attention's.
+  void forward(const int64_t* input_ids, const int64_t* positions, int64_t n, const Slots& slots,
+               const Batch& batch);
 
-  const std::vector<std::shared_ptr<DecoderStages>>& layers() const { return layers_; }
-  std::vector<at::Tensor> workspace_buffers() const { return ws_->buffers(); }
-  int64_t max_tokens() const { return ws_->max_tokens; }
+  // PIECEWISE: layer `l`'s three dense stages, each mirroring the method of the same name on llama.py's
+  // DecoderLayer op for op. attention_input adds `delta` (none for the first layer) into `residual` in
+  // place and leaves rotated q and k, and v, in the workspace's qkv rows; attention_output writes o_proj
+  // of `attn` to attn_out; feed_forward adds `delta` into `residual` and writes the MLP's output to
+  // mlp_out. Under tensor parallelism those outputs are partial sums that the caller all-reduces.
+  void attention_input(int64_t l, const Matrix* delta, const Matrix& residual, const Matrix& cos,
+                       const Matrix& sin) const;
+  void attention_output(int64_t l, const Matrix& attn) const;
+  void feed_forward(int64_t l, const Matrix& delta, const Matrix& residual) const;
+
+  int64_t num_layers() const { return int64_t(layers_.size()); }
 
  private:
-  std::shared_ptr<StepWorkspace> ws_;
-  std::vector<std::shared_ptr<DecoderStages>> layers_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> kv_caches_;
-  at::Tensor embedding_, final_norm_, cos_table_, sin_table_;
+  const LayerWeights& layer(int64_t l, int64_t n) const;
+  Matrix rows(void* buffer, int64_t n, int64_t width) const { return {buffer, shape_.dtype, n, width, width}; }
+
+  std::vector<LayerWeights> layers_;
+  ModelShape shape_;
+  const void* embedding_;
+  const void* final_norm_;
   double final_eps_;
+  const void* cos_table_;
+  const void* sin_table_;
+  Workspace ws_;
   bool decode_attention_;
   bool decode_split_keys_;
+  int64_t head_dim_;
+  std::vector<KvCache> caches_;
 };
 
 }  // namespace sluice::cpu

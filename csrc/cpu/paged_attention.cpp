@@ -5,9 +5,6 @@
 // softmax rescales the float accumulators. Decode items (one query token) take their own path, see
 // attend_decode; where a batch has too few of them to share out evenly, their keys are split into parts
 // (see plan_tiles and merge_parts).
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -20,7 +17,9 @@
 #include <vector>
 
 #include "bf16_dot.h"
+#include "check.h"
 #include "ops.h"
+#include "parallel.h"
 #include "vec16.h"
 
 namespace sluice::cpu {
@@ -196,11 +195,7 @@ void pv(float* acc, int dim, const float* p, const float* alpha, const C* const*
 
 template <typename T>
 void store_row(T* dst, const float* src, float mul, int dim) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (int d = 0; d < dim; d += 16) store(dst + d, load(src + d) * mul);
-  } else {
-    for (int d = 0; d < dim; ++d) dst[d] = static_cast<T>(src[d] * mul);
-  }
+  for (int d = 0; d < dim; d += 16) store(dst + d, load(src + d) * mul);
 }
 
 template <typename Q, typename C, bool Dot>
@@ -629,31 +624,28 @@ constexpr bool kHasBf16Dot = false;
 #endif
 
 template <typename Q>
-TileFn pick_for_cache(at::ScalarType cache, int dim) {
+TileFn pick_for_cache(DType cache, int dim) {
   switch (cache) {
-    case at::kFloat: return &attend<Q, float, false>;
-    case at::kBFloat16:
-      if constexpr (kHasBf16Dot && std::is_same_v<Q, c10::BFloat16>) {
-        if (dim % 32 == 0 && dim <= 1024) return &attend<Q, c10::BFloat16, true>;
+    case DType::kFloat32: return &attend<Q, float, false>;
+    case DType::kBFloat16:
+      if constexpr (kHasBf16Dot && std::is_same_v<Q, bf16>) {
+        if (dim % 32 == 0 && dim <= 1024) return &attend<Q, bf16, true>;
       }
-      return &attend<Q, c10::BFloat16, false>;
-    case at::kHalf: return &attend<Q, c10::Half, false>;
-    default: TORCH_CHECK(false, "paged_attention: unsupported cache dtype ", cache);
+      return &attend<Q, bf16, false>;
+    case DType::kFloat16: return &attend<Q, fp16, false>;
   }
+  fail("paged_attention: unknown cache dtype");
 }
 
 template <typename Q>
-Kernels kernels_for(at::ScalarType cache, int dim) {
+Kernels kernels_for(DType cache, int dim) {
   return {pick_for_cache<Q>(cache, dim), &merge_parts<Q>};
 }
 
-Kernels pick_kernels(at::ScalarType query, at::ScalarType cache, int dim) {
-  switch (query) {
-    case at::kFloat: return kernels_for<float>(cache, dim);
-    case at::kBFloat16: return kernels_for<c10::BFloat16>(cache, dim);
-    case at::kHalf: return kernels_for<c10::Half>(cache, dim);
-    default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", query);
-  }
+Kernels pick_kernels(DType query, DType cache, int dim) {
+  Kernels kernels{};
+  dispatch_dtype(query, [&](auto tag) { kernels = kernels_for<decltype(tag)>(cache, dim); });
+  return kernels;
 }
 
 // Splits every sequence into work items, costliest first so that dynamic hand-out ends balanced. Where
@@ -670,7 +662,7 @@ int64_t plan_tiles(std::vector<Tile>& tiles, std::vector<SplitItem>& splits, con
     const int q_len = qsl[s + 1] - qsl[s];
     if (q_len <= 0) continue;
     const int prefix = seq_lens[s] - q_len;
-    TORCH_CHECK(prefix >= 0, "paged_attention: sequence ", s, " has more query tokens than context");
+    SK_CHECK(prefix >= 0, "paged_attention: sequence ", s, " has more query tokens than context");
     const int parts = q_len == 1 ? std::min(split_parts, seq_lens[s] / kMinPartKeys) : 1;
     if (parts > 1) {
       const int keys = seq_lens[s];
@@ -713,55 +705,44 @@ int decode_split_parts(int decode_items, int threads) {
 
 }  // namespace
 
-void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-                     const at::Tensor& value_cache, const at::Tensor& block_table,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+void paged_attention(const Heads& out, const Heads& query, const KvCache& cache, const Batch& batch, double scale,
                      bool decode_path, bool split_keys) {
-  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_dim]");
-  TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1 && out.scalar_type() == query.scalar_type(),
-              "out must match query's shape and dtype");
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-                  key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
-              "key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim]");
-  const int num_heads = query.size(1), head_dim = query.size(2);
-  const int num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == head_dim && head_dim % 16 == 0, "head_dim must match and be a multiple of 16");
-  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1,
-              "block_table must be a 2-d int32 tensor with contiguous rows");
-  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
-                  query_start_loc.is_contiguous() && seq_lens.is_contiguous(),
-              "query_start_loc and seq_lens must be contiguous int32 tensors");
-  const int num_seqs = seq_lens.size(0);
-  TORCH_CHECK(query_start_loc.size(0) >= num_seqs + 1 && block_table.size(0) >= num_seqs,
-              "query_start_loc or block_table is shorter than seq_lens");
-  const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
-  TORCH_CHECK(qsl[num_seqs] <= query.size(0), "query_start_loc points past the query rows");
+  SK_CHECK(out.tokens == query.tokens && out.heads == query.heads && out.dim == query.dim &&
+               out.dtype == query.dtype,
+           "out must match query's shape and dtype");
+  const int num_heads = int(query.heads), head_dim = int(query.dim);
+  const int num_kv_heads = int(cache.kv_heads);
+  SK_CHECK(cache.head_dim == head_dim && head_dim % 16 == 0, "head_dim must match and be a multiple of 16");
+  SK_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  const int num_seqs = int(batch.num_seqs);
+  SK_CHECK(batch.block_table_rows >= num_seqs, "block_table is shorter than seq_lens");
+  const int32_t* qsl = batch.query_start_loc;
+  SK_CHECK(qsl[num_seqs] <= query.tokens, "query_start_loc points past the query rows");
 
   Problem problem{
-      query.const_data_ptr(),
-      query.stride(0),
-      query.stride(1),
-      out.mutable_data_ptr(),
-      out.stride(0),
-      out.stride(1),
-      key_cache.const_data_ptr(),
-      value_cache.const_data_ptr(),
+      query.data,
+      query.token_stride,
+      query.head_stride,
+      out.data,
+      out.token_stride,
+      out.head_stride,
+      cache.key,
+      cache.value,
       int64_t(num_kv_heads) * head_dim,
-      block_table.const_data_ptr<int32_t>(),
-      block_table.stride(0),
-      int(key_cache.size(1)),
+      batch.block_table,
+      batch.block_table_stride,
+      int(cache.block_size),
       head_dim,
       num_heads / num_kv_heads,
       float(scale * M_LOG2E),
       decode_path,
       nullptr,
   };
-  const Kernels kernels = pick_kernels(query.scalar_type(), key_cache.scalar_type(), head_dim);
+  const Kernels kernels = pick_kernels(query.dtype, cache.dtype, head_dim);
   const TileFn tile_fn = kernels.tile;
 
-  const int threads = at::get_num_threads();
-  const bool parallel = threads > 1 && !at::in_parallel_region();
+  const int threads = num_threads();
+  const bool parallel = threads > 1 && !in_parallel_region();
   int split_parts = 1;
   if (split_keys && parallel && takes_decode_path(problem)) {
     int decode_seqs = 0;
@@ -771,27 +752,18 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   static thread_local std::vector<Tile> tiles;
   static thread_local std::vector<SplitItem> splits;
   static thread_local std::vector<float> parts;
-  const int64_t work = plan_tiles(tiles, splits, qsl, seq_lens.const_data_ptr<int32_t>(), num_seqs, num_kv_heads,
-                                  problem.group, split_parts);
-  const int64_t n = tiles.size();
+  const int64_t work =
+      plan_tiles(tiles, splits, qsl, batch.seq_lens, num_seqs, num_kv_heads, problem.group, split_parts);
   if (!splits.empty()) {
     const SplitItem& last = splits.back();
     parts.resize(size_t(last.first_part + last.parts) * problem.group * (head_dim + 2));
     problem.parts = parts.data();
   }
-  if (!parallel || work < kSerialWork || n == 1) {
+  const std::vector<Tile>& plan = tiles;
+  run_items(int64_t(plan.size()), !parallel || work < kSerialWork, [&](int64_t i) {
     static thread_local Scratch scratch;
-    for (const Tile& t : tiles) tile_fn(problem, t, scratch);
-  } else {
-    std::atomic<int64_t> next{0};
-    const std::vector<Tile>& plan = tiles;
-    at::parallel_for(0, std::min<int64_t>(threads, n), 1, [&](int64_t, int64_t) {
-      static thread_local Scratch scratch;
-      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-           i = next.fetch_add(1, std::memory_order_relaxed))
-        tile_fn(problem, plan[i], scratch);
-    });
-  }
+    tile_fn(problem, plan[i], scratch);
+  });
   if (!splits.empty()) kernels.merge(problem, splits);
 }
 

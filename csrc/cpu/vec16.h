@@ -1,77 +1,182 @@
-// 16-lane float vectors through GCC vector extensions: AVX-512 where -march=native has it,
-// pairs of AVX2 (or SSE) registers elsewhere, so the kernels build on any x86-64 or ARM machine.
+// Float vectors through GCC vector extensions: 16 lanes (v16) are one AVX-512 register, two AVX2
+// registers or four NEON ones, so the same kernel source builds at every tier; loads, stores and the
+// roundings for each model dtype.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
+#include "dtypes.h"
+
 namespace sluice::cpu {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-typedef uint32_t vu16 __attribute__((vector_size(64)));
-// Unaligned, aliasing views used only for loads and stores.
-typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
-typedef uint16_t h16u __attribute__((vector_size(32), aligned(2), may_alias));
+// Float, int and half-width vectors of N lanes (GCC vector extensions), for the kernels that pick their
+// width per tier (gemm_fma.h) and for v16 below.
+template <int N>
+struct Vec {
+  typedef float f __attribute__((vector_size(N * 4)));
+  typedef int32_t i __attribute__((vector_size(N * 4)));
+  typedef uint32_t u __attribute__((vector_size(N * 4)));
+  // Unaligned, aliasing views used only for loads and stores.
+  typedef float fu __attribute__((vector_size(N * 4), aligned(4), may_alias));
+  typedef uint32_t uu __attribute__((vector_size(N * 4), aligned(4), may_alias));
+  typedef uint16_t hu __attribute__((vector_size(N * 2), aligned(2), may_alias));
+};
 
-inline v16 splat(float x) { return v16{} + x; }
+template <typename V>
+constexpr int lanes_of() {
+  return int(sizeof(V) / sizeof(float));
+}
 
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+typedef Vec<16>::f v16;
+typedef Vec<16>::i vi16;
+typedef Vec<16>::u vu16;
 
-inline v16 load(const c10::BFloat16* p) {
+template <typename V, size_t... I>
+inline V splat_lanes(float x, std::index_sequence<I...>) {
+  return V{(static_cast<void>(I), x)...};
+}
+
+// x in every lane: a broadcast (from memory where x is loaded), not V{} + x, which costs an add and a
+// shuffle per splat.
+template <typename V>
+inline V splat_as(float x) {
+  return splat_lanes<V>(x, std::make_index_sequence<lanes_of<V>()>{});
+}
+
+inline v16 splat(float x) { return splat_as<v16>(x); }
+
+template <typename V>
+inline V load_as(const float* p) {
+  return *reinterpret_cast<const typename Vec<lanes_of<V>()>::fu*>(p);
+}
+
+template <typename V>
+inline void store_as(float* p, V v) {
+  *reinterpret_cast<typename Vec<lanes_of<V>()>::fu*>(p) = v;
+}
+
+// Widens N bf16: a bf16 is the upper half of the float with the same bits.
+template <typename V>
+inline V load_as(const bf16* p) {
+  constexpr int n = lanes_of<V>();
+  const typename Vec<n>::hu h = *reinterpret_cast<const typename Vec<n>::hu*>(p);
+  return reinterpret_cast<V>(__builtin_convertvector(h, typename Vec<n>::u) << 16);
+}
+
+// Round to nearest even on the upper half; NaNs become the canonical quiet NaN.
+template <typename V>
+inline typename Vec<lanes_of<V>()>::u bf16_bits(V v) {
+  using U = typename Vec<lanes_of<V>()>::u;
+  const U bits = reinterpret_cast<U>(v);
+  const U rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+  return v == v ? rounded : U{} + 0x7FC0u;
+}
+
+template <typename V>
+inline void store_as(bf16* p, V v) {
+  constexpr int n = lanes_of<V>();
+  *reinterpret_cast<typename Vec<n>::hu*>(p) = __builtin_convertvector(bf16_bits(v), typename Vec<n>::hu);
+}
+
+// Halves through the hardware's conversions: F16C on x86 (8 lanes at a time), FCVT on aarch64.
+template <typename V>
+inline V load_as(const fp16* p) {
+  constexpr int n = lanes_of<V>();
+#if defined(__x86_64__)
+  static_assert(n % 8 == 0, "F16C converts 8 halves at a time");
+  V r;
+  for (int i = 0; i < n; i += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+    std::memcpy(reinterpret_cast<float*>(&r) + i, &x, sizeof x);
+  }
+  return r;
+#else
+  typedef __fp16 vh __attribute__((vector_size(n * 2), aligned(2), may_alias));
+  return __builtin_convertvector(*reinterpret_cast<const vh*>(p), V);
+#endif
+}
+
+template <typename V>
+inline void store_as(fp16* p, V v) {
+  constexpr int n = lanes_of<V>();
+#if defined(__x86_64__)
+  static_assert(n % 8 == 0, "F16C converts 8 halves at a time");
+  for (int i = 0; i < n; i += 8) {
+    __m256 x;
+    std::memcpy(&x, reinterpret_cast<const float*>(&v) + i, sizeof x);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  }
+#else
+  typedef __fp16 vh __attribute__((vector_size(n * 2), aligned(2), may_alias));
+  *reinterpret_cast<vh*>(p) = __builtin_convertvector(v, vh);
+#endif
+}
+
+inline v16 load(const float* p) { return load_as<v16>(p); }
+
+inline v16 load(const bf16* p) {
 #ifdef __AVX512F__
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return reinterpret_cast<v16>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 #else
-  h16u h = *reinterpret_cast<const h16u*>(p);
-  // A bf16 is the upper half of the float with the same bits.
-  return reinterpret_cast<v16>(__builtin_convertvector(h, vu16) << 16);
+  return load_as<v16>(p);
 #endif
 }
 
-inline v16 load(const c10::Half* p) {
-#ifdef __AVX512F__
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#else
-  v16 r;
-  for (int i = 0; i < 16; ++i) r[i] = static_cast<float>(p[i]);
-  return r;
-#endif
-}
+inline v16 load(const fp16* p) { return load_as<v16>(p); }
 
-inline void store(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
-
-// Round to nearest even on the upper half; NaNs become the canonical quiet NaN.
-inline vu16 bf16_bits(v16 v) {
-  const vu16 bits = reinterpret_cast<vu16>(v);
-  const vu16 rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
-  return v == v ? rounded : vu16{} + 0x7FC0u;
-}
-
-inline void store(c10::BFloat16* p, v16 v) {
-  *reinterpret_cast<h16u*>(p) = __builtin_convertvector(bf16_bits(v), h16u);
-}
-
-// v rounded to T's precision and widened back, as torch rounds every op's result on T tensors.
 template <typename T>
-inline v16 round_to(v16 v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return reinterpret_cast<v16>(bf16_bits(v) << 16);
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    v16 r;
-    for (int i = 0; i < 16; ++i) r[i] = static_cast<float>(static_cast<c10::Half>(v[i]));
-    return r;
+inline void store(T* p, v16 v) {
+  store_as(p, v);
+}
+
+// v rounded to T's precision and widened back, as torch rounds every op's result on T tensors
+// (dtypes.h has the scalar round_to).
+template <typename T, typename V, typename = std::enable_if_t<!std::is_same_v<V, float>>>
+inline V round_to(V v) {
+  constexpr int n = lanes_of<V>();
+  if constexpr (std::is_same_v<T, bf16>) {
+    return reinterpret_cast<V>(bf16_bits(v) << 16);
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    uint16_t h[n];
+    store_as(reinterpret_cast<fp16*>(h), v);
+    return load_as<V>(reinterpret_cast<const fp16*>(h));
   } else {
     return v;
   }
+}
+
+// 2^x, relative error about 2e-7; lanes below -125 (including -inf) give exactly 0.
+template <typename V>
+inline V exp2(V x) {
+  using I = typename Vec<lanes_of<V>()>::i;
+  const V lo = splat_as<V>(-125.0f);
+  V c = x > lo ? x : lo;
+  c = c < splat_as<V>(127.0f) ? c : splat_as<V>(127.0f);
+  // Adding and removing 1.5 * 2^23 rounds to the nearest integer without a rounding-mode change.
+  const V magic = splat_as<V>(12582912.0f);
+  V n = (c + magic) - magic;
+  V f = (c - n) * 0.69314718056f;
+  V p = splat_as<V>(1.0f / 720.0f);
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  I e = (__builtin_convertvector(n, I) + 127) << 23;
+  V r = p * reinterpret_cast<V>(e);
+  return x < lo ? V{} : r;
+}
+
+// silu(gate) * up as torch computes it on T tensors: silu's result is rounded to T before the product
+// (which the caller rounds). silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e).
+template <typename T, typename V>
+inline V silu_times(V gate, V up) {
+  return round_to<T>(gate / (splat_as<V>(1.0f) + exp2(gate * -1.4426950408889634f))) * up;
 }
 
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
@@ -90,34 +195,6 @@ inline float hsum(v16 v) {
   v += __builtin_shuffle(v, vi16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
   v += __builtin_shuffle(v, vi16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
   return v[0];
-}
-
-// 2^x, relative error about 2e-7; lanes below -125 (including -inf) give exactly 0.
-inline v16 exp2(v16 x) {
-  const v16 lo = splat(-125.0f);
-  v16 c = vmax(x, lo);
-  c = c < splat(127.0f) ? c : splat(127.0f);
-  // Adding and removing 1.5 * 2^23 rounds to the nearest integer without a rounding-mode change.
-  const v16 magic = splat(12582912.0f);
-  v16 n = (c + magic) - magic;
-  v16 f = (c - n) * 0.69314718056f;
-  v16 p = splat(1.0f / 720.0f);
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  vi16 e = (__builtin_convertvector(n, vi16) + 127) << 23;
-  v16 r = p * reinterpret_cast<v16>(e);
-  return x < lo ? v16{} : r;
-}
-
-// silu(gate) * up as torch computes it on T tensors: silu's result is rounded to T before the product
-// (which the caller rounds). silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e).
-template <typename T>
-inline v16 silu_times(v16 gate, v16 up) {
-  return round_to<T>(gate / (splat(1.0f) + exp2(gate * -1.4426950408889634f))) * up;
 }
 
 // In-place transpose of a 16x16 block held as 16 row vectors: swap off-diagonal sub-blocks of

@@ -89,6 +89,7 @@ class LLM:
         capture_sizes: tuple[int, ...] | None = None,
         cpu_bind: str = "auto",
         omp_spin_count: str | int = "auto",
+        cpu_isa: str = "auto",
         packed_linear: bool = True,
         gemm_k_blocks: bool = True,
         fused_gate_up: bool = True,
@@ -137,6 +138,7 @@ class LLM:
                 omp_spin_count=str(omp_spin_count),
             ),
             kernel=KernelConfig(
+                cpu_isa=cpu_isa,
                 packed_linear=packed_linear,
                 gemm_k_blocks=gemm_k_blocks,
                 fused_gate_up=fused_gate_up,

@@ -101,8 +101,12 @@ class DeviceConfig:
 class KernelConfig:
     """Which kernels a worker runs. Each switch turns one optimisation off, so its gain can be measured."""
 
-    # CPU: bf16 linear weights packed at load for Sluice's GEMM (where the CPU has AVX512_BF16);
-    # False keeps them as loaded, for ATen's matmul.
+    # CPU: the instruction-set tier of Sluice's kernels (sluice/cpu_tiers.py): "auto" (the best this CPU
+    # runs), a tier's name (avx512bf16, avx512, avx2, neon), which must be one this CPU runs, or "none"
+    # (torch's own ops; no Sluice kernel).
+    cpu_isa: str = "auto"
+    # CPU: linear weights (bf16, fp16 or fp32) packed at load for the tier's GEMM; False keeps them as
+    # loaded, for torch's matmul (and every step then runs eagerly: the fused step multiplies packed weights).
     packed_linear: bool = True
     # CPU, where packed_linear packs: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next
     # block while it computes from cache; False reads each column group whole (its first row tile waits on

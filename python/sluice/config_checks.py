@@ -14,6 +14,7 @@ from sluice.capture_sizes import validate_graph_config
 from sluice.config import CudaAttentionBackend, Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
 from sluice.cpu_binding import cores_per_rank, omp_spin_count, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
+from sluice.kernel_libraries import choose_kernels
 from sluice.kv_cache_layout import num_kv_blocks
 from sluice.model_spec import ModelSpec, resolve_max_model_len
 from sluice.parallel_validation import check_tensor_parallel
@@ -49,6 +50,10 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         raise InvalidConfigError(
             f"unknown cuda_attention_backend {backend!r}: use {', '.join(get_args(CudaAttentionBackend))}"
         )
+    if device.device == "cpu":
+        # The tier the workers will load, its library verified: a tier this CPU lacks, or a missing or
+        # corrupt library, is refused here, before any process starts.
+        choose_kernels(config.kernel.cpu_isa)
     validate_graph_config(config.graph, config.scheduler)
     if config.cache.kv_events_port is not None and not config.cache.enable_prefix_caching:
         raise InvalidConfigError(

@@ -30,6 +30,7 @@ from sluice.config import (
     SpeculativeMethod,
 )
 from sluice.cpu_binding import DEFAULT_OMP_SPIN_COUNT
+from sluice.cpu_tiers import CPU_ISA_CHOICES
 from sluice.errors import SluiceError
 
 
@@ -236,11 +237,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "inherit leaves the environment's (else libgomp's 300000)",
     )
     group.add_argument(
+        "--cpu-isa",
+        default=kernel.cpu_isa,
+        choices=CPU_ISA_CHOICES,
+        help="CPU: the instruction-set tier of Sluice's kernels: auto (the best this CPU runs), a tier this "
+        "CPU runs, or none (torch's own ops); `sluice info` lists them",
+    )
+    group.add_argument(
         "--packed-linear",
         action=argparse.BooleanOptionalAction,
         default=kernel.packed_linear,
-        help="CPU: pack bf16 linear weights at load for Sluice's GEMM (AVX512_BF16 CPUs); "
-        "--no-packed-linear keeps them as loaded, for ATen's matmul",
+        help="CPU: pack linear weights at load for the tier's GEMM; --no-packed-linear keeps them as "
+        "loaded, for torch's matmul, and runs every step eagerly",
     )
     group.add_argument(
         "--gemm-k-blocks",
@@ -372,6 +380,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             fused_gate_up=args.fused_gate_up,
             cpu_decode_attention=args.cpu_decode_attention,
             cpu_decode_split_keys=args.cpu_decode_split_keys,
+            cpu_isa=args.cpu_isa,
             native_argmax=args.native_argmax,
             cuda_attention_backend=args.cuda_attention_backend,
         ),

@@ -22,11 +22,16 @@ def configure_cpu_threads(device: DeviceConfig, rank: int, world_size: int, pin:
     pinned = cores_per_rank(device, world_size, usable) if pin else None
     if pinned is None:
         return None
-    from worker.native_ops import load_native_ops
+    from worker.native_ops import cpu_kernels
 
+    kernels = cpu_kernels()
+    if kernels is None:
+        # The pinning goes through the kernel library; torch's own ops (the "none" tier) run unpinned.
+        logger.warning("rank %d: threads not pinned: no CPU kernel library at the none tier", rank)
+        return None
     cores = pinned[rank]
     # More threads than cores (an explicit --num-threads) take the cores in turn.
-    bound = load_native_ops().bind_threads([cores[i % len(cores)] for i in range(threads)])
+    bound = kernels.bind_threads([cores[i % len(cores)] for i in range(threads)])
     if any(core < 0 for core in bound):
         logger.warning("rank %d: the kernel refused some thread pinnings (per thread: %s)", rank, bound)
     else:

@@ -1,7 +1,8 @@
-"""The elementwise ops of a decoder layer, picked per device.
+"""The ops of a decoder layer, picked per device.
 
-On CPU they are fused C++ kernels (csrc/cpu/layer_ops.cpp), one dispatch each; elsewhere they
-are the torch compositions below, written in transformers' order of operations.
+On CPU they are Sluice's kernels of the tier this process runs (worker/native_ops.py: the packed GEMM and
+fused elementwise kernels, one dispatch each); on CUDA, and on CPU at the "none" tier, they are the torch
+compositions below, written in transformers' order of operations.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class LayerOps(Protocol):
         """Rotate qk [num_tokens, heads, head_dim] in place; sin_signed carries rotate_half's sign."""
         ...
 
+    def qk_norm(
+        self, qk: torch.Tensor, q_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+    ) -> None:
+        """Qwen3's per-head norms of qk [num_tokens, heads, head_dim] in place: rms_norm over each head,
+        times q_weight for its first q_heads heads and k_weight for the rest."""
+        ...
+
 
 class TorchLayerOps:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -90,10 +98,21 @@ class TorchLayerOps:
         rotated = qk.roll(half, dims=-1) * sin_signed[:, None]
         qk.copy_(qk * cos[:, None] + rotated)
 
+    def qk_norm(
+        self, qk: torch.Tensor, q_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+    ) -> None:
+        normed = F.rms_norm(qk, (qk.shape[-1],), None, eps)
+        normed[:, :q_heads] *= q_weight
+        normed[:, q_heads:] *= k_weight
+        qk.copy_(normed)
+
 
 def layer_ops_for(device: torch.device) -> LayerOps:
+    """The CPU kernels of this process's tier, else (CUDA, or the "none" tier) torch's ops."""
     if device.type == "cpu":
-        from worker.native_ops import load_native_ops
+        from worker.native_ops import cpu_kernels
 
-        return load_native_ops()
+        ops = cpu_kernels()
+        if ops is not None:
+            return ops
     return TorchLayerOps()

@@ -31,7 +31,7 @@ from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
 from worker.model_loader import load_model
-from worker.native_ops import load_native_ops
+from worker.native_ops import cpu_kernels, use_cpu_isa
 from worker.prompt_logprobs import StepPromptLogprobs, step_prompt_logprobs
 from worker.request_state import RequestState
 from worker.sampler import Sampler, SamplerOutput, native_argmax, torch_argmax
@@ -95,6 +95,9 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         self.num_layers = spec.num_layers
         kernel = config.kernel
+        if device.type == "cpu":
+            # Before anything is built: the model's ops, its attention and its step take this tier's kernels.
+            use_cpu_isa(kernel.cpu_isa)
         attention = select_attention_backend(
             device, block_size=self.block_size, dtype=self.dtype, kernel=kernel
         )
@@ -136,11 +139,8 @@ class ModelRunner:
         )
         self.dispatcher = build_dispatcher(config.graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.
-        argmax = (
-            native_argmax(load_native_ops())
-            if device.type == "cpu" and kernel.native_argmax
-            else torch_argmax
-        )
+        kernels = cpu_kernels() if device.type == "cpu" else None
+        argmax = native_argmax(kernels) if kernels is not None and kernel.native_argmax else torch_argmax
         self.sampler = Sampler(tensor_parallel_group().shared_generator(), argmax)
         self.requests: dict[str, RequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -11,6 +11,7 @@ from sluice.worker_seam import SchedulerOutput
 from worker.cpu_threads import configure_cpu_threads
 from worker.distributed import init_tensor_parallel
 from worker.model_runner import ModelRunner, ReceiveBitmask, StepResult
+from worker.native_ops import use_cpu_isa
 
 
 class Worker:
@@ -29,6 +30,9 @@ class Worker:
         self.rank = rank
         if config.device.device == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError("--device cuda was asked for, but torch sees no CUDA device")
+        if config.device.device == "cpu":
+            # Before the threads are pinned (the kernel library pins them) and before the model is built.
+            use_cpu_isa(config.kernel.cpu_isa)
         configure_cpu_threads(config.device, rank, world_size, pin_threads)
         self.device = torch.device(config.device.device)
         # Before the model is built: its layers read their shard from the tensor-parallel group.

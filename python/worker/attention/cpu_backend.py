@@ -1,24 +1,22 @@
-"""CPU attention: C++ kernels that write and read the paged KV cache in place."""
+"""CPU attention: Sluice's kernels (of the tier this process runs) write and read the paged KV cache in place."""
 
 from __future__ import annotations
 
 import torch
 
 from worker.attention.backend import AttentionMetadata
-from worker.native_ops import load_native_ops
+from worker.native_ops import NativeOps
 
 
 class CpuAttentionBackend:
     supports_full_graph = True
 
-    def __init__(self, decode_path: bool = True, split_keys: bool = True) -> None:
+    def __init__(self, ops: NativeOps, decode_path: bool = True, split_keys: bool = True) -> None:
         """decode_path: one-token sequences take the kernel's decode path (KernelConfig.cpu_decode_attention);
         split_keys: that path may split their keys among the threads (KernelConfig.cpu_decode_split_keys)."""
+        self.ops = ops
         self.decode_path = decode_path
         self.split_keys = split_keys
-        ops = load_native_ops()
-        self._write_kv_cache = ops.write_kv_cache
-        self._paged_attention = ops.paged_attention
 
     def forward(
         self,
@@ -30,9 +28,9 @@ class CpuAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        self._write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+        self.ops.write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = query.new_empty(query.shape)
-        self._paged_attention(
+        self.ops.paged_attention(
             out,
             query,
             key_cache,

@@ -3,8 +3,9 @@
 On CUDA, flash-attn serves when it imports and fits the cache (block size a multiple of 256,
 fp16/bf16); otherwise Triton. KernelConfig.cuda_attention_backend (--cuda-attention-backend)
 "triton" or "flash_attn" forces one (the off switch for measuring flash-attn against Triton);
-forcing flash-attn where it does not fit is an error that says why. On CPU,
-KernelConfig.cpu_decode_attention turns the C++ kernel's decode path off, and
+forcing flash-attn where it does not fit is an error that says why. On CPU, Sluice's kernels of the
+process's tier serve (worker/native_ops.py), or torch's own ops at the "none" tier;
+KernelConfig.cpu_decode_attention turns the kernel's decode path off, and
 KernelConfig.cpu_decode_split_keys its splitting of a few sequences' keys among the threads.
 """
 
@@ -28,10 +29,17 @@ def select_attention_backend(
 ) -> AttentionBackend:
     """block_size and dtype describe the KV cache; without them flash-attn is never picked."""
     if device.type == "cpu":
+        from worker.native_ops import cpu_kernels
+
+        ops = cpu_kernels()
+        if ops is None:
+            from worker.attention.torch_backend import TorchAttentionBackend
+
+            return TorchAttentionBackend()
         from worker.attention.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend(
-            decode_path=kernel.cpu_decode_attention, split_keys=kernel.cpu_decode_split_keys
+            ops, decode_path=kernel.cpu_decode_attention, split_keys=kernel.cpu_decode_split_keys
         )
     if device.type == "cuda":
         return _cuda_backend(block_size, dtype, kernel.cuda_attention_backend)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
@@ -197,9 +196,7 @@ class DecoderLayer(nn.Module):
         qkv = ops.linear(x, t.qkv_weight, t.qkv_bias).view(num_tokens, -1, t.head_dim)
         qk = qkv[:, : heads + kv_heads]
         if t.q_norm is not None:
-            qk = F.rms_norm(qk, (t.head_dim,), None, t.eps)
-            qk[:, :heads] *= t.q_norm
-            qk[:, heads:] *= t.k_norm
+            ops.qk_norm(qk, heads, t.q_norm, t.k_norm, t.eps)
         ops.rotary_embedding(qk, cos, sin)
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 

@@ -1,7 +1,8 @@
-"""A slow, obviously correct attention backend: the oracle that the real backends are tested against.
+"""Attention in torch's own ops: the CPU's backend at the "none" tier (no Sluice kernels), and the
+obviously correct oracle that the real backends are tested against.
 
-It gathers each sequence's whole KV out of the paged cache, which is exactly
-what the real backends must not do.
+It gathers each sequence's whole KV out of the paged cache, which is exactly what the fast backends
+must not do; it is slow, and it is meant to be plainly right.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from worker.attention.backend import AttentionMetadata
 
 
-class ReferenceAttentionBackend:
+class TorchAttentionBackend:
     # It reads lengths back to the host, which a captured graph cannot do.
     supports_full_graph = False
 

@@ -60,13 +60,13 @@ def _run_on_rank(
     results = []
     tp = tensor_parallel_group()
     for folder in folders:
-        model = load_float32(folder)
+        # The shards as loaded: the CPU kernels' packed form of a weight is its tier's, not [out, in].
         params = {
             name: param.clone()
-            for name, param in model.named_parameters()
+            for name, param in load_float32(folder, packed_linear=False).named_parameters()
             if param_names is None or name in param_names
         }
-        tokens, logits = greedy_generate(model, prompts, MAX_NEW_TOKENS)
+        tokens, logits = greedy_generate(load_float32(folder), prompts, MAX_NEW_TOKENS)
         torch.manual_seed(1000 + tp.rank)
         sampler = Sampler(tp.shared_generator())
         rows = torch.cat(logits)

@@ -62,10 +62,17 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def load_float32(folder: Path, device: str = "cpu") -> LlamaForCausalLM:
-    """This rank's shard of the model in `folder`, with the attention backend the worker uses."""
+def load_float32(folder: Path, device: str = "cpu", packed_linear: bool = True) -> LlamaForCausalLM:
+    """This rank's shard of the model in `folder`, with the attention backend the worker uses;
+    packed_linear False keeps the linear weights as loaded (KernelConfig.packed_linear)."""
     target = torch.device(device)
-    return load_model(read_model_spec(folder), torch.float32, target, select_attention_backend(target))
+    return load_model(
+        read_model_spec(folder),
+        torch.float32,
+        target,
+        select_attention_backend(target),
+        packed_linear=packed_linear,
+    )
 
 
 def greedy_generate(

@@ -97,6 +97,10 @@ struct Args {
     /// code that runs here, so only for clients that are trusted.
     #[arg(long)]
     trust_request_chat_template: bool,
+    /// The instruction-set tier of the CPU kernels the engine core's workers run (`sluice serve` passes
+    /// what its `--cpu-isa` resolves to here), shown on /version and as /metrics' cpu_kernels_info.
+    #[arg(long, default_value = "none")]
+    cpu_kernels: String,
 }
 
 impl Args {
@@ -116,6 +120,7 @@ impl Args {
             scheduling_policy: self.scheduling_policy,
             tool_call_parser: self.tool_call_parser.clone(),
             trust_request_chat_template: self.trust_request_chat_template,
+            cpu_kernels: self.cpu_kernels.clone(),
         })
     }
 

@@ -110,6 +110,8 @@ fn render_histogram(
 pub struct Metrics {
     prefix: MetricsPrefix,
     model_name: String,
+    /// The CPU kernels' tier, for the cpu_kernels_info gauge; None renders no such gauge.
+    cpu_kernels: Option<String>,
     /// One counter per finish reason, in `FinishReason::ALL`'s order.
     request_success: [AtomicU64; FinishReason::ALL.len()],
     prompt_tokens: AtomicU64,
@@ -130,6 +132,7 @@ impl Metrics {
         Metrics {
             prefix,
             model_name: model_name.into(),
+            cpu_kernels: None,
             request_success: Default::default(),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
@@ -143,6 +146,12 @@ impl Metrics {
             request_generation_tokens: Histogram::new(TOKEN_BUCKETS),
             request_max_num_generation_tokens: Histogram::new(TOKEN_BUCKETS),
         }
+    }
+
+    /// Renders `cpu_kernels_info{tier="..."} 1`, the tier of the CPU kernels the engine's workers run.
+    pub fn with_cpu_kernels(mut self, tier: String) -> Self {
+        self.cpu_kernels = Some(tier);
+        self
     }
 
     /// What the `choices` engine requests of one prompt share: `prompt_tokens` counts once.
@@ -257,6 +266,15 @@ impl Metrics {
                 "{name}{{{labels},finished_reason=\"{}\"}} {}",
                 reason.as_str(),
                 count.load(Ordering::Relaxed)
+            );
+        }
+        if let Some(tier) = &self.cpu_kernels {
+            let name = format!("{prefix}:cpu_kernels_info");
+            let _ = writeln!(
+                out,
+                "# HELP {name} The instruction-set tier of the CPU kernels the workers run (none: torch's own ops).\n\
+                 # TYPE {name} gauge\n{name}{{{labels},tier=\"{}\"}} 1",
+                escape_label(tier)
             );
         }
         let histograms = [
@@ -469,6 +487,20 @@ mod tests {
 
     fn metrics() -> Arc<Metrics> {
         Arc::new(Metrics::new("m", MetricsPrefix::Sluice))
+    }
+
+    #[test]
+    fn the_cpu_kernels_tier_is_a_label_of_an_info_gauge() {
+        let text = Metrics::new("m", MetricsPrefix::Vllm)
+            .with_cpu_kernels("avx2".into())
+            .render(&EngineStats::default(), 0);
+        assert!(text.contains("# TYPE vllm:cpu_kernels_info gauge\n"));
+        assert_eq!(
+            line(&text, "vllm:cpu_kernels_info{"),
+            "vllm:cpu_kernels_info{model_name=\"m\",tier=\"avx2\"} 1"
+        );
+        let without = Metrics::new("m", MetricsPrefix::Sluice).render(&EngineStats::default(), 0);
+        assert!(!without.contains("cpu_kernels_info"));
     }
 
     #[test]

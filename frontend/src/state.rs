@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub tool_call_parser: String,
     /// Requests may bring their own `chat_template`.
     pub trust_request_chat_template: bool,
+    /// The instruction-set tier of the CPU kernels that the engine core's workers run (`sluice serve`
+    /// resolves `--cpu-isa` on this machine), or `none`: shown on /version and /metrics.
+    pub cpu_kernels: String,
 }
 
 /// The engine core's `--scheduling-policy`, mirrored here: `sluice serve` passes the same value to both.
@@ -112,10 +115,10 @@ impl AppState {
                 config.tokenize_piece_bytes,
             ),
             chat_template,
-            metrics: Arc::new(Metrics::new(
-                config.served_model_name.clone(),
-                config.metrics_prefix,
-            )),
+            metrics: Arc::new(
+                Metrics::new(config.served_model_name.clone(), config.metrics_prefix)
+                    .with_cpu_kernels(config.cpu_kernels.clone()),
+            ),
             permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
             vocab_size,
             tool_call_parser,

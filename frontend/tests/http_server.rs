@@ -1026,6 +1026,8 @@ async fn models_tokenize_detokenize_and_version() {
     assert_eq!(status, StatusCode::OK);
     let version: Value = serde_json::from_str(&version).unwrap();
     assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
+    // The CPU kernels' tier that `sluice serve` passes (common::server_config says avx2).
+    assert_eq!(version["cpu_kernels"], "avx2");
 }
 
 #[tokio::test]

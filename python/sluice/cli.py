@@ -30,6 +30,15 @@ def _model_prepare(args: argparse.Namespace) -> None:
     print(prepare_default_model(args.cache_dir))
 
 
+def _info(args: argparse.Namespace) -> None:
+    from sluice.config import DeviceConfig
+    from sluice.system_info import run
+
+    sys.exit(
+        run(args.cpu_isa, DeviceConfig(cpu_bind=args.cpu_bind, omp_spin_count=args.omp_spin_count), args.json)
+    )
+
+
 def _serve(args: argparse.Namespace) -> None:
     from sluice.serve import serve
 
@@ -96,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_sweep_arguments(bench_sweep)
     bench_sweep.set_defaults(run=_bench_sweep)
+
+    info = commands.add_parser(
+        "info",
+        help="this machine's CPU features, the kernel tiers built and the one chosen, threads, versions",
+    )
+    from sluice.cpu_tiers import CPU_ISA_CHOICES
+
+    info.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="what --cpu-isa to resolve")
+    info.add_argument("--cpu-bind", default="auto", help="what --cpu-bind to resolve")
+    info.add_argument("--omp-spin-count", default="auto", help="what --omp-spin-count to resolve")
+    info.add_argument("--json", action="store_true", help="print the report as JSON")
+    info.set_defaults(run=_info)
 
     model = commands.add_parser("model", help="manage models")
     model_commands = model.add_subparsers(dest="model_command", required=True)

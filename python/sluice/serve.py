@@ -58,6 +58,7 @@ from sluice.engine_args import (
 )
 from sluice.errors import SluiceError
 from sluice.gguf_model import gguf_model_folder, is_gguf_file
+from sluice.kernel_libraries import choose_kernels
 from sluice.model_spec import read_model_spec
 
 # Where the replicas behind the router listen: this machine only.
@@ -304,6 +305,10 @@ def frontend_argv(
         argv.append("--metrics-without-auth")
     if args.trust_request_chat_template:
         argv.append("--trust-request-chat-template")
+    # The tier the workers will load (a parser without the engine's options has no --cpu-isa: none).
+    cpu_isa = getattr(args, "cpu_isa", None)
+    if cpu_isa is not None and args.device == "cpu":
+        argv += ["--cpu-kernels", choose_kernels(cpu_isa).tier]
     return argv
 
 

@@ -189,21 +189,23 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
 
 def open_library(path: Path) -> ctypes.CDLL:
     """The library with every function's signature set; OSError if it does not load, ValueError if it
-    speaks another ABI."""
+    speaks another ABI (its version, a missing function or a struct of another size)."""
     # RTLD_LOCAL: two tiers in one process (the tests compare them) keep their own symbols.
     library = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        function = getattr(library, name)
-        function.restype = restype
-        function.argtypes = argtypes
-    version = library.sluice_abi_version()
-    if version != ABI_VERSION:
-        raise ValueError(f"it speaks kernel ABI {version}, and this Sluice speaks {ABI_VERSION}")
+    try:
+        library.sluice_abi_version.restype = _i32
+        version = library.sluice_abi_version()
+        if version != ABI_VERSION:
+            raise ValueError(f"it speaks kernel ABI {version}, and this Sluice speaks {ABI_VERSION}")
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.restype = restype
+            function.argtypes = argtypes
+    except AttributeError as exc:
+        raise ValueError(f"it lacks a function of the kernel ABI ({exc})") from None
     sizes = (_i64 * len(STRUCTS))()
     library.sluice_struct_sizes(sizes)
     for struct, size in zip(STRUCTS, sizes, strict=True):
         if ctypes.sizeof(struct) != size:
-            raise ValueError(
-                f"its {struct.__name__} is {size} bytes, and this Sluice's is {ctypes.sizeof(struct)}"
-            )
+            raise ValueError(f"its {struct.__name__} is {size} bytes, and this Sluice's is {ctypes.sizeof(struct)}")
     return library

@@ -57,7 +57,7 @@ enum Success {
     Json(&'static str),
     /// JSON of the first schema, or (with `"stream": true`) server-sent events of the second.
     JsonOrEvents(&'static str, &'static str),
-    /// `{"version": "..."}`.
+    /// `{"version": "...", "cpu_kernels": "..."}`.
     Version,
     /// The Prometheus text exposition format.
     Prometheus,
@@ -222,7 +222,14 @@ fn success_response(success: &Success) -> ResponseBuilder {
         Success::Version => {
             let version = ObjectBuilder::new()
                 .property("version", ObjectBuilder::new().schema_type(Type::String))
-                .required("version");
+                .property(
+                    "cpu_kernels",
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .description(Some("The tier of the CPU kernels the workers run, or none")),
+                )
+                .required("version")
+                .required("cpu_kernels");
             ok.content("application/json", Content::new(Some(version)))
         }
         Success::Prometheus => {

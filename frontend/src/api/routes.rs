@@ -129,8 +129,11 @@ async fn block_pool_audit(
     }
 }
 
-async fn version() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+async fn version(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "cpu_kernels": state.config.cpu_kernels,
+    }))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

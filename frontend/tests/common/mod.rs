@@ -23,5 +23,6 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         scheduling_policy: SchedulingPolicy::Fcfs,
         tool_call_parser: "auto".into(),
         trust_request_chat_template: false,
+        cpu_kernels: "avx2".into(),
     }
 }

@@ -1,0 +1,269 @@
+// Checks one kernel library (any tier, any architecture) through its C ABI against plain scalar
+// references, with no torch and no Python: the test suite runs it natively for every tier this CPU
+// runs, and for the aarch64 build under qemu-user (tests/test_kernel_build.py).
+//   kernel_check LIBRARY        prints one line per group of checks; exit status 0 only if all pass.
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../cpu/dtypes.h"
+#include "../cpu/ops.h"
+
+using namespace sluice::cpu;
+
+namespace {
+
+// abi.cpp's PackedInfo.
+struct PackedInfo {
+  int64_t n, k, out_features, total_ints;
+  int32_t gated, k_blocks, format, dtype, lanes;
+};
+
+struct Library {
+  void* handle;
+  const char* (*last_error)();
+  const char* (*tier)();
+  int32_t (*packing_info)(int32_t, int64_t, int64_t, int32_t, int32_t, PackedInfo*);
+  int32_t (*pack_weight)(const void*, int32_t, int64_t, int64_t, int64_t, int64_t, int32_t, int32_t, int32_t*,
+                         int64_t);
+  int32_t (*linear)(const Matrix*, const int32_t*, int64_t, const void*, const Matrix*);
+  int32_t (*rms_norm)(const Matrix*, const Matrix*, const void*, double);
+  int32_t (*silu_and_mul)(const Matrix*, const Matrix*);
+  int32_t (*argmax_rows)(const Matrix*, int64_t*);
+  int32_t (*write_kv_cache)(const Heads*, const Heads*, const KvCache*, const Slots*);
+  int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int32_t, int32_t);
+};
+
+template <typename F>
+void bind(void* handle, const char* name, F& slot) {
+  slot = reinterpret_cast<F>(dlsym(handle, name));
+  if (slot == nullptr) {
+    std::fprintf(stderr, "kernel_check: the library lacks %s\n", name);
+    std::exit(2);
+  }
+}
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    if (failures <= 20) std::printf("FAIL %s\n", what.c_str());
+  }
+}
+
+void ok_or_die(const Library& lib, int32_t status, const char* call) {
+  if (status != 0) {
+    std::printf("FAIL %s: %s\n", call, lib.last_error());
+    std::exit(1);
+  }
+}
+
+std::mt19937 rng(1234);
+
+float random_value() { return std::normal_distribution<float>(0.0f, 1.0f)(rng); }
+
+// n values of type T, rounded from random floats, and the floats they hold.
+template <typename T>
+std::vector<T> random_values(size_t n, std::vector<float>& held) {
+  std::vector<T> out(n);
+  held.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = from_float<T>(random_value());
+    held[i] = to_float(out[i]);
+  }
+  return out;
+}
+
+template <typename T>
+float half_ulp() {
+  if constexpr (std::is_same_v<T, bf16>) return 1.0f / 256;
+  if constexpr (std::is_same_v<T, fp16>) return 1.0f / 2048;
+  return 0.0f;
+}
+
+template <typename T>
+std::vector<int32_t> pack(const Library& lib, const std::vector<T>& w, int64_t n, int64_t k, int32_t layout) {
+  PackedInfo info{};
+  ok_or_die(lib, lib.packing_info(int32_t(dtype_of<T>()), n, k, layout, 1, &info), "packing_info");
+  std::vector<int32_t> packed(info.total_ints);
+  ok_or_die(lib, lib.pack_weight(w.data(), int32_t(dtype_of<T>()), n, k, k, 1, layout, 1, packed.data(), info.total_ints),
+            "pack_weight");
+  return packed;
+}
+
+// x [m, k] @ w^T + bias against float64 sums, within float32 accumulation and T's rounding.
+template <typename T>
+void check_linear(const Library& lib, int64_t m, int64_t n, int64_t k) {
+  std::vector<float> xf, wf, bf;
+  const std::vector<T> x = random_values<T>(m * k, xf), w = random_values<T>(n * k, wf), b = random_values<T>(n, bf);
+  const std::vector<int32_t> packed = pack(lib, w, n, k, 0);
+  std::vector<float> out32(m * n);
+  std::vector<T> out(m * n);
+  const Matrix xm{const_cast<T*>(x.data()), dtype_of<T>(), m, k, k};
+  const Matrix o32{out32.data(), DType::kFloat32, m, n, n}, o{out.data(), dtype_of<T>(), m, n, n};
+  ok_or_die(lib, lib.linear(&xm, packed.data(), int64_t(packed.size()), b.data(), &o32), "linear (float32 out)");
+  ok_or_die(lib, lib.linear(&xm, packed.data(), int64_t(packed.size()), b.data(), &o), "linear");
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      double exact = bf[c], magnitude = std::fabs(bf[c]);
+      for (int64_t j = 0; j < k; ++j) {
+        exact += double(xf[r * k + j]) * wf[c * k + j];
+        magnitude += std::fabs(double(xf[r * k + j]) * wf[c * k + j]);
+      }
+      const double tolerance = 8 * std::sqrt(double(k)) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+      const std::string where = std::string("linear ") + dtype_name(dtype_of<T>()) + " [" + std::to_string(m) +
+                                "," + std::to_string(n) + "," + std::to_string(k) + "] at (" + std::to_string(r) +
+                                "," + std::to_string(c) + ")";
+      expect(std::fabs(out32[r * n + c] - exact) <= tolerance, where + " float32");
+      expect(std::fabs(to_float(out[r * n + c]) - exact) <= tolerance + half_ulp<T>() * std::fabs(exact), where);
+    }
+  }
+}
+
+// A gated weight's epilogue equals silu_and_mul over the plain product, bit for bit.
+template <typename T>
+void check_gated(const Library& lib, int64_t m, int64_t width, int64_t k) {
+  std::vector<float> held;
+  const std::vector<T> x = random_values<T>(m * k, held), w = random_values<T>(2 * width * k, held);
+  const std::vector<int32_t> gated = pack(lib, w, 2 * width, k, 1), plain = pack(lib, w, 2 * width, k, 0);
+  std::vector<T> fused(m * width), gate_up(m * 2 * width), unfused(m * width);
+  const Matrix xm{const_cast<T*>(x.data()), dtype_of<T>(), m, k, k};
+  const Matrix fo{fused.data(), dtype_of<T>(), m, width, width};
+  const Matrix go{gate_up.data(), dtype_of<T>(), m, 2 * width, 2 * width};
+  const Matrix uo{unfused.data(), dtype_of<T>(), m, width, width};
+  ok_or_die(lib, lib.linear(&xm, gated.data(), int64_t(gated.size()), nullptr, &fo), "linear (gated)");
+  ok_or_die(lib, lib.linear(&xm, plain.data(), int64_t(plain.size()), nullptr, &go), "linear");
+  ok_or_die(lib, lib.silu_and_mul(&uo, &go), "silu_and_mul");
+  expect(std::memcmp(fused.data(), unfused.data(), fused.size() * sizeof(T)) == 0,
+         std::string("gated ") + dtype_name(dtype_of<T>()) + " equals silu_and_mul of the plain product");
+}
+
+void check_rms_norm(const Library& lib) {
+  const int64_t rows = 5, n = 200;
+  std::vector<float> x(rows * n), w(n), out(rows * n);
+  for (float& v : x) v = random_value() * 3;
+  for (float& v : w) v = random_value();
+  const Matrix xm{x.data(), DType::kFloat32, rows, n, n}, om{out.data(), DType::kFloat32, rows, n, n};
+  ok_or_die(lib, lib.rms_norm(&om, &xm, w.data(), 1e-5), "rms_norm");
+  for (int64_t r = 0; r < rows; ++r) {
+    double squares = 0;
+    for (int64_t i = 0; i < n; ++i) squares += double(x[r * n + i]) * x[r * n + i];
+    const double inv = 1 / std::sqrt(squares / n + 1e-5);
+    for (int64_t i = 0; i < n; ++i)
+      expect(std::fabs(out[r * n + i] - w[i] * x[r * n + i] * inv) <= 1e-5 * (1 + std::fabs(w[i] * x[r * n + i] * inv)),
+             "rms_norm at " + std::to_string(r) + "," + std::to_string(i));
+  }
+}
+
+void check_argmax(const Library& lib) {
+  const int64_t rows = 7, n = 1000;
+  std::vector<float> x(rows * n);
+  for (float& v : x) v = random_value();
+  x[3 * n + 999] = 50;  // in the tail past the last whole vector
+  x[5 * n + 10] = x[5 * n + 20] = 60;  // equal maxima: the first
+  std::vector<int64_t> got(rows);
+  const Matrix xm{x.data(), DType::kFloat32, rows, n, n};
+  ok_or_die(lib, lib.argmax_rows(&xm, got.data()), "argmax_rows");
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i)
+      if (x[r * n + i] > x[r * n + best]) best = i;
+    expect(got[r] == best, "argmax of row " + std::to_string(r));
+  }
+}
+
+// Two sequences in a float32 paged cache (block size 4): a 7-token prefill chunk after 5 cached tokens,
+// and a decode at 23 tokens, against softmax attention written out.
+void check_attention(const Library& lib, bool decode_path) {
+  const int64_t heads = 4, kv_heads = 2, dim = 32, block = 4, blocks = 16;
+  const std::vector<int32_t> lens = {12, 23}, q_lens = {7, 1};
+  const std::vector<int32_t> qsl = {0, 7, 8};
+  std::vector<int32_t> table = {3, 9, 1, -1, -1, -1, 0, 2, 4, 5, 6, 7};  // 2 rows of 6 blocks
+  std::vector<float> k_cache(blocks * block * kv_heads * dim), v_cache(k_cache.size());
+  for (float& v : k_cache) v = random_value();
+  for (float& v : v_cache) v = random_value();
+  std::vector<float> q(8 * heads * dim), out(q.size());
+  for (float& v : q) v = random_value();
+  const Heads qh{q.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
+  const Heads oh{out.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
+  const KvCache cache{k_cache.data(), v_cache.data(), DType::kFloat32, blocks, block, kv_heads, dim};
+  const Batch batch{qsl.data(), lens.data(), 2, table.data(), 2, 6};
+  const double scale = 1 / std::sqrt(double(dim));
+  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, decode_path, 1), "paged_attention");
+  for (int s = 0; s < 2; ++s) {
+    for (int t = 0; t < q_lens[s]; ++t) {
+      const int row = qsl[s] + t, pos = lens[s] - q_lens[s] + t;
+      for (int h = 0; h < heads; ++h) {
+        const int g = h / (heads / kv_heads);
+        std::vector<double> scores(pos + 1);
+        double top = -1e300, sum = 0;
+        for (int key = 0; key <= pos; ++key) {
+          const float* kr = &k_cache[((table[s * 6 + key / block] * block + key % block) * kv_heads + g) * dim];
+          double dot = 0;
+          for (int d = 0; d < dim; ++d) dot += double(q[(row * heads + h) * dim + d]) * kr[d];
+          scores[key] = dot * scale;
+          top = std::max(top, scores[key]);
+        }
+        for (double& v : scores) sum += (v = std::exp(v - top));
+        for (int d = 0; d < dim; ++d) {
+          double want = 0;
+          for (int key = 0; key <= pos; ++key)
+            want += scores[key] / sum *
+                    v_cache[((table[s * 6 + key / block] * block + key % block) * kv_heads + g) * dim + d];
+          expect(std::fabs(out[(row * heads + h) * dim + d] - want) <= 2e-5,
+                 std::string("attention (decode path ") + (decode_path ? "on" : "off") + ") row " +
+                     std::to_string(row) + " head " + std::to_string(h));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: kernel_check LIBRARY\n");
+    return 2;
+  }
+  Library lib{};
+  lib.handle = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle == nullptr) {
+    std::fprintf(stderr, "kernel_check: %s\n", dlerror());
+    return 2;
+  }
+  bind(lib.handle, "sluice_last_error", lib.last_error);
+  bind(lib.handle, "sluice_tier", lib.tier);
+  bind(lib.handle, "sluice_packing_info", lib.packing_info);
+  bind(lib.handle, "sluice_pack_weight", lib.pack_weight);
+  bind(lib.handle, "sluice_linear", lib.linear);
+  bind(lib.handle, "sluice_rms_norm", lib.rms_norm);
+  bind(lib.handle, "sluice_silu_and_mul", lib.silu_and_mul);
+  bind(lib.handle, "sluice_argmax_rows", lib.argmax_rows);
+  bind(lib.handle, "sluice_write_kv_cache", lib.write_kv_cache);
+  bind(lib.handle, "sluice_paged_attention", lib.paged_attention);
+  for (int64_t m : {1, 3, 7, 13, 40}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{17, 3}, {64, 64}, {130, 257}}) {
+      check_linear<float>(lib, m, n, k);
+      check_linear<bf16>(lib, m, n, k);
+      check_linear<fp16>(lib, m, n, k);
+    }
+    check_gated<float>(lib, m, 40, 33);
+    check_gated<bf16>(lib, m, 40, 33);
+    check_gated<fp16>(lib, m, 40, 33);
+  }
+  std::printf("linear: done\n");
+  check_rms_norm(lib);
+  check_argmax(lib);
+  check_attention(lib, true);
+  check_attention(lib, false);
+  std::printf("kernel_check: %s tier: %s\n", lib.tier(), failures == 0 ? "every check passed" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}

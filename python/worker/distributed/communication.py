@@ -27,11 +27,25 @@ class TensorParallelGroup:
         self.device = device or torch.device("cpu")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place; returns `x`. Row-parallel outputs and embedding rows."""
+        """Sum `x` over the ranks, in place; returns `x`. Row-parallel outputs and embedding rows.
+
+        Each element is summed in rank order in float32 and rounded to x's dtype once, so its value does
+        not depend on the rest of the tensor. A library all-reduce (gloo's ring) splits the tensor into
+        chunks by its size and adds each chunk in a different rank order, so one row's sum, rounded in
+        bf16 at every step, would depend on how many rows share the step: a request's greedy tokens
+        would change with the batch it lands in. The ranks gather every partial sum instead.
+        """
         if self.size == 1:
             return x
         assert x.is_contiguous()
-        dist.all_reduce(x, group=self.group)
+        # The collective stacks the ranks' tensors along the first dimension.
+        gathered = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(gathered, x, group=self.group)
+        gathered = gathered.view(self.size, *x.shape)
+        total = gathered[0].to(torch.float32, copy=True)
+        for rank in range(1, self.size):
+            total += gathered[rank]
+        x.copy_(total)
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:

@@ -71,19 +71,29 @@ def systems_for(
     return systems
 
 
-def read_floor_ms(model: Path) -> dict[str, float]:
-    """Read bandwidth now, and the model's one-stream decode floor at that bandwidth."""
+def read_floor_ms(model: Path, fma_tier: str | None = None) -> dict[str, float]:
+    """Read bandwidth now, the model's one-stream decode floor at that bandwidth, and with fma_tier
+    that kernel tier's fp32 FMA peak (GFLOP/s)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = [sys.executable, str(BENCH_DIR / "limits.py"), "--no-matmul", "--model", str(model)]
+        argv += [] if fma_tier is None else ["--fma-tier", fma_tier]
         subprocess.run([*argv, "--json", out.name], check=True, stdout=subprocess.DEVNULL)
         figures = json.loads(Path(out.name).read_text())
-    return {"read_gbs": figures["read_gbs"], "floor_ms": figures["models"][str(model)]["decode_floor_ms"]}
+    bounds = {"read_gbs": figures["read_gbs"], "floor_ms": figures["models"][str(model)]["decode_floor_ms"]}
+    if fma_tier is not None:
+        bounds["fma_peak_gflops"] = figures["fma_peak_gflops"]
+    return bounds
 
 
 def run_phase(
-    model: Path, workloads: list[str], systems: list[System], args: argparse.Namespace
+    model: Path,
+    workloads: list[str],
+    systems: list[System],
+    args: argparse.Namespace,
+    fma_tier: str | None = None,
 ) -> dict[str, Any]:
-    """Every run of every workload on every system, alternating; the systems' order rotates per run."""
+    """Every run of every workload on every system, alternating; the systems' order rotates per run.
+    Before each run the bounds are measured (read_floor_ms, with fma_tier's FMA peak)."""
     figures: dict[str, dict[str, list[dict[str, float]]]] = {
         w: {s.name: [] for s in systems} for w in workloads
     }
@@ -101,7 +111,7 @@ def run_phase(
                     child.ask({"workload": workload, "warmup": True})
         for run in range(args.runs):
             with bench_lock(args.lock, exclusive=True):
-                floors.append(read_floor_ms(model))
+                floors.append(read_floor_ms(model, fma_tier))
                 log(f"run {run + 1}/{args.runs}: read bandwidth {floors[-1]['read_gbs']:.1f} GB/s")
                 order = children[run % len(children) :] + children[: run % len(children)]
                 for workload in workloads:

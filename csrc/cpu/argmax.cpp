@@ -1,11 +1,12 @@
 // The index of each row's largest value, as torch.argmax(dim=-1) picks it: the first of equal maxima,
-// and a NaN above everything (the first NaN, if a row has one). One pass per row: each of 16 lanes
+// and a NaN above everything (the first NaN, if a row has one). One pass per row: each lane of a register
 // keeps the largest value it has seen and where, taking a later value only when strictly larger, so
 // a lane's index is the first of its maxima; the lanes are merged once at the end. (torch's argmax
 // ran at about a tenth of the speed of its amax on 64 rows of 49,152 logits.)
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "check.h"
 #include "ops.h"
@@ -18,15 +19,21 @@ namespace {
 // Rows per thread chunk: a row of a large vocabulary is already tens of microseconds of work.
 constexpr int64_t kRowGrain = 1;
 
+template <int... L>
+constexpr vin lane_indexes(std::integer_sequence<int, L...>) {
+  return vin{L...};
+}
+
 int64_t row_argmax(const float* x, int64_t n) {
-  const int64_t full = n / 16 * 16;
-  const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  v16 best = splat(-std::numeric_limits<float>::infinity());
-  vi16 where = vi16{} - 1;
-  vi16 nan_lanes{};
-  for (int64_t i = 0; i < full; i += 16) {
-    const v16 v = load(x + i);
-    const vi16 larger = v > best;
+  constexpr int kLanes = kNativeLanes;
+  const int64_t full = n / kLanes * kLanes;
+  const vin lane = lane_indexes(std::make_integer_sequence<int, kLanes>{});
+  vn best = splat_as<vn>(-std::numeric_limits<float>::infinity());
+  vin where = vin{} - 1;
+  vin nan_lanes{};
+  for (int64_t i = 0; i < full; i += kLanes) {
+    const vn v = load_as<vn>(x + i);
+    const vin larger = v > best;
     best = larger ? v : best;
     where = larger ? lane + int32_t(i) : where;
     nan_lanes |= v != v;
@@ -34,7 +41,7 @@ int64_t row_argmax(const float* x, int64_t n) {
   bool nan = false;
   float top = -std::numeric_limits<float>::infinity();
   int64_t at = -1;
-  for (int l = 0; l < 16; ++l) {
+  for (int l = 0; l < kLanes; ++l) {
     nan |= nan_lanes[l] != 0;
     if (where[l] >= 0 && (best[l] > top || (best[l] == top && where[l] < at))) {
       top = best[l];

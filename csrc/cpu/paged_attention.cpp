@@ -26,9 +26,23 @@ namespace sluice::cpu {
 namespace {
 
 constexpr int kChunk = 16;
+// Query rows per decode kernel call: all of a KV head's group at once where it has up to 4, so that each
+// K and V row is widened once for the whole group.
+constexpr int kDecodeRows = 4;
+#if defined(__AVX512F__)
+// Register tiles for 32 registers of 16 floats: QK rows, P.V rows x 16-dim vectors (prefill), 16-dim
+// vectors per decode P.V pass (4 rows x 4 key quads of accumulators fill half the registers).
 constexpr int kQkRows = 12;
 constexpr int kPvRows = 6;
 constexpr int kPvVecs = 4;
+constexpr int kDecodePvVecs = 4;
+#else
+// On 16 registers of 8 floats (AVX2), where a v16 takes two, the tiles that fit without spilling.
+constexpr int kQkRows = 6;
+constexpr int kPvRows = 2;
+constexpr int kPvVecs = 2;
+constexpr int kDecodePvVecs = 1;
+#endif
 // Rows (query tokens x group heads) per work item: enough to amortise widening K, few enough that
 // the float query and accumulator tiles stay near L1.
 constexpr int kTileRows = 48;
@@ -37,8 +51,6 @@ constexpr int64_t kSerialWork = 4096;
 // Keys whose scores are computed before one softmax pass and one P.V pass; the online rescale runs
 // once per segment. 256 keys of K and V for a 64-dim bf16 head stay in L1.
 constexpr int kSegKeys = 256;
-// Query rows per decode kernel call: 4 rows x 4 key quads of accumulators fill half the registers.
-constexpr int kDecodeRows = 4;
 constexpr int kMaxDecodeRows = 16;
 constexpr int kMaxDecodeDim = 1024;
 // How many 16-key chunks ahead of the dot products the decode path prefetches K and V into L2.
@@ -127,13 +139,16 @@ struct Scratch {
 // s[r] = q[r] . K for R rows, where kt holds the chunk's keys transposed: kt[d * 16 + key].
 template <int R>
 void qk_rows(const float* q, int dim, const float* kt, float* s) {
-  v16 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = v16{};
+  constexpr int N = kChunk / kNativeLanes;
+  vn acc[R][N] = {};
   for (int d = 0; d < dim; ++d) {
-    const v16 k = load(kt + d * kChunk);
-    for (int r = 0; r < R; ++r) acc[r] += q[r * dim + d] * k;
+    vn k[N];
+    for (int n = 0; n < N; ++n) k[n] = load_as<vn>(kt + d * kChunk + n * kNativeLanes);
+    for (int r = 0; r < R; ++r)
+      for (int n = 0; n < N; ++n) acc[r][n] += q[r * dim + d] * k[n];
   }
-  for (int r = 0; r < R; ++r) store(s + r * kChunk, acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) store_as(s + r * kChunk + n * kNativeLanes, acc[r][n]);
 }
 
 template <int... I>
@@ -151,19 +166,20 @@ void qk(const float* q, int dim, const float* kt, int rows, float* s) {
 // acc[r] = acc[r] * alpha[r] + sum_i p[r][i] * v[i] over Z vectors of dims starting at `off`.
 template <typename C, int R, int Z>
 void pv_rows(float* acc, int dim, const float* p, const float* alpha, const C* const* v, int nk, int off) {
-  v16 a[R][Z];
+  constexpr int N = Z * 16 / kNativeLanes;
+  vn a[R][N];
   for (int r = 0; r < R; ++r)
-    for (int z = 0; z < Z; ++z) a[r][z] = load(acc + r * dim + off + z * 16) * alpha[r];
+    for (int n = 0; n < N; ++n) a[r][n] = load_as<vn>(acc + r * dim + off + n * kNativeLanes) * alpha[r];
   for (int i = 0; i < nk; ++i) {
-    v16 vv[Z];
-    for (int z = 0; z < Z; ++z) vv[z] = load(v[i] + off + z * 16);
+    vn vv[N];
+    for (int n = 0; n < N; ++n) vv[n] = load_as<vn>(v[i] + off + n * kNativeLanes);
     for (int r = 0; r < R; ++r) {
       const float w = p[r * kChunk + i];
-      for (int z = 0; z < Z; ++z) a[r][z] += w * vv[z];
+      for (int n = 0; n < N; ++n) a[r][n] += w * vv[n];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int z = 0; z < Z; ++z) store(acc + r * dim + off + z * 16, a[r][z]);
+    for (int n = 0; n < N; ++n) store_as(acc + r * dim + off + n * kNativeLanes, a[r][n]);
 }
 
 template <typename C, int R>
@@ -317,6 +333,10 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   }
 }
 
+#if defined(__AVX512F__)
+// How the decode path holds a float query row: dim / 4 vectors, each 4 of its dims in every 128-bit lane.
+constexpr int kQueryFloatsPerDim = 4;
+
 // s[r][key] = q[r] . k[key] for 16 keys, with q as dim / 4 vectors per row, each holding 4 of its
 // dims (pre-scaled) in every 128-bit lane; see bf16dot::decode_qk for the layout.
 template <typename C, int R>
@@ -335,23 +355,57 @@ void decode_qk_float(const float* q, int dim, const C* const* k, float* s, int s
   }
   for (int r = 0; r < R; ++r) store(s + r * s_stride, sum_quads(acc[r]));
 }
+#else
+// How the decode path holds a float query row: its dims, pre-scaled.
+constexpr int kQueryFloatsPerDim = 1;
+
+// s[r][key] = q[r] . k[key] for 16 keys, on 8-lane vectors: two keys at a time for every row, each row's
+// dot product with each key an 8-lane partial sum over the dims, summed across its lanes once (sum4). So
+// each K row is widened once for all R rows, and R x 2 accumulators fit AVX2's 16 registers.
+template <typename C, int R>
+void decode_qk_float(const float* q, int dim, const C* const* k, float* s, int s_stride) {
+  for (int k0 = 0; k0 < kChunk; k0 += 2) {
+    v8 acc[R][2] = {};
+    for (int d = 0; d < dim; d += 8) {
+      const v8 key[2] = {load_as<v8>(k[k0] + d), load_as<v8>(k[k0 + 1] + d)};
+      for (int r = 0; r < R; ++r) {
+        const v8 query = load_as<v8>(q + r * dim + d);
+        acc[r][0] += query * key[0];
+        acc[r][1] += query * key[1];
+      }
+    }
+    for (int r = 0; r < R; r += 2) {
+      float sums[4];
+      const v8 four[4] = {acc[r][0], acc[r][1], acc[r + 1 < R ? r + 1 : r][0], acc[r + 1 < R ? r + 1 : r][1]};
+      sum4(four, sums);
+      s[r * s_stride + k0] = sums[0];
+      s[r * s_stride + k0 + 1] = sums[1];
+      if (r + 1 < R) {
+        s[(r + 1) * s_stride + k0] = sums[2];
+        s[(r + 1) * s_stride + k0 + 1] = sums[3];
+      }
+    }
+  }
+}
+#endif
 
 // acc[r] += sum_i p[r][i] * v[i] over Z vectors of dims starting at `off`.
 template <typename C, int R, int Z>
 void decode_pv_float(float* acc, int dim, const float* p, int p_stride, const C* const* v, int nk, int off) {
-  v16 a[R][Z];
+  constexpr int N = Z * 16 / kNativeLanes;
+  vn a[R][N];
   for (int r = 0; r < R; ++r)
-    for (int z = 0; z < Z; ++z) a[r][z] = load(acc + r * dim + off + z * 16);
+    for (int n = 0; n < N; ++n) a[r][n] = load_as<vn>(acc + r * dim + off + n * kNativeLanes);
   for (int i = 0; i < nk; ++i) {
-    v16 vv[Z];
-    for (int z = 0; z < Z; ++z) vv[z] = load(v[i] + off + z * 16);
+    vn vv[N];
+    for (int n = 0; n < N; ++n) vv[n] = load_as<vn>(v[i] + off + n * kNativeLanes);
     for (int r = 0; r < R; ++r) {
       const float w = p[r * p_stride + i];
-      for (int z = 0; z < Z; ++z) a[r][z] += w * vv[z];
+      for (int n = 0; n < N; ++n) a[r][n] += w * vv[n];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int z = 0; z < Z; ++z) store(acc + r * dim + off + z * 16, a[r][z]);
+    for (int n = 0; n < N; ++n) store_as(acc + r * dim + off + n * kNativeLanes, a[r][n]);
 }
 
 template <typename C, bool Dot, int R>
@@ -374,7 +428,8 @@ void decode_pv_rows(float* acc, int dim, const float* probs, const C* const* v, 
     if (off < dim) bf16dot::decode_pv<R, 1>(acc, dim, pp, kSegKeys, vv, nk / 2, off);
   } else {
     int off = 0;
-    for (; off + 64 <= dim; off += 64) decode_pv_float<C, R, 4>(acc, dim, probs, kSegKeys, v, nk, off);
+    for (; off + kDecodePvVecs * 16 <= dim; off += kDecodePvVecs * 16)
+      decode_pv_float<C, R, kDecodePvVecs>(acc, dim, probs, kSegKeys, v, nk, off);
     switch ((dim - off) / 16) {
       case 1: decode_pv_float<C, R, 1>(acc, dim, probs, kSegKeys, v, nk, off); break;
       case 2: decode_pv_float<C, R, 2>(acc, dim, probs, kSegKeys, v, nk, off); break;
@@ -413,8 +468,8 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   float* probs = s.probs.data();
   float* lsum = s.lsum.data();
   float* mrow = s.mrow.data();
-  // Floats per prepared query row: dim / 8 vectors of bf16 pairs, or dim / 4 vectors of floats.
-  const int q_stride = Dot ? dim * 2 : dim * 4;
+  // Floats per prepared query row: dim / 8 vectors of bf16 pairs, or the float layout of decode_qk_float.
+  const int q_stride = Dot ? dim * 2 : dim * kQueryFloatsPerDim;
 
   for (int m = 0; m < rows; ++m) {
     const int h = w.kv_head * rows + m;
@@ -422,7 +477,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
     float* dst = qv + m * q_stride;
     if constexpr (Dot) {
       bf16dot::broadcast_query(dst, reinterpret_cast<const uint16_t*>(src), dim);
-    } else {
+    } else if constexpr (kQueryFloatsPerDim == 4) {
       for (int c = 0; c < dim / 16; ++c) {
         const v16 x = load(src + c * 16) * p.scale_log2;
         for (int j = 0; j < 4; ++j) {
@@ -430,6 +485,8 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
           store(dst + (c * 4 + j) * 16, __builtin_shuffle(x, quad));
         }
       }
+    } else {
+      for (int c = 0; c < dim; c += 16) store(dst + c, load(src + c) * p.scale_log2);
     }
     for (int d = 0; d < dim; d += 16) store(acc + m * dim + d, v16{});
     lsum[m] = 0.0f;

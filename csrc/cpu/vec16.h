@@ -34,6 +34,47 @@ typedef Vec<16>::f v16;
 typedef Vec<16>::i vi16;
 typedef Vec<16>::u vu16;
 
+// The widest vector that is one register of this CPU: the type for values kept in registers across a loop
+// (a v16 spans two AVX2 registers, and GCC keeps arrays of such in memory).
+#if defined(__AVX512F__)
+constexpr int kNativeLanes = 16;
+#else
+constexpr int kNativeLanes = 8;
+#endif
+typedef Vec<kNativeLanes>::f vn;
+typedef Vec<kNativeLanes>::i vin;
+
+// A vector's two halves, and one joined from two: compares, selects and conversions of a vector wider than
+// a register are done half by half (GCC does them a lane at a time otherwise).
+template <typename H, typename V>
+inline H lower_half(V v) {
+  static_assert(2 * sizeof(H) == sizeof(V));
+  H h;
+  std::memcpy(&h, &v, sizeof h);
+  return h;
+}
+
+template <typename H, typename V>
+inline H upper_half(V v) {
+  H h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&v) + sizeof h, sizeof h);
+  return h;
+}
+
+template <typename V, typename H>
+inline V joined(H low, H high) {
+  static_assert(2 * sizeof(H) == sizeof(V));
+  V v;
+  std::memcpy(&v, &low, sizeof low);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof low, &high, sizeof high);
+  return v;
+}
+
+template <typename V>
+constexpr bool wider_than_a_register() {
+  return lanes_of<V>() > kNativeLanes;
+}
+
 template <typename V, size_t... I>
 inline V splat_lanes(float x, std::index_sequence<I...>) {
   return V{(static_cast<void>(I), x)...};
@@ -43,7 +84,12 @@ inline V splat_lanes(float x, std::index_sequence<I...>) {
 // shuffle per splat.
 template <typename V>
 inline V splat_as(float x) {
-  return splat_lanes<V>(x, std::make_index_sequence<lanes_of<V>()>{});
+  if constexpr (wider_than_a_register<V>()) {
+    using H = typename Vec<lanes_of<V>() / 2>::f;
+    return joined<V>(splat_as<H>(x), splat_as<H>(x));
+  } else {
+    return splat_lanes<V>(x, std::make_index_sequence<lanes_of<V>()>{});
+  }
 }
 
 inline v16 splat(float x) { return splat_as<v16>(x); }
@@ -70,9 +116,14 @@ inline V load_as(const bf16* p) {
 template <typename V>
 inline typename Vec<lanes_of<V>()>::u bf16_bits(V v) {
   using U = typename Vec<lanes_of<V>()>::u;
-  const U bits = reinterpret_cast<U>(v);
-  const U rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
-  return v == v ? rounded : U{} + 0x7FC0u;
+  if constexpr (wider_than_a_register<V>()) {
+    using H = typename Vec<lanes_of<V>() / 2>::f;
+    return joined<U>(bf16_bits(lower_half<H>(v)), bf16_bits(upper_half<H>(v)));
+  } else {
+    const U bits = reinterpret_cast<U>(v);
+    const U rounded = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16;
+    return v == v ? rounded : U{} + 0x7FC0u;
+  }
 }
 
 template <typename V>
@@ -152,24 +203,29 @@ inline V round_to(V v) {
 // 2^x, relative error about 2e-7; lanes below -125 (including -inf) give exactly 0.
 template <typename V>
 inline V exp2(V x) {
-  using I = typename Vec<lanes_of<V>()>::i;
-  const V lo = splat_as<V>(-125.0f);
-  V c = x > lo ? x : lo;
-  c = c < splat_as<V>(127.0f) ? c : splat_as<V>(127.0f);
-  // Adding and removing 1.5 * 2^23 rounds to the nearest integer without a rounding-mode change.
-  const V magic = splat_as<V>(12582912.0f);
-  V n = (c + magic) - magic;
-  V f = (c - n) * 0.69314718056f;
-  V p = splat_as<V>(1.0f / 720.0f);
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  I e = (__builtin_convertvector(n, I) + 127) << 23;
-  V r = p * reinterpret_cast<V>(e);
-  return x < lo ? V{} : r;
+  if constexpr (wider_than_a_register<V>()) {
+    using H = typename Vec<lanes_of<V>() / 2>::f;
+    return joined<V>(exp2(lower_half<H>(x)), exp2(upper_half<H>(x)));
+  } else {
+    using I = typename Vec<lanes_of<V>()>::i;
+    const V lo = splat_as<V>(-125.0f);
+    V c = x > lo ? x : lo;
+    c = c < splat_as<V>(127.0f) ? c : splat_as<V>(127.0f);
+    // Adding and removing 1.5 * 2^23 rounds to the nearest integer without a rounding-mode change.
+    const V magic = splat_as<V>(12582912.0f);
+    V n = (c + magic) - magic;
+    V f = (c - n) * 0.69314718056f;
+    V p = splat_as<V>(1.0f / 720.0f);
+    p = p * f + 1.0f / 120.0f;
+    p = p * f + 1.0f / 24.0f;
+    p = p * f + 1.0f / 6.0f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    I e = (__builtin_convertvector(n, I) + 127) << 23;
+    V r = p * reinterpret_cast<V>(e);
+    return x < lo ? V{} : r;
+  }
 }
 
 // silu(gate) * up as torch computes it on T tensors: silu's result is rounded to T before the product
@@ -179,7 +235,23 @@ inline V silu_times(V gate, V up) {
   return round_to<T>(gate / (splat_as<V>(1.0f) + exp2(gate * -1.4426950408889634f))) * up;
 }
 
-inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+template <typename V, typename = std::enable_if_t<!std::is_same_v<V, v16>>>
+inline V vmax(V a, V b) {
+  return a > b ? a : b;
+}
+
+inline v16 vmax(v16 a, v16 b) {
+  if constexpr (wider_than_a_register<v16>()) {
+    return joined<v16>(vmax(lower_half<vn>(a), lower_half<vn>(b)), vmax(upper_half<vn>(a), upper_half<vn>(b)));
+  } else {
+    return a > b ? a : b;
+  }
+}
+
+// The horizontal max and sum of 16 lanes, and a 16x16 transpose. On AVX-512 they are shuffles of one
+// register; elsewhere a v16 spans registers, and GCC turns shuffles across them into one move per lane,
+// so they are written over 8-lane halves (AVX2 intrinsics; plain per-lane code on other CPUs).
+#if defined(__AVX512F__)
 
 inline float hmax(v16 v) {
   v = vmax(v, __builtin_shuffle(v, vi16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
@@ -227,5 +299,122 @@ inline void transpose16(v16* r) {
   transpose_stage<2>(r);
   transpose_stage<1>(r);
 }
+
+#else
+
+typedef Vec<8>::f v8;
+
+inline v8 low_half(v16 v) {
+  v8 h;
+  std::memcpy(&h, &v, sizeof h);
+  return h;
+}
+
+inline v8 high_half(v16 v) {
+  v8 h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&v) + sizeof h, sizeof h);
+  return h;
+}
+
+inline v16 join_halves(v8 low, v8 high) {
+  v16 v;
+  std::memcpy(&v, &low, sizeof low);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof low, &high, sizeof high);
+  return v;
+}
+
+#if defined(__AVX2__)
+
+inline float hmax(v16 v) {
+  const __m256 m = _mm256_max_ps(__m256(low_half(v)), __m256(high_half(v)));
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+inline float hsum(v16 v) {
+  const __m256 s = _mm256_add_ps(__m256(low_half(v)), __m256(high_half(v)));
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+// The 8x8 transpose of eight rows: unpack pairs of rows, shuffle pairs of pairs, swap 128-bit halves.
+inline void transpose8(__m256* r) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// The four 8x8 blocks of the 16x16 block, each transposed, and the off-diagonal ones swapped.
+inline void transpose16(v16* r) {
+  __m256 top_left[8], top_right[8], bottom_left[8], bottom_right[8];
+  for (int i = 0; i < 8; ++i) {
+    top_left[i] = __m256(low_half(r[i]));
+    top_right[i] = __m256(high_half(r[i]));
+    bottom_left[i] = __m256(low_half(r[i + 8]));
+    bottom_right[i] = __m256(high_half(r[i + 8]));
+  }
+  transpose8(top_left);
+  transpose8(top_right);
+  transpose8(bottom_left);
+  transpose8(bottom_right);
+  for (int i = 0; i < 8; ++i) {
+    r[i] = join_halves(v8(top_left[i]), v8(bottom_left[i]));
+    r[i + 8] = join_halves(v8(top_right[i]), v8(bottom_right[i]));
+  }
+}
+
+// Lane i of the result is the sum of a[i]'s 8 lanes, for four vectors at once.
+inline void sum4(const v8* a, float* out) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(__m256(a[0]), __m256(a[1])),
+                                  _mm256_hadd_ps(__m256(a[2]), __m256(a[3])));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+#else
+
+inline float hmax(v16 v) {
+  float top = v[0];
+  for (int i = 1; i < 16; ++i) top = v[i] > top ? v[i] : top;
+  return top;
+}
+
+inline float hsum(v16 v) {
+  const v8 pair = low_half(v) + high_half(v);
+  float sum = 0.0f;
+  for (int i = 0; i < 8; ++i) sum += pair[i];
+  return sum;
+}
+
+inline void transpose16(v16* r) {
+  float block[16][16];
+  std::memcpy(block, r, sizeof block);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) r[i][j] = block[j][i];
+}
+
+inline void sum4(const v8* a, float* out) {
+  for (int i = 0; i < 4; ++i) {
+    float sum = 0.0f;
+    for (int l = 0; l < 8; ++l) sum += a[i][l];
+    out[i] = sum;
+  }
+}
+
+#endif
+#endif
 
 }  // namespace sluice::cpu

@@ -1,0 +1,110 @@
+"""Where the llama.cpp peer lives and how its tools are run: the folder that install_llamacpp.sh made,
+GGUF files converted from the same Hugging Face folders Sluice loads, and each tool's figure parsed.
+
+The folder (--llamacpp-dir, or $SLUICE_BENCH_LLAMACPP_DIR) holds src/ (the llama.cpp sources that the
+llama-cpp-python sdist vendors) and llama.cpp-MODE/bin/ (the tools, MODE native or avx2). GGUF files are
+written once into DIR/gguf/ by llama.cpp's own convert_hf_to_gguf.py, run with this venv's Python (it
+has torch and transformers) and the sources' gguf-py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+DIR_ENV = "SLUICE_BENCH_LLAMACPP_DIR"
+THREADS = 2
+
+
+def llamacpp_dir(option: str | None) -> Path | None:
+    """The folder from --llamacpp-dir, else $SLUICE_BENCH_LLAMACPP_DIR; None: no llama.cpp peer."""
+    value = option or os.environ.get(DIR_ENV)
+    if not value:
+        return None
+    folder = Path(value).expanduser().resolve()
+    if not (folder / "src").is_dir():
+        raise SystemExit(f"{folder} has no src/: --llamacpp-dir must name install_llamacpp.sh's folder")
+    return folder
+
+
+def tool(folder: Path, mode: str, name: str) -> str:
+    path = folder / f"llama.cpp-{mode}" / "bin" / name
+    if not path.is_file():
+        raise SystemExit(f"no {path}: build it with install_llamacpp.sh {folder} {mode}")
+    return str(path)
+
+
+def gguf_file(folder: Path, model: Path, outtype: str) -> Path:
+    """model (a Hugging Face folder) as a GGUF file of outtype (f16, bf16), converted on first use."""
+    out = folder / "gguf" / f"{model.name}-{outtype}.gguf"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sources = folder / "src" / "vendor" / "llama.cpp"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(sources / "gguf-py"), os.environ.get("PYTHONPATH", "")]),
+    }
+    tmp = out.with_suffix(".tmp")
+    subprocess.run(
+        [
+            sys.executable,
+            str(sources / "convert_hf_to_gguf.py"),
+            str(model),
+            "--outtype",
+            outtype,
+            "--outfile",
+            str(tmp),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    tmp.replace(out)
+    return out
+
+
+def batched_tok_s(
+    folder: Path, mode: str, gguf: Path, prompts: int, prompt_tokens: int, output_tokens: int
+) -> float:
+    """llama-batched-bench with `prompts` sequences: every output token over the whole time (prefill included)."""
+    context = prompts * (prompt_tokens + output_tokens) + 256
+    argv = [
+        tool(folder, mode, "llama-batched-bench"),
+        "-m",
+        str(gguf),
+        "-t",
+        str(THREADS),
+        "-tb",
+        str(THREADS),
+    ]
+    argv += ["-c", str(context), "-npp", str(prompt_tokens), "-ntg", str(output_tokens), "-npl", str(prompts)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    # The table's row: |PP|TG|B|N_KV|T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0] == str(prompt_tokens) and cells[2] == str(prompts):
+            return prompts * output_tokens / float(cells[8])
+    raise RuntimeError(f"no result row in llama-batched-bench's output:\n{out[-2000:]}")
+
+
+def decode_ms_per_token(folder: Path, mode: str, gguf: Path, output_tokens: int) -> float:
+    """llama-bench's token generation of `output_tokens` from an empty context: ms per token."""
+    argv = [tool(folder, mode, "llama-bench"), "-m", str(gguf), "-t", str(THREADS), "-p", "0"]
+    argv += ["-n", str(output_tokens), "-r", "1", "-o", "json"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    results = json.loads(out[out.index("[") :])
+    (result,) = [r for r in results if r["n_gen"] == output_tokens]
+    return 1e3 / result["avg_ts"]
+
+
+def version(folder: Path, mode: str) -> str:
+    done = subprocess.run(
+        [tool(folder, mode, "llama-bench"), "--version"], capture_output=True, text=True, check=False
+    )
+    match = re.search(r"version: (\S+)", done.stdout + done.stderr)
+    return match.group(1) if match else "unknown"

@@ -4,7 +4,8 @@ GGUF files converted from the same Hugging Face folders Sluice loads, and each t
 The folder (--llamacpp-dir, or $SLUICE_BENCH_LLAMACPP_DIR) holds src/ (the llama.cpp sources that the
 llama-cpp-python sdist vendors) and llama.cpp-MODE/bin/ (the tools, MODE native or avx2). GGUF files are
 written once into DIR/gguf/ by llama.cpp's own convert_hf_to_gguf.py, run with this venv's Python (it
-has torch and transformers) and the sources' gguf-py.
+has torch and transformers), the sources' gguf-py and DIR/gguf-deps, where the converter's own imports go:
+  pip install --target DIR/gguf-deps sentencepiece protobuf
 """
 
 from __future__ import annotations
@@ -45,25 +46,16 @@ def gguf_file(folder: Path, model: Path, outtype: str) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     sources = folder / "src" / "vendor" / "llama.cpp"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(sources / "gguf-py"), os.environ.get("PYTHONPATH", "")]),
-    }
-    tmp = out.with_suffix(".tmp")
-    subprocess.run(
-        [
-            sys.executable,
-            str(sources / "convert_hf_to_gguf.py"),
-            str(model),
-            "--outtype",
-            outtype,
-            "--outfile",
-            str(tmp),
-        ],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
+    paths = [str(sources / "gguf-py"), str(folder / "gguf-deps"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    # The converter wants a .gguf name; the file takes its final one once whole.
+    tmp = out.with_name(f"{out.stem}.partial.gguf")
+    argv = [sys.executable, str(sources / "convert_hf_to_gguf.py"), str(model), "--outtype", outtype]
+    done = subprocess.run(
+        [*argv, "--outfile", str(tmp)], env=env, capture_output=True, text=True, check=False
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed on {model}:\n{done.stderr[-3000:]}")
     tmp.replace(out)
     return out
 

@@ -41,7 +41,10 @@ struct Plan {
 Plan plan_items(int64_t groups, int64_t group_bytes, int64_t m) {
   const int64_t stream_span =
       std::clamp(kStreamBytes / group_bytes, int64_t(1), std::max(int64_t(1), groups / kMinItems));
-  const int64_t span = m <= kTileRows ? stream_span : 1;
+  // A few rows stream the weights: whole wide tiles per item, whose several groups' rows in flight at
+  // once keep memory busy (one group's single run of rows, behind one chain of sums, left it half idle).
+  const int64_t wide = fma::groups_for_rows(int(std::min<int64_t>(m, kTileRows)));
+  const int64_t span = m <= kTileRows ? (stream_span + wide - 1) / wide * wide : 1;
   const int64_t spans = (groups + span - 1) / span;
   // Few column groups are split into row blocks too, so that the items are many and the last one small.
   const int64_t split = std::min((kMinItems + spans - 1) / spans, m / kTileRows);

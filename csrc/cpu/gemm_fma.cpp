@@ -21,6 +21,9 @@ constexpr int64_t kItemRows = 240;
 constexpr int64_t kMinItems = 16;
 // Weight bytes per work item when few rows stream it from memory: longer runs read faster.
 constexpr int64_t kStreamBytes = 1 << 20;
+// Weight bytes per work item when many rows reuse them: what half of L2 holds while every row tile of
+// the item goes over them, its own activations staying in L1.
+constexpr int64_t kReuseBytes = 256 << 10;
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 // Elements of x widened per thread chunk.
@@ -44,7 +47,9 @@ Plan plan_items(int64_t groups, int64_t group_bytes, int64_t m) {
   // A few rows stream the weights: whole wide tiles per item, whose several groups' rows in flight at
   // once keep memory busy (one group's single run of rows, behind one chain of sums, left it half idle).
   const int64_t wide = fma::groups_for_rows(int(std::min<int64_t>(m, kTileRows)));
-  const int64_t span = m <= kTileRows ? (stream_span + wide - 1) / wide * wide : 1;
+  const int64_t reuse_span =
+      std::clamp(kReuseBytes / group_bytes, int64_t(1), std::max(int64_t(1), groups / kMinItems));
+  const int64_t span = m <= kTileRows ? (stream_span + wide - 1) / wide * wide : reuse_span;
   const int64_t spans = (groups + span - 1) / span;
   // Few column groups are split into row blocks too, so that the items are many and the last one small.
   const int64_t split = std::min((kMinItems + spans - 1) / spans, m / kTileRows);
@@ -57,8 +62,8 @@ Plan plan_items(int64_t groups, int64_t group_bytes, int64_t m) {
 }
 
 // Rows [row0, row0 + rows) of groups [first, end). One tile of rows takes as many groups at a time as
-// its accumulators allow; taller blocks go group by group, in tiles as equal in height as kTileRows
-// allows, so that a group's weights stay in cache for all of them.
+// its accumulators allow; taller blocks go tile by tile (as equal in height as kTileRows allows), each
+// over every group of the span, so that the tile's activations stay in L1 and the span's weights in L2.
 template <typename WT, typename Out>
 void run_block(const Problem& p, int64_t first, int64_t end, int64_t row0, int64_t rows) {
   if (rows <= kTileRows) {
@@ -70,12 +75,10 @@ void run_block(const Problem& p, int64_t first, int64_t end, int64_t row0, int64
   }
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t base = rows / tiles, extra = rows % tiles;
-  for (int64_t g = first; g < end; ++g) {
-    for (int64_t t = 0, r = 0; t < tiles; ++t) {
-      const int64_t n = base + (t < extra);
-      Tiles<WT, Out>::narrow[n - 1](p, row0 + r, g);
-      r += n;
-    }
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t n = base + (t < extra);
+    for (int64_t g = first; g < end; ++g) Tiles<WT, Out>::narrow[n - 1](p, row0 + r, g);
+    r += n;
   }
 }
 

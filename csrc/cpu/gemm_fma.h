@@ -123,6 +123,7 @@ void tile(const Problem& p, int64_t row0, int64_t group0) {
     for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = V{};
   const char* w = p.weight + group0 * p.group_bytes;
   const float* x = p.x + row0 * p.x_stride;
+#pragma GCC unroll 4
   for (int64_t kk = 0; kk < p.k; ++kk) {
     V lo[G], hi[G];
     for (int g = 0; g < G; ++g) widen<WT>(w + g * p.group_bytes + kk * p.row_bytes, lo[g], hi[g]);

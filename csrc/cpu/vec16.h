@@ -108,8 +108,19 @@ inline void store_as(float* p, V v) {
 template <typename V>
 inline V load_as(const bf16* p) {
   constexpr int n = lanes_of<V>();
-  const typename Vec<n>::hu h = *reinterpret_cast<const typename Vec<n>::hu*>(p);
-  return reinterpret_cast<V>(__builtin_convertvector(h, typename Vec<n>::u) << 16);
+  if constexpr (wider_than_a_register<V>()) {
+    using H = typename Vec<n / 2>::f;
+    return joined<V>(load_as<H>(p), load_as<H>(p + n / 2));
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  } else if constexpr (n == 8) {
+    // One zero-extension of 8 halves (GCC's own widening of the vector took four instructions).
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return reinterpret_cast<V>(_mm256_slli_epi32(wide, 16));
+#endif
+  } else {
+    const typename Vec<n>::hu h = *reinterpret_cast<const typename Vec<n>::hu*>(p);
+    return reinterpret_cast<V>(__builtin_convertvector(h, typename Vec<n>::u) << 16);
+  }
 }
 
 // Round to nearest even on the upper half; NaNs become the canonical quiet NaN.

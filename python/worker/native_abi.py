@@ -207,5 +207,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     library.sluice_struct_sizes(sizes)
     for struct, size in zip(STRUCTS, sizes, strict=True):
         if ctypes.sizeof(struct) != size:
-            raise ValueError(f"its {struct.__name__} is {size} bytes, and this Sluice's is {ctypes.sizeof(struct)}")
+            raise ValueError(
+                f"its {struct.__name__} is {size} bytes, and this Sluice's is {ctypes.sizeof(struct)}"
+            )
     return library

@@ -1,16 +1,18 @@
-"""W3 (online) against vLLM's api_server, the on/off switches, and a sweep over the engine's threads and binding.
+"""W3 (online) against vLLM's api_server and llama-server, the on/off switches, and a sweep over the engine's
+threads and binding.
 
-Starts `sluice serve` (one server per configuration) and vLLM's api_server, both bf16,
-max_model_len 2048, prefix caching off, and keeps them all up while the runs alternate between
-them. A run is the 64 W1 prompts as streaming /v1/completions requests (token ids, 128 tokens,
+Starts `sluice serve` (one server per configuration), vLLM's api_server (bf16, max_model_len 2048)
+and llama-server (16 slots, a GGUF file of the same weights; --llamacpp-dir), prefix caching off on
+every one, and keeps them all up while the runs alternate between them. A run is the 64 W1 prompts as streaming /v1/completions requests (token ids, 128 tokens,
 ignore_eos, concurrency 16) through the `openai` client. Prints medians of --runs: output tok/s,
 TTFT p50/p99, TPOT p50/p99, the servers' CPU seconds per 1,000 tokens, the ratios to vLLM against
 the issue's targets, each switch on against off (--switches), and one row per --num-threads x
 --cpu-bind pair (the sweep). --busy N adds N spinning processes during every timed run: a busy
 frontend host.
 
-  python bench/compare_w3.py [--vllm-venv DIR] [--runs 3] [--switches]
-         [--num-threads N ...] [--cpu-bind auto|none|LIST ...] [--busy N] [--json FILE] [--plot FILE]
+  python bench/compare_w3.py [--vllm-venv DIR] [--llamacpp-dir DIR [--llamacpp-outtype f16]] [--runs 3]
+         [--switches] [--num-threads N ...] [--cpu-bind auto|none|LIST ...] [--busy N] [--json F] [--plot F]
+The ratios to vLLM are held to issue 8's targets, those to llama.cpp to issue 26's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from harness import (
     LOCK_ENV,
     SWITCHES_OFF,
     TARGETS,
+    Target,
     bench_lock,
     busy_share,
     chosen_switches,
@@ -39,13 +42,20 @@ from harness import (
     w1_prompts,
     wait_until_quiet,
 )
+from llamacpp_peer import llamacpp_dir
 from plot_ratios import RatioBar, plot_ratios
-from servers import Server, start_sluice, start_vllm
+from servers import Server, start_llamacpp, start_sluice, start_vllm
 from vllm_peer import vllm_venv
 from w3_client import run_w3
 
 SLUICE = "sluice"
 VLLM = "vllm"
+LLAMACPP = "llama.cpp"
+# Issue 26's W3 targets against llama-server with 16 slots.
+LLAMACPP_TARGETS = {
+    "W3 throughput": Target("output tok/s", 2.0, higher_is_better=True),
+    "W3 TTFT p99": Target("TTFT p99", 0.7, higher_is_better=False),
+}
 # The figures of a run, the way they are printed and judged: (field, label, target key).
 METRICS = (
     ("out_tok_s", "tok/s", "W3 throughput"),
@@ -78,7 +88,7 @@ def timed_run(server: Server, prompts: list[list[int]], args: argparse.Namespace
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         cpu_before = server.cpu_seconds()
-        figures = run_w3(server.url, prompts, args.concurrency, args.output_tokens)
+        figures = run_w3(server.url, prompts, args.concurrency, args.output_tokens, server.request_extra)
         cpu = server.cpu_seconds() - cpu_before
     finally:
         for process in busy:
@@ -96,7 +106,7 @@ def run_all(servers: list[Server], args: argparse.Namespace) -> dict[str, list[d
             server.wait_ready()
         for server in servers:
             log(f"warming up {server.name}")
-            run_w3(server.url, prompts[: args.concurrency], args.concurrency, 8)
+            run_w3(server.url, prompts[: args.concurrency], args.concurrency, 8, server.request_extra)
     for run in range(args.runs):
         with bench_lock(args.lock, exclusive=True):
             if run == 0:
@@ -126,20 +136,26 @@ def report(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace, ba
         cells = "".join(f"{row[field]:13.1f}" for field, _, _ in METRICS)
         tok_spread = 100 * spread([r["out_tok_s"] for r in runs[name]])
         print(f"{name:{width}}{cells}{row['server_cpu_s_per_1k']:14.3f}{tok_spread:13.1f}%")
-    if VLLM in table:
-        print("\nSluice / vLLM:")
-        for name in (n for n in table if n != VLLM):
+    peers = [(VLLM, "vLLM", TARGETS)] + [
+        (name, name, LLAMACPP_TARGETS) for name in table if name.startswith(LLAMACPP)
+    ]
+    for peer, label_of_peer, targets in peers:
+        if peer not in table:
+            print(f"\nno {label_of_peer} in this run: no ratios to it")
+            continue
+        print(f"\nSluice / {label_of_peer}:")
+        for name in (n for n in table if n.startswith(SLUICE)):
             for field, label, target_key in METRICS:
-                if target_key is None:
-                    continue
-                ratio = table[name][field] / table[VLLM][field]
-                target = TARGETS[target_key]
-                verdict = "met" if target.met(ratio) else "NOT met"
-                print(f"  {name:{width}} {label:12} {ratio:5.2f}x  (target {target.describe()}: {verdict})")
-                if name == SLUICE:
-                    bars.append(RatioBar(target_key, ratio, target))
-    else:
-        print("\nno vLLM in this run (--vllm-venv): Sluice alone, no ratios")
+                ratio = table[name][field] / table[peer][field]
+                target = targets.get(target_key) if target_key else None
+                verdict = (
+                    ""
+                    if target is None
+                    else f"  (target {target.describe()}: {'met' if target.met(ratio) else 'NOT met'})"
+                )
+                print(f"  {name:{width}} {label:12} {ratio:5.2f}x{verdict}")
+                if name == SLUICE and target is not None:
+                    bars.append(RatioBar(f"{target_key} vs {label_of_peer}", ratio, target))
     for name, off in table.items():
         if name.startswith(f"{SLUICE}, "):
             on = table[SLUICE]
@@ -155,6 +171,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--vllm-venv", default=None, help="vLLM's venv (or $SLUICE_BENCH_VLLM_VENV)")
+    parser.add_argument(
+        "--llamacpp-dir", default=None, help="install_llamacpp.sh's folder (or $SLUICE_BENCH_LLAMACPP_DIR)"
+    )
+    parser.add_argument(
+        "--llamacpp-mode", choices=["native", "avx2"], default="native", help="which llama.cpp build"
+    )
+    parser.add_argument(
+        "--llamacpp-outtype", choices=["f16", "bf16"], default="f16", help="llama-server's GGUF format"
+    )
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: the default model)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -195,6 +220,14 @@ def main() -> None:
                 if venv is not None:
                     log("starting vLLM's api_server")
                     servers.append(start_vllm(venv, model, Path(log_dir)))
+                folder = llamacpp_dir(args.llamacpp_dir)
+                if folder is not None:
+                    log(f"starting llama-server ({args.llamacpp_mode} build, {args.llamacpp_outtype})")
+                    servers.append(
+                        start_llamacpp(
+                            folder, args.llamacpp_mode, model, args.llamacpp_outtype, Path(log_dir)
+                        )
+                    )
             runs = run_all(servers, args)
         finally:
             for server in servers:
@@ -210,7 +243,7 @@ def main() -> None:
             )
         )
     if args.plot and bars:
-        plot_ratios(bars, args.plot, "Sluice vs vLLM CPU, W3 online (medians, same run)")
+        plot_ratios(bars, args.plot, "Sluice vs its peers, W3 online (medians, same run)")
         print(f"\nplot: {args.plot}")
 
 

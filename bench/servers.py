@@ -1,4 +1,5 @@
-"""OpenAI-compatible servers under test (`sluice serve`, vLLM's api_server, routers), started, awaited, stopped."""
+"""OpenAI-compatible servers under test (`sluice serve`, vLLM's api_server, llama-server, routers), started,
+awaited, stopped."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness import process_tree_cpu_seconds
+from llamacpp_peer import THREADS, gguf_file, tool
 from vllm_peer import vllm_env, vllm_python
 
 READY_TIMEOUT_S = 600.0
@@ -25,6 +28,8 @@ class Server:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    # Fields every request to this server carries besides the workload's own (a server's own switches).
+    request_extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -113,3 +118,18 @@ def start_vllm(venv: Path, model: Path, log_dir: Path) -> Server:
     argv += ["--dtype", "bfloat16", "--max-model-len", "2048", "--no-enable-prefix-caching"]
     argv += ["--port", str(port), "--host", "127.0.0.1"]
     return start_server("vllm", port, argv, vllm_env(venv), log_dir)
+
+
+def start_llamacpp(
+    folder: Path, mode: str, model: Path, outtype: str, log_dir: Path, slots: int = 16
+) -> Server:
+    """llama-server over `model` as a GGUF file of outtype, `slots` parallel sequences sharing an 8,192-token
+    context, 2 threads; its prompt cache is off in every request (cache_prompt false), as prefix caching is
+    off on the other servers."""
+    port = free_port()
+    argv = [tool(folder, mode, "llama-server"), "-m", str(gguf_file(folder, model, outtype))]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS), "-tb", str(THREADS)]
+    argv += ["-np", str(slots), "-c", "8192", "--cache-ram", "0", "--alias", model.name]
+    server = start_server(f"llama.cpp {outtype}", port, argv, None, log_dir)
+    server.request_extra = {"cache_prompt": False}
+    return server

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness import percentile
 
@@ -55,7 +55,9 @@ class W3Run:
         )
 
 
-async def one_request(client: AsyncOpenAI, model: str, prompt: list[int], max_tokens: int) -> RequestTiming:
+async def one_request(
+    client: AsyncOpenAI, model: str, prompt: list[int], max_tokens: int, extra: dict[str, Any]
+) -> RequestTiming:
     start = time.perf_counter()
     ttft = None
     tokens = 0
@@ -66,7 +68,7 @@ async def one_request(client: AsyncOpenAI, model: str, prompt: list[int], max_to
         temperature=0.0,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
+        extra_body={"ignore_eos": True, **extra},
     )
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].text and ttft is None:
@@ -78,7 +80,9 @@ async def one_request(client: AsyncOpenAI, model: str, prompt: list[int], max_to
     return RequestTiming(ttft if ttft is not None else e2e, e2e, tokens)
 
 
-async def _run(base_url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> W3Run:
+async def _run(
+    base_url: str, prompts: list[list[int]], concurrency: int, max_tokens: int, extra: dict[str, Any]
+) -> W3Run:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
@@ -87,7 +91,7 @@ async def _run(base_url: str, prompts: list[list[int]], concurrency: int, max_to
 
     async def gated(prompt: list[int]) -> RequestTiming:
         async with gate:
-            return await one_request(client, model, prompt, max_tokens)
+            return await one_request(client, model, prompt, max_tokens, extra)
 
     start = time.perf_counter()
     timings = await asyncio.gather(*(gated(p) for p in prompts))
@@ -96,6 +100,13 @@ async def _run(base_url: str, prompts: list[list[int]], concurrency: int, max_to
     return W3Run.of(list(timings), elapsed)
 
 
-def run_w3(base_url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> W3Run:
-    """All `prompts`, at most `concurrency` in flight, each streaming `max_tokens` tokens."""
-    return asyncio.run(_run(base_url, prompts, concurrency, max_tokens))
+def run_w3(
+    base_url: str,
+    prompts: list[list[int]],
+    concurrency: int,
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> W3Run:
+    """All `prompts`, at most `concurrency` in flight, each streaming `max_tokens` tokens; `extra` fields
+    go with every request (a server's own switches, such as llama-server's cache_prompt)."""
+    return asyncio.run(_run(base_url, prompts, concurrency, max_tokens, extra or {}))

@@ -108,9 +108,10 @@ class KernelConfig:
     # CPU: linear weights (bf16, fp16 or fp32) packed at load for the tier's GEMM; False keeps them as
     # loaded, for torch's matmul (and every step then runs eagerly: the fused step multiplies packed weights).
     packed_linear: bool = True
-    # CPU, where packed_linear packs: the packed GEMM takes K in blocks at 7-64 rows, prefetching the next
+    # CPU, the avx512bf16 tier's bf16-pair GEMM: it takes K in blocks at 7-64 rows, prefetching the next
     # block while it computes from cache; False reads each column group whole (its first row tile waits on
-    # memory). Marked on each packed weight at load, so two models in one process may differ.
+    # memory). Marked on each packed weight at load, so two models in one process may differ. The FMA GEMM
+    # of the other tiers keeps a tall block's weights in L2 instead, so there the mark changes nothing.
     gemm_k_blocks: bool = True
     # CPU, where packed_linear packs: each MLP's gate_up weight packed so that its GEMM writes
     # silu(gate) * up from the epilogue (same bits); False writes gate and up, then runs silu_and_mul.

@@ -254,8 +254,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "--gemm-k-blocks",
         action=argparse.BooleanOptionalAction,
         default=kernel.gemm_k_blocks,
-        help="CPU: the packed GEMM takes K in blocks at 7-64 rows and prefetches the next block while it "
-        "computes; --no-gemm-k-blocks reads each column group whole",
+        help="CPU, the avx512bf16 tier's bf16-pair GEMM: it takes K in blocks at 7-64 rows and prefetches the "
+        "next block while it computes; --no-gemm-k-blocks reads each column group whole (the other tiers' "
+        "GEMM keeps a tall block's weights in L2 instead, and records the choice only)",
     )
     group.add_argument(
         "--fused-gate-up",

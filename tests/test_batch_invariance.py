@@ -16,7 +16,7 @@ from hf_reference import mixed_length_prompts
 from serve_fixtures import running_server
 from tiny_models import VOCAB_SIZE, tiny_model_dir
 
-NEW_TOKENS = 16
+NEW_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -42,14 +42,12 @@ def test_a_batch_of_32_gives_each_request_its_tokens_alone(
     assert together == alone
 
 
-@pytest.mark.parametrize(("tp_size", "model"), [(2, "tiny"), (3, "default")])
-def test_tensor_parallel_ranks_keep_batch_invariance(
-    default_model_path: Path, prompts: list[list[int]], tp_size: int, model: str
-) -> None:
-    # The tiny model's 4 heads split over 2 ranks; the default model's 9 (3 KV heads) over 3.
-    folder = tiny_model_dir("llama", "bfloat16") if model == "tiny" else default_model_path
-    requests = [[t % VOCAB_SIZE for t in p] for p in prompts] if model == "tiny" else prompts
-    llm = LLM(model=str(folder), dtype="bfloat16", tensor_parallel_size=tp_size, max_model_len=256)
+def test_two_tensor_parallel_ranks_keep_batch_invariance(prompts: list[list[int]]) -> None:
+    # The tiny model's 4 heads split over 2 ranks (the default model's 9 do not); 3 ranks are checked
+    # through `sluice serve` below.
+    folder = tiny_model_dir("llama", "bfloat16")
+    requests = [[t % VOCAB_SIZE for t in p] for p in prompts]
+    llm = LLM(model=str(folder), dtype="bfloat16", tensor_parallel_size=2, max_model_len=256)
     try:
         together, alone = together_and_alone(llm, requests)
     finally:

@@ -214,7 +214,10 @@ def main() -> None:
         args.json.write_text(json.dumps(every, indent=1))
     if args.plot and bars:
         plot_ratios(
-            bars, args.plot, f"Sluice ({tier}) vs llama.cpp ({args.mode}), offline (medians, same run)"
+            bars,
+            args.plot,
+            f"Sluice ({tier}) vs llama.cpp ({args.mode}), offline (medians, same run)",
+            peer="llama.cpp's better format",
         )
         print(f"\nplot: {args.plot}")
 

@@ -243,7 +243,9 @@ def main() -> None:
             )
         )
     if args.plot and bars:
-        plot_ratios(bars, args.plot, "Sluice vs its peers, W3 online (medians, same run)")
+        plot_ratios(
+            bars, args.plot, "Sluice vs its peers, W3 online (medians, same run)", peer="the peer named"
+        )
         print(f"\nplot: {args.plot}")
 
 

@@ -1,4 +1,4 @@
-"""One PNG: each metric's ratio of Sluice to vLLM (same run) as a bar, the issue's target as a tick."""
+"""One PNG: each metric's ratio of Sluice to a peer (same run) as a bar, the issue's target as a tick."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class RatioBar:
     target: Target | None
 
 
-def plot_ratios(bars: list[RatioBar], path: Path, title: str) -> None:
+def plot_ratios(bars: list[RatioBar], path: Path, title: str, peer: str = "vLLM") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +35,7 @@ def plot_ratios(bars: list[RatioBar], path: Path, title: str) -> None:
     labels = [b.label if b.target is None else f"{b.label}\n(target {b.target.describe()})" for b in bars]
     ax.set_yticks(list(rows), labels)
     ax.invert_yaxis()
-    ax.set_xlabel("Sluice / vLLM; black tick: the target (green: met, red: not met)")
+    ax.set_xlabel(f"Sluice / {peer}; black tick: the target (green: met, red: not met)")
     ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -62,14 +62,20 @@ def test_fp32_batch_matches_transformers_one_prompt_at_a_time(
     assert_identical(generate_tokens(llm, prompts), fp32_reference)
 
 
-@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
-def test_bf16_matches_transformers_up_to_first_divergence(default_model_path, prompts, cpu_isa):
+@pytest.fixture(scope="module")
+def bf16_reference(default_model_path: Path, prompts: list[list[int]]) -> list[ReferenceOutput]:
     model = load_hf_model(default_model_path, torch.bfloat16)
+    return [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+
+
+@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
+def test_bf16_matches_transformers_up_to_first_divergence(
+    default_model_path, prompts, bf16_reference, cpu_isa
+):
     llm = LLM(model=str(default_model_path), dtype="bfloat16", cpu_isa=cpu_isa)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=5)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    for i, (prompt, result) in enumerate(zip(prompts, results)):
-        ref = hf_greedy(model, prompt, NEW_TOKENS)
+    for i, (ref, result) in enumerate(zip(bf16_reference, results, strict=True)):
         ours = result.outputs[0]
         pos = first_divergence(ours.token_ids, ref.token_ids)
         if pos is None:

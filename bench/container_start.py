@@ -12,33 +12,15 @@ deploy/Dockerfile -t sluice:cpu .`).
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 from harness import log
+from servers import free_port, health_status
 
 POLL_S = 0.05
 START_TIMEOUT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def health_status(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def docker_health(container: str) -> str:
@@ -67,7 +49,7 @@ def one_start(image: str, run_args: list[str]) -> tuple[float, float]:
             elapsed = time.monotonic() - started
             if elapsed > START_TIMEOUT_S:
                 raise TimeoutError(f"not healthy after {START_TIMEOUT_S:.0f} s: {docker_health(container)}")
-            if to_health is None and health_status(port) == 200:
+            if to_health is None and health_status(f"http://127.0.0.1:{port}") == 200:
                 to_health = elapsed
             state = docker_health(container)
             if state.endswith("false"):

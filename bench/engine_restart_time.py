@@ -18,24 +18,12 @@ import signal
 import statistics
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from servers import Server, start_sluice
+from servers import Server, health_status, start_sluice
 
 POLL_S = 0.01
 RESTART_TIMEOUT_S = 300.0
-
-
-def health(server: Server) -> int:
-    try:
-        with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def engine_core_pid(server: Server) -> int:
@@ -58,7 +46,7 @@ def engine_core_pid(server: Server) -> int:
 def wait_for(server: Server, status: int, since: float) -> float:
     """Seconds from `since` until /health answers `status`."""
     while time.monotonic() - since < RESTART_TIMEOUT_S:
-        if health(server) == status:
+        if health_status(server.url) == status:
             return time.monotonic() - since
         if server.process.poll() is not None:
             raise RuntimeError(

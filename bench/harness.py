@@ -51,6 +51,7 @@ SWITCHES_OFF = {
     "no async scheduling": ["--no-async-scheduling"],
     "no graph dispatcher": ["--enforce-eager"],
     "in-process executor": ["--executor", "inproc"],
+    "late step output": ["--no-early-step-output"],
     "libgomp's spin count": ["--omp-spin-count", "inherit"],
 }
 # The CPU kernels' off switches: compare_offline.py runs them with --switches, where the offline

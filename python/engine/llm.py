@@ -82,6 +82,7 @@ class LLM:
         num_kv_blocks: int | None = None,
         tensor_parallel_size: int = 1,
         async_scheduling: bool = True,
+        early_step_output: bool = True,
         executor: str = "mp",
         step_timeout_s: float = 300.0,
         enforce_eager: bool = False,
@@ -112,6 +113,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens,
                 policy=scheduling_policy,  # type: ignore[arg-type]
                 async_scheduling=async_scheduling,
+                early_step_output=early_step_output,
             ),
             cache=CacheConfig(
                 block_size=block_size,

@@ -43,6 +43,11 @@ class SchedulerConfig:
     # structured request is planned while its last token is in flight. Off: computed before the
     # step is sent, and a structured request waits for its in-flight token.
     structured_output_overlap: bool = True
+    # A CPU worker's step has run to the end when it returns: its output goes to the engine core at
+    # once, before the worker runs the step waiting behind it, so the engine core folds it in and plans
+    # the step after next while that one runs. False: the output goes after the next step, as on
+    # CUDA always, where launching the waiting step first keeps the GPU busy while tokens come back.
+    early_step_output: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="compute structured output bitmasks while the forward pass runs",
     )
     group.add_argument(
+        "--early-step-output",
+        action=argparse.BooleanOptionalAction,
+        default=scheduler.early_step_output,
+        help="CPU: a worker sends each step's tokens before it runs the next step, not after",
+    )
+    group.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=at_least(1),
@@ -355,6 +361,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             policy=args.scheduling_policy,
             async_scheduling=args.async_scheduling,
             structured_output_overlap=args.structured_output_overlap,
+            early_step_output=args.early_step_output,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

@@ -69,11 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
     """Answer the engine core's messages until it says shutdown.
 
-    A step's tokens reach the host only when its output is sent. When the next step is already
-    waiting (async scheduling), it is launched first: on a GPU the device then never idles while
-    the host copies tokens back. The next step reads the sampled ids on the device either way.
+    A step's tokens reach the host only when its output is sent. On a GPU, when the next step is
+    already waiting (async scheduling), it is launched first: the device then never idles while the
+    host copies tokens back. The next step reads the sampled ids on the device either way. A CPU
+    step has run to the end when it returns, and nothing would be kept busy by waiting: with
+    early_step_output its output goes at once, and the engine core folds it in while the next runs.
     """
     outputs.send(encode(WorkerReady(rank=rank)))
+    send_at_once = worker.device.type == "cpu" and worker.config.scheduler.early_step_output
     pending: StepResult | None = None
     stall_s = float(os.environ.get(STALL_FIRST_STEP_ENV) or 0.0)
 
@@ -87,7 +90,7 @@ def serve_steps(rank: int, worker: Worker, inputs: zmq.Socket, outputs: zmq.Sock
         return _receive_bitmask(inputs, step_id)
 
     while True:
-        if pending is not None and not inputs.poll(0):
+        if pending is not None and (send_at_once or not inputs.poll(0)):
             _send_output(rank, pending, outputs, worker.model_runner.timer)
             pending = None
         message = decode(inputs.recv())

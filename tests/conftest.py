@@ -34,6 +34,30 @@ def w1_prompts() -> list[list[int]]:
     return json.loads((WORKLOADS / "w1_prompts.json").read_text())["prompts"]
 
 
+# New tokens in fp32_mixed_reference: a test that needs fewer compares a prefix (greedy tokens do not
+# depend on how many follow).
+MIXED_REFERENCE_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def mixed_prompts(w1_prompts: list[list[int]]) -> list[list[int]]:
+    from hf_reference import mixed_length_prompts
+
+    return mixed_length_prompts(w1_prompts)
+
+
+@pytest.fixture(scope="session")
+def fp32_mixed_reference(default_model_path: Path, mixed_prompts: list[list[int]]):
+    """transformers' fp32 greedy generations of the 16 mixed-length prompts, one prompt at a time,
+    computed once for every module that compares with them (about a minute on two cores)."""
+    import torch
+
+    from hf_reference import hf_greedy, load_hf_model
+
+    model = load_hf_model(default_model_path, torch.float32)
+    return [hf_greedy(model, p, MIXED_REFERENCE_TOKENS) for p in mixed_prompts]
+
+
 @pytest.fixture(scope="module", params=KERNEL_TIERS)
 def native(request: pytest.FixtureRequest):
     """The kernel library of each tier this CPU runs, in turn; meanwhile also the process's tier, so that

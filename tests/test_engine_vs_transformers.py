@@ -7,23 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ALL_TIERS
+from conftest import ALL_TIERS, MIXED_REFERENCE_TOKENS
 from engine import LLM, SamplingParams
-from hf_reference import ReferenceOutput, hf_greedy, load_hf_model, mixed_length_prompts
+from hf_reference import ReferenceOutput, hf_greedy, load_hf_model
 
-NEW_TOKENS = 64
+NEW_TOKENS = MIXED_REFERENCE_TOKENS
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def prompts(w1_prompts: list[list[int]]) -> list[list[int]]:
-    return mixed_length_prompts(w1_prompts)
+def prompts(mixed_prompts: list[list[int]]) -> list[list[int]]:
+    return mixed_prompts
 
 
 @pytest.fixture(scope="module")
-def fp32_reference(default_model_path: Path, prompts: list[list[int]]) -> list[ReferenceOutput]:
-    model = load_hf_model(default_model_path, torch.float32)
-    return [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+def fp32_reference(fp32_mixed_reference: list[ReferenceOutput]) -> list[ReferenceOutput]:
+    return fp32_mixed_reference
 
 
 def generate_tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
@@ -106,7 +105,7 @@ def test_max_num_seqs_3(default_model_path, prompts, fp32_reference):
 
 
 def test_preemption_keeps_outputs_identical(default_model_path, prompts, fp32_reference):
-    # 192 tokens per request at most: 12 blocks of 16; 30 blocks hold only two at a time.
+    # 160 tokens per request at most: 10 blocks of 16; 30 blocks hold only three at a time.
     llm = LLM(model=str(default_model_path), dtype="float32", max_model_len=256, num_kv_blocks=30)
     assert_identical(generate_tokens(llm, prompts), fp32_reference)
     assert llm.engine.stats().num_preemptions > 0

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from conftest import MIXED_REFERENCE_TOKENS
 from engine import LLM, SamplingParams
-from hf_reference import ReferenceOutput, hf_greedy, load_hf_model, mixed_length_prompts
+from hf_reference import ReferenceOutput
 from sluice.errors import WorkerDiedError
 from sluice.worker_seam import CachedRequestData, SchedulerOutput
 from worker.worker_process import STALL_FIRST_STEP_ENV
@@ -30,14 +30,16 @@ COMBINATIONS = [("mp", True), ("mp", False), ("inproc", True), ("inproc", False)
 
 
 @pytest.fixture(scope="module")
-def prompts(w1_prompts: list[list[int]]) -> list[list[int]]:
-    return mixed_length_prompts(w1_prompts, count=8)
+def prompts(mixed_prompts: list[list[int]]) -> list[list[int]]:
+    return mixed_prompts[:8]
 
 
 @pytest.fixture(scope="module")
-def fp32_reference(default_model_path: Path, prompts: list[list[int]]) -> list[ReferenceOutput]:
-    model = load_hf_model(default_model_path, torch.float32)
-    return [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+def fp32_reference(fp32_mixed_reference: list[ReferenceOutput]) -> list[ReferenceOutput]:
+    assert NEW_TOKENS <= MIXED_REFERENCE_TOKENS
+    return [
+        ReferenceOutput(ref.token_ids[:NEW_TOKENS], ref.top5[:NEW_TOKENS]) for ref in fp32_mixed_reference[:8]
+    ]
 
 
 @pytest.fixture(scope="module")

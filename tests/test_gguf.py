@@ -49,16 +49,31 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
         as_float = rng.normal(size=(rows, cols)).astype(np.float32)
         return (as_float.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, size=(rows * cols // block_size, block_bytes), dtype=np.uint8)
-    scale_bytes = 4 if type_name == "Q4_1" else 2  # Q4_1 has d and m
-    scales = rng.normal(size=(raw.shape[0], scale_bytes // 2)).astype(np.float16)
-    raw[:, :scale_bytes] = scales.view(np.uint8)
+    for offset in FLOAT16_OFFSETS[type_name]:
+        raw[:, offset : offset + 2] = rng.normal(size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+# Where each block type keeps its float16 scales (d, and m or dmin), from ggml-common.h's block structs:
+# random bytes there could be infinities or NaNs, which no file holds.
+FLOAT16_OFFSETS = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", *FLOAT16_OFFSETS])
 def test_dequantize_equals_the_gguf_package(type_name: str) -> None:
     rng = np.random.default_rng(sum(map(ord, type_name)))
-    rows, cols = 6, 256
+    rows, cols = 6, 512
     raw = random_blocks(type_name, rows, cols, rng)
     expected = torch.from_numpy(np.array(reference_dequantize(raw, gguf.GGMLQuantizationType[type_name])))
     ours = dequantize(raw, type_name, (rows, cols))
@@ -67,8 +82,9 @@ def test_dequantize_equals_the_gguf_package(type_name: str) -> None:
 
 
 def test_unsupported_quantization_names_the_type() -> None:
-    with pytest.raises(UnsupportedQuantizationError, match="Q5_K"):
-        dequantize(np.zeros(176, np.uint8), "Q5_K", (1, 256))
+    # IQ4_XS: 256 values in 136 bytes, one of llama.cpp's importance-matrix types.
+    with pytest.raises(UnsupportedQuantizationError, match="IQ4_XS"):
+        dequantize(np.zeros(136, np.uint8), "IQ4_XS", (1, 256))
 
 
 def test_unpermute_undoes_llama_cpp_rotary_interleave() -> None:
@@ -250,7 +266,8 @@ def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tens
     writer.add_token_merges([])
     writer.add_bos_token_id(256)
     writer.add_eos_token_id(257)
-    types = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+    # The types whose quantizer the gguf package has (it only dequantizes the K-quants).
+    types = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
     expected = {}
     for index, (name, weight) in enumerate(sorted(load_file(str(folder / "model.safetensors")).items())):
         values = weight.to(torch.float32).numpy()

@@ -54,6 +54,15 @@ def _bits(words: np.ndarray, count: int) -> np.ndarray:
     return (words[:, None] >> np.arange(count, dtype=np.uint32)) & 1
 
 
+def _bit_planes(qh: np.ndarray) -> np.ndarray:
+    """(blocks, 8, bytes): plane r holds bit r of each byte of `qh`, as 0 or 1."""
+    return (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+
+
+# Right shifts that bring each 2-bit field of a byte to the bottom, broadcast over (blocks, half, run, byte).
+_TWO_BIT_SHIFTS = np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]
+
+
 def _q8_0(blocks: np.ndarray) -> np.ndarray:
     return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
 
@@ -95,24 +104,25 @@ def _k4(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
     return values.reshape(len(blocks), QK_K)
 
 
+def _k4_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K: the 128 bytes' nibbles as eight sub-blocks of 32, (blocks, 8, 32): chunk c of 32
+    bytes gives sub-block 2c (low nibbles) and 2c + 1 (high nibbles)."""
+    chunks = qs.reshape(-1, 4, 1, 32)
+    return np.concatenate([chunks & 0x0F, chunks >> 4], axis=2).reshape(-1, 8, 32)
+
+
 def _q4_k(blocks: np.ndarray) -> np.ndarray:
-    qs = blocks[:, 16:144].reshape(-1, 4, 1, 32)
-    return _k4(blocks, np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32))
+    return _k4(blocks, _k4_nibbles(blocks[:, 16:144]))
 
 
 def _q5_k(blocks: np.ndarray) -> np.ndarray:
-    qs = blocks[:, 48:176].reshape(-1, 4, 1, 32)
-    low4 = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
     # Sub-block s takes its fifth bits from bit s of the 32 qh bytes.
-    fifth = (blocks[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    return _k4(blocks, low4 | (fifth << 4))
+    return _k4(blocks, _k4_nibbles(blocks[:, 48:176]) | (_bit_planes(blocks[:, 16:48]) << 4))
 
 
 def _two_bit_runs(qs: np.ndarray) -> np.ndarray:
     """Q2_K/Q3_K: per half of 128, four runs of 32 taking bits 0-1, 2-3, 4-5, 6-7 of its 32 bytes."""
-    halves = qs.reshape(-1, 2, 1, 32)
-    shifts = np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]
-    return ((halves >> shifts) & 3).reshape(-1, QK_K)
+    return ((qs.reshape(-1, 2, 1, 32) >> _TWO_BIT_SHIFTS) & 3).reshape(-1, QK_K)
 
 
 def _per_16(values: np.ndarray) -> np.ndarray:
@@ -147,8 +157,8 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
     d = _f16(blocks, 108)
     low2 = _two_bit_runs(blocks[:, 32:96]).astype(np.float32)
     # Run r (0..7) of 32 values takes its high bits from bit r of the 32 hmask bytes.
-    high = (blocks[:, None, 0:32] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    offset = np.where(high.reshape(-1, QK_K) == 1, 0.0, 4.0).astype(np.float32)
+    high = _bit_planes(blocks[:, 0:32]).reshape(-1, QK_K)
+    offset = np.where(high == 1, 0.0, 4.0).astype(np.float32)
     return _per_16(d * _q3_k_scales(blocks[:, 96:108])) * (low2 - offset)
 
 
@@ -156,8 +166,7 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     ql = blocks[:, 0:128].reshape(-1, 2, 2, 32)  # half, first or second 32 bytes, byte
     qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)  # half, byte
     low4 = np.stack([ql & 0x0F, ql >> 4], axis=2).reshape(-1, 2, 4, 32)  # runs: lo0, lo1, hi0, hi1
-    shifts = np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]
-    q = (low4 | (((qh >> shifts) & 3) << 4)).reshape(-1, QK_K).astype(np.float32) - 32.0
+    q = (low4 | (((qh >> _TWO_BIT_SHIFTS) & 3) << 4)).reshape(-1, QK_K).astype(np.float32) - 32.0
     scales = blocks[:, 192:208].view(np.int8).astype(np.float32)
     return _per_16(_f16(blocks, 208) * scales) * q
 

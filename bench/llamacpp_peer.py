@@ -60,6 +60,21 @@ def gguf_file(folder: Path, model: Path, outtype: str) -> Path:
     return out
 
 
+def quantized_gguf(folder: Path, model: Path, qtype: str) -> Path:
+    """model's f16 GGUF file quantized to qtype (Q8_0, Q4_0, Q4_K_M, ...) by llama-quantize, once."""
+    out = folder / "gguf" / f"{model.name}-{qtype}.gguf"
+    if out.is_file():
+        return out
+    source = gguf_file(folder, model, "f16")
+    tmp = out.with_name(f"{out.stem}.partial.gguf")
+    argv = [tool(folder, "native", "llama-quantize"), str(source), str(tmp), qtype, str(THREADS)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize {qtype} failed on {source}:\n{done.stderr[-3000:]}")
+    tmp.replace(out)
+    return out
+
+
 def batched_tok_s(
     folder: Path, mode: str, gguf: Path, prompts: int, prompt_tokens: int, output_tokens: int
 ) -> float:

@@ -17,17 +17,20 @@ from gguf.quants import dequantize as reference_dequantize
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from gguf_blocks import FLOAT16_OFFSETS, random_blocks
 from serve_fixtures import Server, running_server
 from sluice.default_model import gguf_path
 from sluice.errors import ModelNotFoundError
 from sluice.gguf_model import gguf_model_folder
 from sluice.model_spec import read_model_spec
 from worker.gguf_dequantize import UnsupportedQuantizationError, dequantize
-from worker.gguf_weights import gguf_tensors, unpermute_rotary_rows
+from worker.gguf_weights import gguf_tensors, hf_tensor_name, unpermute_rotary_rows
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
 MAX_MODEL_LEN = 512
+# A logprob lead (nats) below which the int8 activations' rounding may swap the two best tokens.
+NEAR_TIE = 0.5
 TEXTS = [
     "Hello world 12345!",
     "<|im_start|>user\nWhat's 2+2?<|im_end|>\n",
@@ -35,39 +38,6 @@ TEXTS = [
     "def f(x):\n    return x**2  # ünïcödé 日本語 🎉",
     "<repo_name>sluice<file_sep>main.rs",
 ]
-
-
-def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw bytes of a rows x cols tensor of GGML type `type_name`: random quants, finite scales."""
-    qtype = gguf.GGMLQuantizationType[type_name]
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    if type_name == "F32":
-        return rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8)
-    if type_name == "F16":
-        return rng.normal(size=(rows, cols)).astype(np.float16).view(np.uint8)
-    if type_name == "BF16":
-        as_float = rng.normal(size=(rows, cols)).astype(np.float32)
-        return (as_float.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    raw = rng.integers(0, 256, size=(rows * cols // block_size, block_bytes), dtype=np.uint8)
-    for offset in FLOAT16_OFFSETS[type_name]:
-        raw[:, offset : offset + 2] = rng.normal(size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
-# Where each block type keeps its float16 scales (d, and m or dmin), from ggml-common.h's block structs:
-# random bytes there could be infinities or NaNs, which no file holds.
-FLOAT16_OFFSETS = {
-    "Q8_0": (0,),
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", *FLOAT16_OFFSETS])
@@ -161,32 +131,38 @@ def test_missing_gguf_file_says_so(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def servers(
     tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
-) -> Iterator[tuple[Server, Server]]:
-    """`sluice serve model.gguf` and `sluice serve FOLDER` (the folder converted from that file)."""
+) -> Iterator[tuple[Server, Server, Server]]:
+    """`sluice serve model.gguf --gguf-dequantize`, `sluice serve FOLDER` (the folder converted from that
+    file), and `sluice serve model.gguf` (its quantized weights on the integer GEMM)."""
     logs = tmp_path_factory.mktemp("serve-gguf")
     args = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.25", "--max-num-seqs", "8"]
     with (
-        running_server([str(gguf_path()), *args], logs / "gguf.log") as from_gguf,
+        running_server([str(gguf_path()), *args, "--gguf-dequantize"], logs / "gguf.log") as from_gguf,
         running_server([str(default_model_path), *args], logs / "folder.log") as from_folder,
+        running_server([str(gguf_path()), *args], logs / "quantized.log") as quantized,
     ):
-        yield from_gguf, from_folder
+        yield from_gguf, from_folder, quantized
 
 
-def clients(servers: tuple[Server, Server]) -> list[openai.OpenAI]:
+def clients(servers: tuple[Server, ...]) -> list[openai.OpenAI]:
     return [
         openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) for s in servers
     ]
 
 
-def test_served_gguf_is_named_after_the_file(servers: tuple[Server, Server]) -> None:
-    from_gguf, from_folder = clients(servers)
+def test_served_gguf_is_named_after_the_file(servers: tuple[Server, Server, Server]) -> None:
+    from_gguf, from_folder, quantized = clients(servers)
     assert [m.id for m in from_gguf.models.list()] == [GGUF_NAME]
+    assert [m.id for m in quantized.models.list()] == [GGUF_NAME]
     assert [m.id for m in from_folder.models.list()] == [FOLDER_NAME]
     assert "dequantizing" in servers[0].log.read_text(errors="replace")
+    # The default model's file is Q4_1, its embedding table (the tied LM head) Q8_0.
+    log = servers[2].log.read_text(errors="replace")
+    assert "210 Q4_1 weight part(s) stay quantized" in log and "1 Q8_0 weight part(s) stay quantized" in log
 
 
-def test_served_gguf_greedy_completions_equal_the_folder(servers: tuple[Server, Server]) -> None:
-    from_gguf, from_folder = clients(servers)
+def test_served_gguf_greedy_completions_equal_the_folder(servers: tuple[Server, Server, Server]) -> None:
+    from_gguf, from_folder, _ = clients(servers)
     for prompt in ["The capital of France is", "def fibonacci(n):", "List 3 colors: 1."]:
         answers = [
             client.completions.create(
@@ -198,8 +174,8 @@ def test_served_gguf_greedy_completions_equal_the_folder(servers: tuple[Server, 
         assert answers[0].text == answers[1].text and answers[0].text
 
 
-def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Server, Server]) -> None:
-    from_gguf, from_folder = clients(servers)
+def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Server, Server, Server]) -> None:
+    from_gguf, from_folder, _ = clients(servers)
     messages = [{"role": "user", "content": "Name three rivers."}]
     replies = [
         client.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0)
@@ -212,6 +188,39 @@ def test_served_gguf_chat_uses_the_template_from_the_metadata(servers: tuple[Ser
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
     assert text == replies[0].choices[0].message.content
+
+
+def test_served_quantized_gguf_follows_the_folder_until_a_near_tie(
+    servers: tuple[Server, Server, Server],
+) -> None:
+    """The integer GEMM's int8 activations move each logit slightly, so its greedy tokens equal the
+    exact weights' wherever the folder's best token leads its second by a clear margin."""
+    _, from_folder, quantized = clients(servers)
+    compared = 0
+    prompts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "List 3 colors: 1.",
+        "Water boils at",
+        "1, 2, 3, 4,",
+        "import numpy as",
+        "Monday, Tuesday,",
+        "The largest planet in the solar system is",
+    ]
+    for prompt in prompts:
+        exact = from_folder.completions.create(
+            model=FOLDER_NAME, prompt=prompt, max_tokens=16, temperature=0, logprobs=2
+        ).choices[0]
+        ours = quantized.completions.create(
+            model=GGUF_NAME, prompt=prompt, max_tokens=16, temperature=0, logprobs=2
+        ).choices[0]
+        for step, token in enumerate(exact.logprobs.tokens):
+            top = sorted(exact.logprobs.top_logprobs[step].values(), reverse=True)
+            if len(top) < 2 or top[0] - top[1] < NEAR_TIE:
+                break
+            assert ours.logprobs.tokens[step] == token, (prompt, step)
+            compared += 1
+    assert compared >= 8
 
 
 def _gguf_name(hf_name: str) -> str:
@@ -313,13 +322,73 @@ def test_tiny_gguf_of_each_architecture_and_type_loads_as_written(arch: str, tmp
         assert torch.equal(tensor, expected[name]), name
 
 
-def test_offline_llm_loads_the_gguf_file(servers: tuple[Server, Server]) -> None:
+# Each fused weight of the tiny models and the checkpoint tensors it stacks, top to bottom.
+FUSED_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_gguf_runs_its_quantized_weights_quantized(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native
+) -> None:
+    """Each fused weight with a quantized part is packed for the integer GEMM, its parts in order (q and
+    k unpermuted) and its float parts quantized beside them; multiplied, it stays within the int8
+    activations' rounding (and the requantized types' 8-bit step) of the file's own values; with
+    gguf_dequantize every weight is packed as floats instead."""
+    from tiny_models import tiny_model_dir
+    from worker.attention.cpu_backend import CpuAttentionBackend
+    from worker.model_loader import load_model
+    from worker.quantized_weights import QUANTIZED_TYPES
+
+    monkeypatch.setenv("SLUICE_CACHE", str(tmp_path))
+    path = tmp_path / f"tiny-{arch}.gguf"
+    expected = write_tiny_gguf(arch, tiny_model_dir(arch), path)
+    types = {hf_tensor_name(t.name): t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    spec = read_model_spec(path)
+    cpu = torch.device("cpu")
+    quantized = load_model(spec, torch.float32, cpu, CpuAttentionBackend(native))
+    widened = load_model(spec, torch.float32, cpu, CpuAttentionBackend(native), gguf_dequantize=True)
+    torch.manual_seed(0)
+    seen = set()
+    for index, (layer, float_layer) in enumerate(zip(quantized.layers, widened.layers, strict=True)):
+        for fused, parts in FUSED_PARTS.items():
+            names = [f"model.layers.{index}.{part}.weight" for part in parts]
+            weight = layer.get_submodule(fused).weight
+            is_quantized = any(types[name] in QUANTIZED_TYPES for name in names)
+            seen.add(is_quantized)
+            assert (native.packed_info(weight).format == 3) == is_quantized, (
+                fused,
+                [types[n] for n in names],
+            )
+            assert native.packed_info(float_layer.get_submodule(fused).weight).format != 3
+            if not is_quantized:
+                continue
+            reference = torch.cat([expected[name] for name in names]).double()
+            x = torch.randn(5, reference.shape[1])
+            got = native.linear_float32(x, weight, None).double()
+            scale = x.double().abs() @ reference.abs().T
+            assert bool(((got - x.double() @ reference.T).abs() <= 0.02 * scale + 1e-6).all()), fused
+    assert seen == {True, False}
+
+
+def test_offline_llm_loads_the_gguf_file(servers: tuple[Server, Server, Server]) -> None:
     from sluice import LLM, SamplingParams
 
-    llm = LLM(str(gguf_path()), max_model_len=256, kv_cache_memory=0.1, executor="inproc", enforce_eager=True)
+    llm = LLM(
+        str(gguf_path()),
+        max_model_len=256,
+        kv_cache_memory=0.1,
+        executor="inproc",
+        enforce_eager=True,
+        gguf_dequantize=True,
+    )
     prompt = "The capital of France is"
     (result,) = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-    _, from_folder = clients(servers)
+    _, from_folder, _ = clients(servers)
     expected = from_folder.completions.create(
         model=FOLDER_NAME, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
     )

@@ -16,6 +16,7 @@
 #include "model_step.h"
 #include "ops.h"
 #include "packed_weight.h"
+#include "quant_weight.h"
 
 #define SLUICE_API extern "C" __attribute__((visibility("default")))
 
@@ -24,7 +25,7 @@ namespace {
 using namespace sluice::cpu;
 
 // Bumped whenever a signature or a struct below changes; worker/native_ops.py expects the same number.
-constexpr int32_t kAbiVersion = 1;
+constexpr int32_t kAbiVersion = 2;
 
 thread_local std::string last_error;
 
@@ -49,6 +50,10 @@ struct PackedInfo {
 
 PackedInfo info_of(const PackedShape& s) {
   return {s.n, s.k, s.out_features(), s.total_ints(), s.gated, s.k_blocks, s.format, int32_t(s.dtype), s.lanes};
+}
+
+PackedInfo info_of(const QuantShape& s) {
+  return {s.n, s.k, s.n, s.total_ints, 0, 0, kFormatQuantBlocks, int32_t(s.dtype), 0};
 }
 
 void check_dtype(int32_t code) {
@@ -97,7 +102,27 @@ SLUICE_API int32_t sluice_pack_weight(const void* w, int32_t dtype, int64_t n, i
 }
 
 SLUICE_API int32_t sluice_packed_info(const int32_t* packed, int64_t ints, PackedInfo* info) {
-  return guarded([&] { *info = info_of(packed_shape(packed, ints)); });
+  return guarded([&] {
+    *info = packed_format(packed, ints) == kFormatQuantBlocks ? info_of(quant_shape(packed, ints))
+                                                               : info_of(packed_shape(packed, ints));
+  });
+}
+
+// A quantized weight (quant_weight.h) of `count` segments, segment s ending at row row_ends[s], of
+// kinds[s]: its size in info, and with dst (of dst_ints words) non-null, packed there from each segment's
+// values and scales, laid out as quant_weight.h says.
+SLUICE_API int32_t sluice_pack_quantized(int32_t dtype, int64_t n, int64_t k, int32_t count, const int64_t* row_ends,
+                                         const int32_t* kinds, const void* const* values, const void* const* scales,
+                                         int32_t* dst, int64_t dst_ints, PackedInfo* info) {
+  return guarded([&] {
+    check_dtype(dtype);
+    const QuantShape shape = quant_packing_shape(DType(dtype), n, k, count, row_ends, kinds);
+    *info = info_of(shape);
+    if (dst == nullptr) return;
+    SK_CHECK(dst_ints == shape.total_ints, "the quantized weight needs ", shape.total_ints, " words, got ",
+             dst_ints);
+    pack_quantized(shape, values, scales, dst);
+  });
 }
 
 // Asks for transparent huge pages over the whole 2 MiB pages of [p, p + bytes): a decode step streams

@@ -6,8 +6,22 @@
 
 #include "check.h"
 #include "parallel.h"
+#include "quant_weight.h"
 
 namespace sluice::cpu {
+
+int32_t packed_format(const int32_t* packed, int64_t ints) {
+  SK_CHECK(ints >= kHeaderInts && packed[0] == kPackedMagic, "not a packed weight (no SLPK header)");
+  return packed[6];
+}
+
+bool packed_gated(const int32_t* packed, int64_t ints) {
+  if (packed_format(packed, ints) == kFormatQuantBlocks) {
+    quant_shape(packed, ints);
+    return false;
+  }
+  return packed_shape(packed, ints).gated;
+}
 
 PackedShape packed_shape(const int32_t* packed, int64_t ints) {
   SK_CHECK(ints >= kHeaderInts && packed[0] == kPackedMagic, "not a packed weight (no SLPK header)");

@@ -63,7 +63,15 @@ struct PackedShape {
   int64_t total_ints() const { return kHeaderInts + groups() * group_bytes() / 4; }
 };
 
-// The header of a packed weight of `ints` words, checked against its size; a KernelError says what is wrong.
+// The format word of a packed weight's header (kFormatBf16Pairs, kFormatFmaLanes or quant_weight.h's
+// kFormatQuantBlocks), after checking that it is one.
+int32_t packed_format(const int32_t* packed, int64_t ints);
+
+// Checks the header of any packed weight, float or quantized (quant_weight.h), against its size; whether
+// it is gated (a quantized weight never is).
+bool packed_gated(const int32_t* packed, int64_t ints);
+
+// The header of a float packed weight of `ints` words, checked against its size; a KernelError says what is wrong.
 PackedShape packed_shape(const int32_t* packed, int64_t ints);
 
 // The shape that packing W [n, k] of `dtype` in `layout` gives at this tier.

@@ -4,6 +4,7 @@
 //   kernel_check LIBRARY        prints one line per group of checks; exit status 0 only if all pass.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +34,8 @@ struct Library {
   int32_t (*pack_weight)(const void*, int32_t, int64_t, int64_t, int64_t, int64_t, int32_t, int32_t, int32_t*,
                          int64_t);
   int32_t (*linear)(const Matrix*, const int32_t*, int64_t, const void*, const Matrix*);
+  int32_t (*pack_quantized)(int32_t, int64_t, int64_t, int32_t, const int64_t*, const int32_t*, const void* const*,
+                            const void* const*, int32_t*, int64_t, PackedInfo*);
   int32_t (*rms_norm)(const Matrix*, const Matrix*, const void*, double);
   int32_t (*silu_and_mul)(const Matrix*, const Matrix*);
   int32_t (*argmax_rows)(const Matrix*, int64_t*);
@@ -145,6 +148,66 @@ void check_gated(const Library& lib, int64_t m, int64_t width, int64_t k) {
          std::string("gated ") + dtype_name(dtype_of<T>()) + " equals silu_and_mul of the plain product");
 }
 
+// A quantized weight of one block kind (quant_weight.h: 1 int8 with d, 2 nibbles with d and m, 3 nibbles
+// with d, value d * (q - 8)) against its definition: x quantized to int8 per block of 32 (d = max |x| / 127,
+// q rounded half away from zero in one rounding), exact integer dot products, scaled in float64.
+void check_quantized(const Library& lib, int32_t kind, int64_t m, int64_t n, int64_t k) {
+  const int64_t blocks = k / 32, planes = kind == 2 ? 2 : 1, value_bytes = kind == 1 ? 32 : 16;
+  std::vector<uint8_t> values(n * blocks * value_bytes);
+  for (uint8_t& v : values) v = uint8_t(kind == 1 ? int8_t(int(rng() % 255) - 127) : int(rng() % 256));
+  std::vector<uint16_t> scales(n * planes * blocks);  // [rows][planes][blocks]
+  for (uint16_t& d : scales) d = from_float<fp16>(random_value() * 0.02f).bits;
+  std::vector<float> x(m * k);
+  for (float& v : x) v = random_value();
+  const int64_t row_end = n;
+  const void* value_parts[] = {values.data()};
+  const void* scale_parts[] = {scales.data()};
+  PackedInfo info{};
+  ok_or_die(lib, lib.pack_quantized(0, n, k, 1, &row_end, &kind, value_parts, scale_parts, nullptr, 0, &info),
+            "pack_quantized (size)");
+  std::vector<int32_t> packed(info.total_ints);
+  ok_or_die(lib,
+            lib.pack_quantized(0, n, k, 1, &row_end, &kind, value_parts, scale_parts, packed.data(),
+                               info.total_ints, &info),
+            "pack_quantized");
+  std::vector<float> out(m * n);
+  const Matrix xm{x.data(), DType::kFloat32, m, k, k}, om{out.data(), DType::kFloat32, m, n, n};
+  ok_or_die(lib, lib.linear(&xm, packed.data(), int64_t(packed.size()), nullptr, &om), "linear (quantized)");
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      double exact = 0, magnitude = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* xb = &x[r * k + b * 32];
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const float dx = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
+        const uint8_t* wb = &values[(c * blocks + b) * value_bytes];
+        int64_t dot = 0, abs_dot = 0, x_sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int64_t q = int64_t(std::fma(xb[j], inverse, xb[j] >= 0 ? 0.5f : -0.5f));
+          int64_t w = kind == 1 ? int8_t(wb[j]) : (j < 16 ? wb[j] & 15 : wb[j - 16] >> 4);
+          if (kind == 3) w -= 8;
+          dot += q * w;
+          abs_dot += std::abs(q * w);
+          x_sum += q;
+        }
+        const double scale = double(to_float(fp16{scales[c * planes * blocks + b]}) * dx);
+        exact += scale * double(dot);
+        magnitude += std::fabs(scale) * double(abs_dot);
+        if (kind == 2) {
+          const double minimum = to_float(fp16{scales[(c * planes + 1) * blocks + b]}) * double(dx * float(x_sum));
+          exact += minimum;
+          magnitude += std::fabs(minimum);
+        }
+      }
+      const double tolerance = 4 * double(blocks + 4) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+      expect(std::fabs(out[r * n + c] - exact) <= tolerance,
+             "quantized linear kind " + std::to_string(kind) + " [" + std::to_string(m) + "," + std::to_string(n) +
+                 "," + std::to_string(k) + "] at (" + std::to_string(r) + "," + std::to_string(c) + ")");
+    }
+  }
+}
+
 void check_rms_norm(const Library& lib) {
   const int64_t rows = 5, n = 200;
   std::vector<float> x(rows * n), w(n), out(rows * n);
@@ -244,6 +307,7 @@ int main(int argc, char** argv) {
   bind(lib.handle, "sluice_packing_info", lib.packing_info);
   bind(lib.handle, "sluice_pack_weight", lib.pack_weight);
   bind(lib.handle, "sluice_linear", lib.linear);
+  bind(lib.handle, "sluice_pack_quantized", lib.pack_quantized);
   bind(lib.handle, "sluice_rms_norm", lib.rms_norm);
   bind(lib.handle, "sluice_silu_and_mul", lib.silu_and_mul);
   bind(lib.handle, "sluice_argmax_rows", lib.argmax_rows);
@@ -260,6 +324,10 @@ int main(int argc, char** argv) {
     check_gated<fp16>(lib, m, 40, 33);
   }
   std::printf("linear: done\n");
+  for (int32_t kind : {1, 2, 3})
+    for (int64_t m : {1, 3, 7})
+      for (int64_t k : {96, 288}) check_quantized(lib, kind, m, 13, k);
+  std::printf("quantized linear: done\n");
   check_rms_norm(lib);
   check_argmax(lib);
   check_attention(lib, true);

@@ -121,6 +121,9 @@ class KernelConfig:
     # CPU, where packed_linear packs: each MLP's gate_up weight packed so that its GEMM writes
     # silu(gate) * up from the epilogue (same bits); False writes gate and up, then runs silu_and_mul.
     fused_gate_up: bool = True
+    # CPU, a GGUF file: its quantized linear weights are dequantized to the model dtype at load, for the
+    # float GEMM; False (the default) keeps them quantized for the integer GEMM (worker/quantized_weights.py).
+    gguf_dequantize: bool = False
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True
     # CPU, on that decode path: where a batch has too few one-token sequences (times KV heads) to share

@@ -272,6 +272,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "--no-fused-gate-up writes gate and up, then applies the activation over them",
     )
     group.add_argument(
+        "--gguf-dequantize",
+        action=argparse.BooleanOptionalAction,
+        default=kernel.gguf_dequantize,
+        help="CPU, a GGUF file: dequantize its quantized linear weights to --dtype at load, for the float "
+        "GEMM; by default they stay quantized and run on the integer GEMM",
+    )
+    group.add_argument(
         "--cpu-decode-attention",
         action=argparse.BooleanOptionalAction,
         default=kernel.cpu_decode_attention,
@@ -386,6 +393,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             packed_linear=args.packed_linear,
             gemm_k_blocks=args.gemm_k_blocks,
             fused_gate_up=args.fused_gate_up,
+            gguf_dequantize=args.gguf_dequantize,
             cpu_decode_attention=args.cpu_decode_attention,
             cpu_decode_split_keys=args.cpu_decode_split_keys,
             cpu_isa=args.cpu_isa,

@@ -88,7 +88,7 @@ def _q5_1(blocks: np.ndarray) -> np.ndarray:
     return _f16(blocks, 0) * _five_bit(blocks, 4) + _f16(blocks, 2)
 
 
-def _scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K: the eight 6-bit scales and minimums of each block's 12 scale bytes."""
     low, mid, high = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     scales = np.concatenate([low & 63, (high & 0x0F) | ((low >> 6) << 4)], axis=1)
@@ -98,13 +98,13 @@ def _scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _k4(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
     """value = d * scale * q - dmin * min over eight sub-blocks of 32; q is (blocks, 8, 32)."""
-    scales, mins = _scale_min_k4(blocks[:, 4:16])
+    scales, mins = scale_min_k4(blocks[:, 4:16])
     d, dmin = _f16(blocks, 0), _f16(blocks, 2)
     values = (d * scales)[:, :, None] * q.astype(np.float32) - (dmin * mins)[:, :, None]
     return values.reshape(len(blocks), QK_K)
 
 
-def _k4_nibbles(qs: np.ndarray) -> np.ndarray:
+def k4_nibbles(qs: np.ndarray) -> np.ndarray:
     """Q4_K/Q5_K: the 128 bytes' nibbles as eight sub-blocks of 32, (blocks, 8, 32): chunk c of 32
     bytes gives sub-block 2c (low nibbles) and 2c + 1 (high nibbles)."""
     chunks = qs.reshape(-1, 4, 1, 32)
@@ -112,12 +112,12 @@ def _k4_nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _q4_k(blocks: np.ndarray) -> np.ndarray:
-    return _k4(blocks, _k4_nibbles(blocks[:, 16:144]))
+    return _k4(blocks, k4_nibbles(blocks[:, 16:144]))
 
 
 def _q5_k(blocks: np.ndarray) -> np.ndarray:
     # Sub-block s takes its fifth bits from bit s of the 32 qh bytes.
-    return _k4(blocks, _k4_nibbles(blocks[:, 48:176]) | (_bit_planes(blocks[:, 16:48]) << 4))
+    return _k4(blocks, k4_nibbles(blocks[:, 48:176]) | (_bit_planes(blocks[:, 16:48]) << 4))
 
 
 def _two_bit_runs(qs: np.ndarray) -> np.ndarray:

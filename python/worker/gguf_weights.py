@@ -1,4 +1,5 @@
-"""A GGUF file's tensors under their Hugging Face names, dequantized to float32 one at a time.
+"""A GGUF file's tensors under their Hugging Face names, dequantized to float32 one at a time (or, for
+the integer GEMM, a linear weight converted to its quantized blocks: worker/quantized_weights.py).
 
 llama.cpp's converter renames the tensors (`blk.N.attn_q.weight`) and, for Llama, reorders the
 rows of q and k so that rotary pairs are adjacent (GGML rotates interleaved pairs, Hugging Face
@@ -17,6 +18,7 @@ from tqdm import tqdm
 
 from sluice.errors import SluiceError
 from worker.gguf_dequantize import dequantize
+from worker.quantized_weights import QUANTIZED_TYPES, QuantizedRows, from_gguf
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -64,10 +66,16 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape)
 
 
+# The GGUF tensors that are linear weights (and the LM head), which keep_quantized leaves quantized.
+_LINEAR_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
+
+
 def gguf_tensors(
-    gguf_file: Path, hf_config: dict[str, Any], show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor of `gguf_file`, in file order."""
+    gguf_file: Path, hf_config: dict[str, Any], show_progress: bool = True, keep_quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedRows]]:
+    """(Hugging Face name, float32 tensor) for every tensor of `gguf_file`, in file order. With
+    keep_quantized, a linear weight of a quantized type comes as QuantizedRows instead (never widened),
+    and so does a tied model's LM head (after its embedding table, which stays float)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf_file))
@@ -83,10 +91,23 @@ def gguf_tensors(
         mininterval=0.5,
         disable=not show_progress,
     )
+    tied = bool(hf_config.get("tie_word_embeddings", False))
     for tensor in bar:
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        values = dequantize(tensor.data, tensor.tensor_type.name, shape)
+        type_name = tensor.tensor_type.name
         part = tensor.name.split(".")[-2]
+        name = hf_tensor_name(tensor.name)
+        quantized = keep_quantized and type_name in QUANTIZED_TYPES and len(shape) == 2
+        if quantized and (part in _LINEAR_PARTS or (tied and tensor.name == "token_embd.weight")):
+            rows = from_gguf(tensor.data, type_name, shape)
+            if permuted and part in heads:
+                order = unpermute_rotary_rows(torch.arange(shape[0]), heads[part])
+                rows = rows.rows(order.numpy())
+            if part in _LINEAR_PARTS:
+                yield name, rows
+                continue
+            yield "lm_head.weight", rows
+        values = dequantize(tensor.data, type_name, shape)
         if permuted and part in heads:
             values = unpermute_rotary_rows(values, heads[part])
-        yield hf_tensor_name(tensor.name), values
+        yield name, values

@@ -12,8 +12,17 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from worker.quantized_weights import QuantizedRows
+
 
 class LayerOps(Protocol):
+    # Whether prepare_quantized_linear_weight keeps weights quantized (the CPU's integer GEMM).
+    runs_quantized: bool
+
+    def prepare_quantized_linear_weight(self, parts: list[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
+        """A weight given as quantized row parts (top to bottom), for linear with activations of dtype."""
+        ...
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight.T + bias, with weight as prepare_linear_weight returned it."""
         ...
@@ -63,6 +72,11 @@ class LayerOps(Protocol):
 
 
 class TorchLayerOps:
+    runs_quantized = False
+
+    def prepare_quantized_linear_weight(self, parts: list[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat([part.dequantize() for part in parts]).to(dtype)
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)
 

@@ -3,12 +3,14 @@ and gate/up.
 
 Under tensor parallelism each rank reads only its shard of each checkpoint tensor (safetensors
 slices), as the model's Projection.split and vocab-parallel tables say, so no rank ever holds the
-whole model. A GGUF tensor is dequantized whole, one at a time, then sliced.
+whole model. A GGUF tensor is dequantized whole, one at a time, then sliced; a quantized linear weight
+is converted to the integer GEMM's blocks instead, sliced on them, and packed from them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,9 @@ from worker.distributed import TensorParallelGroup
 from worker.gguf_weights import gguf_tensors
 from worker.models.llama import LlamaForCausalLM, Projection, Split
 from worker.models.vocab_parallel import VocabParallelEmbedding
+from worker.quantized_weights import BLOCK, REQUANTIZED_TYPES, QuantizedParts, QuantizedRows
+
+logger = logging.getLogger("sluice.worker")
 
 # Which checkpoint tensors are stacked, in order, into one fused parameter.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -46,19 +51,38 @@ def load_model(
     packed_linear: bool = True,
     fused_gate_up: bool = True,
     gemm_k_blocks: bool = True,
+    gguf_dequantize: bool = False,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
     packed_linear (KernelConfig.packed_linear) puts the linear weights in the form the device's linear
     reads fastest (on CPU, bf16 packed for Sluice's GEMM); False keeps them as loaded. fused_gate_up
     (KernelConfig.fused_gate_up) packs each MLP's gate_up so that the GEMM applies the activation, and
-    gemm_k_blocks (KernelConfig.gemm_k_blocks) marks the packed weights for a GEMM that takes K in blocks."""
+    gemm_k_blocks (KernelConfig.gemm_k_blocks) marks the packed weights for a GEMM that takes K in blocks.
+    A GGUF file's quantized linear weights stay quantized for the integer GEMM where the ops run it,
+    unless gguf_dequantize (KernelConfig.gguf_dequantize) widens them to `dtype` as they load."""
     with torch.device(device):
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
     loaded: set[str] = set()
-    for file, name, checkpoint in _checkpoint_tensors(spec, show_progress=model.tp.rank == 0):
+    # Quantized GGUF weights stay quantized where packed_linear packs for Sluice's integer GEMM.
+    keep_quantized = (
+        spec.gguf_file is not None and packed_linear and not gguf_dequantize and model.ops.runs_quantized
+    )
+    quantized: QuantizedParts = {}
+    tensors = _checkpoint_tensors(spec, show_progress=model.tp.rank == 0, keep_quantized=keep_quantized)
+    for file, name, checkpoint in tensors:
         if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if isinstance(checkpoint, QuantizedRows):
+            # A tied LM head shares the embedding's shard of vocab rows.
+            tied_head = name == "lm_head.weight" and model.tie_word_embeddings
+            target = targets["model.embed_tokens.weight" if tied_head else name]
+            owner = "lm_head.weight" if name == "lm_head.weight" else target.owner
+            quantized.setdefault(owner, []).append(
+                (target.row_offset, _quantized_shard(target, checkpoint, name))
+            )
+            loaded.add(name)
             continue
         if name == "lm_head.weight" and model.tie_word_embeddings:
             continue
@@ -69,20 +93,25 @@ def load_model(
             )
         _copy_into(targets[name], checkpoint, name)
         loaded.add(name)
+    if quantized:
+        _log_quantized(quantized, model.tp.rank)
     missing = [name for name in targets if name not in loaded]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
     if packed_linear:
-        model.prepare_linear_weights(fused_gate_up, gemm_k_blocks)
+        model.prepare_linear_weights(fused_gate_up, gemm_k_blocks, quantized)
     return model.eval()
 
 
-def _checkpoint_tensors(spec: ModelSpec, show_progress: bool) -> Iterator[tuple[Path, str, Checkpoint]]:
+def _checkpoint_tensors(
+    spec: ModelSpec, show_progress: bool, keep_quantized: bool
+) -> Iterator[tuple[Path, str, Checkpoint]]:
     """(file, Hugging Face name, tensor) for every checkpoint tensor: a lazy safetensors slice that
-    reads only what is asked of it, or a GGUF tensor dequantized to float32."""
+    reads only what is asked of it, or a GGUF tensor dequantized to float32 (or, keep_quantized,
+    a linear weight's QuantizedRows)."""
     if spec.gguf_file is not None:
-        for name, tensor in gguf_tensors(spec.gguf_file, spec.hf_config, show_progress):
+        for name, tensor in gguf_tensors(spec.gguf_file, spec.hf_config, show_progress, keep_quantized):
             yield spec.gguf_file, name, tensor
         return
     for file in weight_files(spec.path):
@@ -107,6 +136,9 @@ class _Target:
     tensor: torch.Tensor
     # The checkpoint tensor's shape, as config.json implies it.
     full_shape: tuple[int, ...]
+    # The parameter (model.named_parameters' name) and the first of its rows that the tensor fills.
+    owner: str
+    row_offset: int = 0
     # The dimension split over the ranks (None: every rank holds all of it), and this rank's offset on it.
     dim: int | None = None
     start: int = 0
@@ -121,40 +153,89 @@ def _checkpoint_targets(model: LlamaForCausalLM) -> dict[str, _Target]:
         module = model.get_submodule(module_path)
         if isinstance(module, VocabParallelEmbedding):
             full_shape = (module.vocab_size, *param.shape[1:])
-            targets[hf_name] = _Target(param.data, full_shape, 0, module.vocab_start)
+            targets[hf_name] = _Target(param.data, full_shape, name, 0, 0, module.vocab_start)
             continue
         split = module.split if isinstance(module, Projection) else "replicated"
         owner, _, fused = module_path.rpartition(".")
         if fused not in _FUSED:
-            targets[hf_name] = _shard_target(param.data, split, kind, model.tp)
+            targets[hf_name] = _shard_target(param.data, split, kind, model.tp, name, 0)
             continue
         sizes = getattr(model.get_submodule(owner), fused.removesuffix("_proj") + "_shards")
         offset = 0
         for part, size in zip(_FUSED[fused], sizes, strict=True):
-            part_target = _shard_target(param.data[offset : offset + size], split, kind, model.tp)
+            part_target = _shard_target(
+                param.data[offset : offset + size], split, kind, model.tp, name, offset
+            )
             targets[hf_name.replace(f".{fused}.", f".{part}.")] = part_target
             offset += size
     return targets
 
 
-def _shard_target(tensor: torch.Tensor, split: Split, kind: str, tp: TensorParallelGroup) -> _Target:
+def _shard_target(
+    tensor: torch.Tensor, split: Split, kind: str, tp: TensorParallelGroup, owner: str, row_offset: int
+) -> _Target:
     """Rank r of a split holds the r-th of tp.size equal parts: output rows (column) or input columns (row)."""
     if split == "column":
-        return _Target(tensor, (tensor.shape[0] * tp.size, *tensor.shape[1:]), 0, tp.rank * tensor.shape[0])
+        full_shape = (tensor.shape[0] * tp.size, *tensor.shape[1:])
+        return _Target(tensor, full_shape, owner, row_offset, 0, tp.rank * tensor.shape[0])
     if split == "row" and kind == "weight":
         out_features, in_features = tensor.shape
-        return _Target(tensor, (out_features, in_features * tp.size), 1, tp.rank * in_features)
+        return _Target(
+            tensor, (out_features, in_features * tp.size), owner, row_offset, 1, tp.rank * in_features
+        )
     # Norms, replicated projections, and a row split's bias, which rank 0 alone adds.
-    return _Target(tensor, tuple(tensor.shape))
+    return _Target(tensor, tuple(tensor.shape), owner, row_offset)
+
+
+def _check_shape(target: _Target, shape: tuple[int, ...], name: str) -> None:
+    if shape != target.full_shape:
+        raise WeightLoadError(
+            f"tensor {name!r} has shape {shape}, but config.json implies {target.full_shape}"
+        )
+
+
+def _quantized_shard(target: _Target, rows: QuantizedRows, name: str) -> QuantizedRows:
+    """This rank's part of quantized weight `name`: its output rows (padded with zero rows as the
+    vocab's last shard is), or its input columns, which must fall on the blocks."""
+    _check_shape(target, rows.shape, name)
+    held = target.tensor.shape[0]
+    if target.dim == 0:
+        return rows.rows(slice(target.start, target.start + held)).padded(held)
+    if target.dim == 1:
+        stop = target.start + target.tensor.shape[1]
+        if target.start % BLOCK or stop % BLOCK:
+            raise WeightLoadError(
+                f"tensor {name!r} is quantized in blocks of {BLOCK} columns, and this rank's columns "
+                f"{target.start}..{stop} split a block; load it with --gguf-dequantize"
+            )
+        return rows.columns(target.start, stop)
+    return rows
+
+
+def _log_quantized(quantized: QuantizedParts, rank: int) -> None:
+    """Says, once per source type, how its tensors run: as they are, with float16 scales, or requantized."""
+    if rank != 0:
+        return
+    by_type: dict[str, int] = {}
+    for parts in quantized.values():
+        for _, rows in parts:
+            by_type[rows.source] = by_type.get(rows.source, 0) + 1
+    for source, count in sorted(by_type.items()):
+        if source in REQUANTIZED_TYPES:
+            logger.warning(
+                "%d %s weight part(s) run requantized to 8 bits per value in blocks of 32 (no %s kernel)",
+                count,
+                source,
+                source,
+            )
+        else:
+            logger.info("%d %s weight part(s) stay quantized for the integer GEMM", count, source)
 
 
 def _copy_into(target: _Target, checkpoint: Checkpoint, name: str) -> None:
     """Read this rank's part of checkpoint tensor `name` into the target; zero any padding past its end."""
     shape = tuple(checkpoint.shape if isinstance(checkpoint, torch.Tensor) else checkpoint.get_shape())
-    if shape != target.full_shape:
-        raise WeightLoadError(
-            f"tensor {name!r} has shape {shape}, but config.json implies {target.full_shape}"
-        )
+    _check_shape(target, shape, name)
     index = [slice(None)] * len(shape)
     if target.dim is None:
         target.tensor.copy_(checkpoint[tuple(index)])

@@ -10,13 +10,16 @@ from pathlib import Path
 import torch
 
 # csrc/cpu/abi.cpp kAbiVersion.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # csrc/cpu/dtypes.h DType.
 FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
 DTYPE_OF = {torch.float32: FLOAT32, torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}
 # csrc/cpu/packed_weight.h.
 PLAIN_LAYOUT, GATED_LAYOUT = 0, 1
+# csrc/cpu/quant_weight.h: the packed format of a quantized weight, and its block kinds.
+FORMAT_QUANT_BLOCKS = 3
+QUANT_Q8, QUANT_Q4, QUANT_Q4_SYM = 1, 2, 3
 
 _ptr = ctypes.c_void_p
 _i64 = ctypes.c_int64
@@ -148,6 +151,10 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sluice_packing_info": (_i32, [_i32, _i64, _i64, _i32, _i32, _P(PackedInfo)]),
     "sluice_pack_weight": (_i32, [_ptr, _i32, _i64, _i64, _i64, _i64, _i32, _i32, _ptr, _i64]),
     "sluice_packed_info": (_i32, [_ptr, _i64, _P(PackedInfo)]),
+    "sluice_pack_quantized": (
+        _i32,
+        [_i32, _i64, _i64, _i32, _P(_i64), _P(_i32), _P(_ptr), _P(_ptr), _ptr, _i64, _P(PackedInfo)],
+    ),
     "sluice_advise_huge_pages": (_i32, [_ptr, _i64]),
     "sluice_linear": (_i32, [_P(Matrix), _ptr, _i64, _ptr, _P(Matrix)]),
     "sluice_rms_norm": (_i32, [_P(Matrix), _P(Matrix), _ptr, ctypes.c_double]),

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +24,7 @@ from sluice.errors import SluiceError
 from sluice.kernel_libraries import KernelLibraryError, choose_kernels, rebuild_command
 from worker import native_abi as abi
 from worker.native_abi import Batch, Heads, KvCache, Matrix, PackedInfo, Slots
+from worker.quantized_weights import QuantizedRows
 
 logger = logging.getLogger("sluice.worker")
 
@@ -142,12 +145,7 @@ class NativeOps:
         info = PackedInfo()
         n, k = weight.shape
         self.check(self.library.sluice_packing_info(code, n, k, layout, int(k_blocks), ctypes.byref(info)))
-        # On a 2 MiB boundary with huge pages asked for: a decode step streams every weight once.
-        huge = 1 << 21
-        buffer = torch.empty(info.total_ints * 4 + huge, dtype=torch.uint8)
-        start = -buffer.data_ptr() % huge
-        packed = buffer[start : start + info.total_ints * 4].view(torch.int32)
-        self.library.sluice_advise_huge_pages(packed.data_ptr(), info.total_ints * 4)
+        packed = self._packed_buffer(info.total_ints)
         self.check(
             self.library.sluice_pack_weight(
                 weight.data_ptr(),
@@ -164,6 +162,53 @@ class NativeOps:
         )
         return packed
 
+    def _packed_buffer(self, ints: int) -> torch.Tensor:
+        """`ints` int32 words on a 2 MiB boundary with huge pages asked for: a decode step streams every
+        weight once."""
+        huge = 1 << 21
+        buffer = torch.empty(ints * 4 + huge, dtype=torch.uint8)
+        start = -buffer.data_ptr() % huge
+        packed = buffer[start : start + ints * 4].view(torch.int32)
+        self.library.sluice_advise_huge_pages(packed.data_ptr(), ints * 4)
+        return packed
+
+    def pack_quantized_weight(self, parts: Sequence[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
+        """Row parts of W [N, K], top to bottom, as one quantized weight (csrc/cpu/quant_weight.h) that
+        linear multiplies with activations of `dtype`; adjacent parts of one kind become one segment."""
+        segments: list[list[QuantizedRows]] = []
+        for part in parts:
+            if segments and segments[-1][0].kind == part.kind:
+                segments[-1].append(part)
+            else:
+                segments.append([part])
+        kinds = [group[0].kind for group in segments]
+        values = [np.ascontiguousarray(np.concatenate([p.values for p in group])) for group in segments]
+        # Scales as planes, [rows, d (and m), blocks] (quant_weight.h).
+        scales = [
+            np.ascontiguousarray(np.concatenate([p.scales for p in group]).transpose(0, 2, 1))
+            for group in segments
+        ]
+        row_ends = np.cumsum([v.shape[0] for v in values]).astype(np.int64)
+        n, k = int(row_ends[-1]), parts[0].shape[1]
+        count = len(segments)
+        args = (
+            abi.DTYPE_OF[dtype],
+            n,
+            k,
+            count,
+            (ctypes.c_int64 * count)(*row_ends.tolist()),
+            (ctypes.c_int32 * count)(*kinds),
+            (ctypes.c_void_p * count)(*(v.ctypes.data for v in values)),
+            (ctypes.c_void_p * count)(*(s.ctypes.data for s in scales)),
+        )
+        info = PackedInfo()
+        self.check(self.library.sluice_pack_quantized(*args, None, 0, ctypes.byref(info)))
+        packed = self._packed_buffer(info.total_ints)
+        self.check(
+            self.library.sluice_pack_quantized(*args, packed.data_ptr(), info.total_ints, ctypes.byref(info))
+        )
+        return packed
+
     def pack_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         """W [N, K] in the tier's packed layout; k_blocks: whether the GEMM may take K in blocks."""
         return self._pack(weight, abi.PLAIN_LAYOUT, k_blocks)
@@ -172,8 +217,13 @@ class NativeOps:
         """W = [gate; up] [2 I, K] in the gated layout, for gated_linear (KernelConfig.fused_gate_up)."""
         return self._pack(weight, abi.GATED_LAYOUT, k_blocks)
 
+    runs_quantized = True
+
     def prepare_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         return self.pack_linear_weight(weight, k_blocks)
+
+    def prepare_quantized_linear_weight(self, parts: list[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
+        return self.pack_quantized_weight(parts, dtype)
 
     def prepare_gated_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         return self.pack_gated_linear_weight(weight, k_blocks)

@@ -27,6 +27,7 @@ from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
 from worker.models.rotary import RotaryEmbedding, inverse_frequencies, rope_parameters_of
 from worker.models.vocab_parallel import VocabParallelEmbedding
+from worker.quantized_weights import QuantizedParts, QuantizedRows, covering_parts
 
 # How a projection's checkpoint weight is split over the ranks: whole on each, by output rows
 # (the bias too), or by input columns (the bias whole on each, added by rank 0 alone).
@@ -61,12 +62,25 @@ class Projection(nn.Module):
         self.weight = _weight(out_features, in_features, dtype=dtype)
         self.bias = _weight(out_features, dtype=dtype) if bias else None
 
-    def prepare(self, ops: LayerOps, gated: bool = False, k_blocks: bool = True) -> None:
+    def prepare(
+        self,
+        ops: LayerOps,
+        gated: bool = False,
+        k_blocks: bool = True,
+        quantized: list[tuple[int, QuantizedRows]] | None = None,
+    ) -> None:
         """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU), or
         with `gated`, for an MLP's [gate; up], the form ops.gated_linear reads fastest; k_blocks as
-        LayerOps.prepare_linear_weight takes it."""
-        prepare = ops.prepare_gated_linear_weight if gated else ops.prepare_linear_weight
-        self.weight = nn.Parameter(prepare(self.weight.data, k_blocks), requires_grad=False)
+        LayerOps.prepare_linear_weight takes it. With quantized parts (a GGUF file's), the weight is
+        packed from them instead, never widened (and never gated: gated_linear then applies the
+        activation after the GEMM)."""
+        if quantized:
+            parts = covering_parts(quantized, self.weight.data)
+            prepared = ops.prepare_quantized_linear_weight(parts, self.weight.dtype)
+        else:
+            prepare = ops.prepare_gated_linear_weight if gated else ops.prepare_linear_weight
+            prepared = prepare(self.weight.data, k_blocks)
+        self.weight = nn.Parameter(prepared, requires_grad=False)
 
 
 class SelfAttention(nn.Module):
@@ -166,11 +180,23 @@ class DecoderLayer(nn.Module):
             scale=attn.scale,
         )
 
-    def prepare_linear_weights(self, fused_gate_up: bool, gemm_k_blocks: bool) -> None:
+    def prepare_linear_weights(
+        self, fused_gate_up: bool, gemm_k_blocks: bool, quantized: QuantizedParts
+    ) -> None:
+        """quantized: this layer's parts, by parameter name within the layer."""
         attn, mlp = self.self_attn, self.mlp
-        for projection in (attn.qkv_proj, attn.o_proj, mlp.down_proj):
-            projection.prepare(self.ops, k_blocks=gemm_k_blocks)
-        mlp.gate_up_proj.prepare(self.ops, gated=fused_gate_up, k_blocks=gemm_k_blocks)
+        for name, projection in (
+            ("self_attn.qkv_proj", attn.qkv_proj),
+            ("self_attn.o_proj", attn.o_proj),
+            ("mlp.down_proj", mlp.down_proj),
+        ):
+            projection.prepare(self.ops, k_blocks=gemm_k_blocks, quantized=quantized.get(f"{name}.weight"))
+        mlp.gate_up_proj.prepare(
+            self.ops,
+            gated=fused_gate_up,
+            k_blocks=gemm_k_blocks,
+            quantized=quantized.get("mlp.gate_up_proj.weight"),
+        )
         self.tensors = dataclasses.replace(
             self.tensors,
             qkv_weight=attn.qkv_proj.weight,
@@ -287,15 +313,25 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
 
-    def prepare_linear_weights(self, fused_gate_up: bool = True, gemm_k_blocks: bool = True) -> None:
+    def prepare_linear_weights(
+        self, fused_gate_up: bool = True, gemm_k_blocks: bool = True, quantized: QuantizedParts | None = None
+    ) -> None:
         """Puts every linear weight in the form self.ops.linear reads fastest; once, after loading (and
         sharding). The embedding stays as loaded for F.embedding, so a tied LM head gets its own copy.
         fused_gate_up (KernelConfig.fused_gate_up) packs each MLP's gate_up so that its GEMM applies
         the activation in its epilogue; gemm_k_blocks (KernelConfig.gemm_k_blocks) lets the packed GEMM
-        take K in blocks over these weights."""
-        for layer in self.layers:
-            layer.prepare_linear_weights(fused_gate_up, gemm_k_blocks)
-        self.lm_head.prepare(self.ops, gemm_k_blocks)
+        take K in blocks over these weights. quantized: the GGUF weights kept quantized (model_loader),
+        by parameter name, from which those weights are packed instead."""
+        quantized = quantized or {}
+        for index, layer in enumerate(self.layers):
+            prefix = f"layers.{index}."
+            layer_parts = {
+                name.removeprefix(prefix): parts
+                for name, parts in quantized.items()
+                if name.startswith(prefix)
+            }
+            layer.prepare_linear_weights(fused_gate_up, gemm_k_blocks, layer_parts)
+        self.lm_head.prepare(self.ops, gemm_k_blocks, quantized.get("lm_head.weight"))
 
     def forward(
         self,

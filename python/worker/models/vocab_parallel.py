@@ -13,6 +13,7 @@ from torch import nn
 
 from worker.distributed import TensorParallelGroup
 from worker.layer_ops import LayerOps
+from worker.quantized_weights import QuantizedRows, covering_parts
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -35,9 +36,17 @@ class VocabParallelEmbedding(nn.Module):
         # second parameter, so that the loader sees one table.
         self.head_weight: torch.Tensor = self.weight.detach()
 
-    def prepare(self, ops: LayerOps, k_blocks: bool = True) -> None:
+    def prepare(
+        self, ops: LayerOps, k_blocks: bool = True, quantized: list[tuple[int, QuantizedRows]] | None = None
+    ) -> None:
         """Once, after loading: the LM head's weight in the form ops.linear reads fastest (k_blocks as
-        LayerOps.prepare_linear_weight takes it)."""
+        LayerOps.prepare_linear_weight takes it), packed from quantized parts where a GGUF file gave them
+        (the embedding's own table stays as loaded: a step looks up a few of its rows)."""
+        if quantized:
+            self.head_weight = ops.prepare_quantized_linear_weight(
+                covering_parts(quantized, self.weight.data), self.weight.dtype
+            )
+            return
         self.head_weight = ops.prepare_linear_weight(self.weight.data, k_blocks)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,168 @@
+"""Issue 27's offline figures: Sluice on quantized GGUF files against llama.cpp on the same files, in the
+same run (W1, W2 on the default model; W4, W5 on the 1.1B model).
+
+Each file is made once from the model's f16 GGUF by llama.cpp's own llama-quantize
+(bench/llamacpp_peer.py). For every file the systems are loaded in processes of their own while the runs
+alternate between them (compare_offline's run_phase): Sluice serving the file on its integer GEMM
+(bench/sluice_driver.py --model FILE), llama.cpp's tools on it (bench/llamacpp_driver.py --gguf FILE),
+and Sluice with --gguf-dequantize (the off switch: the weights widened to bf16 at load). Before each
+run the read bandwidth is measured (bench/limits.py); the one-stream floor of W2 and W5 is the bytes a
+decode step must read from the file (every tensor but the embedding table, which a step looks up a
+row of; a tied model's table is its LM head, read whole) over that bandwidth. Prints medians of --runs,
+the ratios against the issue's targets and the distances to the floor.
+
+  python bench/compare_quantized.py --llamacpp-dir DIR [--formats Q8_0,Q4_0,Q4_K_M] [--cpu-isa avx2]
+         [--runs 3] [--workloads W1,W2,W4,W5] [--w4-model DIR] [--lock FILE] [--json F] [--plot F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from compare_offline import PHASES, System, headline, run_phase
+from harness import BENCH_DIR, LOCK_ENV, Target, log, make_output_folders, spread
+from llamacpp_peer import llamacpp_dir, quantized_gguf, version
+from make_w4_model import default_w4_dir
+from plot_ratios import RatioBar, plot_ratios
+
+SLUICE = "sluice"
+LLAMACPP = "llama.cpp"
+DEQUANTIZED = "sluice, gguf dequantize"
+# Issue 27's targets against llama.cpp on the same file (W2 and W5 also within FLOOR_BOUND of the floor).
+TARGETS = {
+    "W1": Target("output tok/s", 2.0, higher_is_better=True),
+    "W2": Target("ms per token", 0.8, higher_is_better=False),
+    "W4": Target("output tok/s", 2.0, higher_is_better=True),
+    "W5": Target("ms per token", 0.8, higher_is_better=False),
+}
+FLOOR_BOUND = 1.4
+
+
+def decode_bytes(gguf: Path, tied: bool) -> int:
+    """Bytes of the file that one decode step reads: every tensor but the embedding table, unless the
+    table is also the LM head."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    return sum(int(t.n_bytes) for t in reader.tensors if t.name != "token_embd.weight" or tied)
+
+
+def systems_for(gguf: Path, folder: Path, mode: str, cpu_isa: str) -> list[System]:
+    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(gguf), "--cpu-isa", cpu_isa]
+    llamacpp = [sys.executable, str(BENCH_DIR / "llamacpp_driver.py"), "--llamacpp-dir", str(folder)]
+    return [
+        System(SLUICE, sluice, None),
+        System(LLAMACPP, [*llamacpp, "--gguf", str(gguf), "--mode", mode], None),
+        System(DEQUANTIZED, [*sluice, "--gguf-dequantize"], None),
+    ]
+
+
+def report(results: dict[str, Any], label: str, floor_bytes: int, runs: int, bars: list[RatioBar]) -> None:
+    for workload, per_system in results["figures"].items():
+        key, unit = headline(workload)
+        medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
+        print(f"\n{workload}, {label}: {unit}, medians of {runs} runs")
+        for name, rs in per_system.items():
+            values = [r[key] for r in rs]
+            print(
+                f"  {name:28} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%: "
+                + " ".join(f"{v:.2f}" for v in values)
+                + ")"
+            )
+        target = TARGETS[workload]
+        ratio = medians[SLUICE] / medians[LLAMACPP]
+        verdict = "met" if target.met(ratio) else "NOT met"
+        print(f"  Sluice / llama.cpp: {ratio:.2f}x  (target {target.describe()}: {verdict})")
+        bars.append(RatioBar(f"{workload} {label}", ratio, target))
+        off = medians[DEQUANTIZED]
+        gain = medians[SLUICE] / off if key == "tok_s" else off / medians[SLUICE]
+        print(f"  integer GEMM vs --gguf-dequantize: {gain:.2f}x")
+        if key == "ms_per_token":
+            floors = [floor_bytes / (f["read_gbs"] * 1e9) * 1e3 for f in results["floors"]]
+            print(
+                f"  read floor: {statistics.median(floors):.2f} ms/token ({floor_bytes / 1e9:.3f} GB a token at "
+                f"{statistics.median(f['read_gbs'] for f in results['floors']):.1f} GB/s)"
+            )
+            for name in medians:
+                distance = statistics.median(
+                    r[key] / floor for r, floor in zip(per_system[name], floors, strict=True)
+                )
+                bound = f" (target within {FLOOR_BOUND:g}x)" if name == SLUICE else ""
+                print(f"  {name}: {distance:.2f}x the floor{bound}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--llamacpp-dir", default=None, help="install_llamacpp.sh's folder (or $SLUICE_BENCH_LLAMACPP_DIR)"
+    )
+    parser.add_argument("--mode", choices=["native", "avx2"], default="native", help="which llama.cpp build")
+    parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier")
+    parser.add_argument("--formats", default="Q8_0,Q4_0,Q4_K_M", help="llama-quantize types, comma-separated")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workloads", default="W1,W2,W4,W5")
+    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
+    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
+    parser.add_argument(
+        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
+    args = parser.parse_args()
+    make_output_folders(args.json, args.plot)
+    folder = llamacpp_dir(args.llamacpp_dir)
+    if folder is None:
+        raise SystemExit(
+            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
+        )
+
+    from sluice.default_model import prepare_default_model
+    from sluice.kernel_libraries import choose_kernels
+
+    tier = choose_kernels(args.cpu_isa).tier
+    if tier == "none":
+        raise SystemExit("--cpu-isa none runs no integer GEMM: name a tier")
+    log(f"Sluice at the {tier} tier; llama.cpp {version(folder, args.mode)} ({args.mode} build)")
+    wanted = args.workloads.split(",")
+    models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
+    every: dict[str, Any] = {"runs": args.runs, "tier": tier, "llamacpp_mode": args.mode, "phases": {}}
+    bars: list[RatioBar] = []
+    for phase, phase_workloads in PHASES.items():
+        workloads = [w for w in phase_workloads if w in wanted]
+        if not workloads:
+            continue
+        model = models[phase].resolve()
+        if not (model / "config.json").is_file():
+            raise SystemExit(
+                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
+            )
+        tied = bool(json.loads((model / "config.json").read_text()).get("tie_word_embeddings", False))
+        for qtype in args.formats.split(","):
+            gguf = quantized_gguf(folder, model, qtype)
+            log(f"{model.name} {qtype}: {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)")
+            results = run_phase(model, workloads, systems_for(gguf, folder, args.mode, tier), args)
+            floor_bytes = decode_bytes(gguf, tied)
+            every["phases"][f"{phase} {qtype}"] = {"gguf": str(gguf), "decode_bytes": floor_bytes, **results}
+            report(results, qtype, floor_bytes, args.runs, bars)
+    if args.json:
+        args.json.write_text(json.dumps(every, indent=1))
+    if args.plot and bars:
+        plot_ratios(
+            bars,
+            args.plot,
+            f"Sluice ({tier}) vs llama.cpp ({args.mode}) on the same GGUF files",
+            peer="llama.cpp",
+        )
+        print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,8 +11,13 @@ decode step must read from the file (every tensor but the embedding table, which
 row of; a tied model's table is its LM head, read whole) over that bandwidth. Prints medians of --runs,
 the ratios against the issue's targets and the distances to the floor.
 
+--at-load int8,int4 measures quantization at load instead: Sluice on the Hugging Face folder in bf16
+against the same folder with --quantization int8 and int4, on W4 and W5 (issue 27: int8's W5 <= 0.6x
+the bf16 ms per token, its W4 >= 1.3x the bf16 tok/s).
+
   python bench/compare_quantized.py --llamacpp-dir DIR [--formats Q8_0,Q4_0,Q4_K_M] [--cpu-isa avx2]
          [--runs 3] [--workloads W1,W2,W4,W5] [--w4-model DIR] [--lock FILE] [--json F] [--plot F]
+  python bench/compare_quantized.py --at-load int8,int4 [--cpu-isa avx2] [--runs 3] [--w4-model DIR]
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ TARGETS = {
     "W5": Target("ms per token", 0.8, higher_is_better=False),
 }
 FLOOR_BOUND = 1.4
+BF16 = "sluice bf16"
+# --quantization int8 against the bf16 folder (issue 27).
+AT_LOAD_TARGETS = {
+    "W4": Target("output tok/s", 1.3, higher_is_better=True),
+    "W5": Target("ms per token", 0.6, higher_is_better=False),
+}
 
 
 def decode_bytes(gguf: Path, tied: bool) -> int:
@@ -97,6 +108,34 @@ def report(results: dict[str, Any], label: str, floor_bytes: int, runs: int, bar
                 print(f"  {name}: {distance:.2f}x the floor{bound}")
 
 
+def at_load(
+    model: Path, quantizations: list[str], tier: str, args: argparse.Namespace, bars: list[RatioBar]
+) -> dict:
+    """W4 and W5 on the folder in bf16 and with each --quantization, alternating."""
+    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), "--cpu-isa", tier]
+    systems = [System(BF16, sluice, None)]
+    systems += [System(f"sluice {q}", [*sluice, "--quantization", q], None) for q in quantizations]
+    results = run_phase(model, ["W4", "W5"], systems, args)
+    for workload, per_system in results["figures"].items():
+        key, unit = headline(workload)
+        medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
+        print(f"\n{workload}, {model.name}: {unit}, medians of {args.runs} runs")
+        for name, rs in per_system.items():
+            values = [r[key] for r in rs]
+            print(f"  {name:16} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%)")
+        target = AT_LOAD_TARGETS[workload]
+        for q in quantizations:
+            ratio = medians[f"sluice {q}"] / medians[BF16]
+            verdict = (
+                f"target {target.describe()}: {'met' if target.met(ratio) else 'NOT met'}"
+                if q == "int8"
+                else ""
+            )
+            print(f"  {q} / bf16: {ratio:.2f}x  {verdict}")
+            bars.append(RatioBar(f"{workload} {q} at load", ratio, target))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,6 +146,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=["native", "avx2"], default="native", help="which llama.cpp build")
     parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier")
     parser.add_argument("--formats", default="Q8_0,Q4_0,Q4_K_M", help="llama-quantize types, comma-separated")
+    parser.add_argument(
+        "--at-load", default=None, help="measure --quantization (int8,int4) against bf16 instead"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workloads", default="W1,W2,W4,W5")
     parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
@@ -118,11 +160,6 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
     args = parser.parse_args()
     make_output_folders(args.json, args.plot)
-    folder = llamacpp_dir(args.llamacpp_dir)
-    if folder is None:
-        raise SystemExit(
-            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
-        )
 
     from sluice.default_model import prepare_default_model
     from sluice.kernel_libraries import choose_kernels
@@ -130,11 +167,25 @@ def main() -> None:
     tier = choose_kernels(args.cpu_isa).tier
     if tier == "none":
         raise SystemExit("--cpu-isa none runs no integer GEMM: name a tier")
+    bars: list[RatioBar] = []
+    if args.at_load:
+        results = at_load(
+            (args.w4_model or default_w4_dir()).resolve(), args.at_load.split(","), tier, args, bars
+        )
+        if args.json:
+            args.json.write_text(json.dumps({"runs": args.runs, "tier": tier, **results}, indent=1))
+        if args.plot:
+            plot_ratios(bars, args.plot, f"Sluice ({tier}): --quantization against bf16", peer="bf16")
+        return
+    folder = llamacpp_dir(args.llamacpp_dir)
+    if folder is None:
+        raise SystemExit(
+            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
+        )
     log(f"Sluice at the {tier} tier; llama.cpp {version(folder, args.mode)} ({args.mode} build)")
     wanted = args.workloads.split(",")
     models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
     every: dict[str, Any] = {"runs": args.runs, "tier": tier, "llamacpp_mode": args.mode, "phases": {}}
-    bars: list[RatioBar] = []
     for phase, phase_workloads in PHASES.items():
         workloads = [w for w in phase_workloads if w in wanted]
         if not workloads:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,9 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
             r"ngram-prompt-lookup-min <= --ngram-prompt-lookup-max, got 5 and 3",
         ),
         ({"speculative_config": {"method": "eagle"}}, InvalidConfigError, r"unknown speculative method"),
+        ({"quantization": "int3"}, InvalidConfigError, r"unknown quantization 'int3': use int8 or int4"),
+        ({"quantization": "int8", "cpu_isa": "none"}, InvalidConfigError, r"integer GEMM: it needs --device cpu"),
+        ({"quantization": "int4", "packed_linear": False}, InvalidConfigError, r"not --no-packed-linear"),
         (
             {"cuda_attention_backend": "xformers"},
             InvalidConfigError,
@@ -70,3 +75,19 @@ def test_serve_refuses_bad_capture_sizes_before_starting_anything(default_model_
     assert done.returncode == 2, done.stderr
     assert "capture size 512" in done.stderr and "Traceback" not in done.stderr
     assert "engine core" not in done.stderr
+
+
+def test_quantizing_a_gguf_file_or_a_width_off_the_blocks_is_refused(no_processes, tmp_path, monkeypatch):
+    from sluice.default_model import gguf_path
+    from tiny_models import tiny_model_dir
+
+    with pytest.raises(InvalidConfigError, match=r"GGUF file, quantized already"):
+        LLM(model=str(gguf_path()), quantization="int8")
+    # A copy of a tiny model whose MLP is 40 wide: not a multiple of the blocks of 32.
+    folder = tmp_path / "odd"
+    shutil.copytree(tiny_model_dir("llama"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 40
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidConfigError, match=r"intermediate_size per rank is 40, not a multiple of 32"):
+        LLM(model=str(folder), quantization="int4")

@@ -235,3 +235,61 @@ def test_requantizing_floats_keeps_every_value_within_half_a_step() -> None:
     assert bool((error <= step * (0.5 + 127 * 2.0**-11)).all())
     zero = quantize_q8(torch.zeros(2, 32), "float")
     assert not zero.dequantize().any()
+
+
+@pytest.mark.parametrize(("quantization", "share"), [("int8", 0.02), ("int4", 0.1)])
+def test_quantization_at_load_packs_every_linear_and_the_lm_head(
+    ops, quantization: str, share: float
+) -> None:
+    """--quantization: each projection and the LM head packed for the integer GEMM, each product within
+    the weights' and the activations' rounding (a share of sum |x||w|) of the float weights'."""
+    from sluice.model_spec import read_model_spec
+    from tiny_models import tiny_model_dir
+    from worker.attention.cpu_backend import CpuAttentionBackend
+    from worker.model_loader import load_model
+
+    spec = read_model_spec(tiny_model_dir("llama"))
+    cpu = torch.device("cpu")
+    floats = load_model(spec, torch.float32, cpu, CpuAttentionBackend(ops), packed_linear=False)
+    quantized = load_model(spec, torch.float32, cpu, CpuAttentionBackend(ops), quantization=quantization)
+    torch.manual_seed(1)
+    pairs = [(floats.lm_head.weight, quantized.lm_head.head_weight)]
+    for float_layer, layer in zip(floats.layers, quantized.layers, strict=True):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            pairs.append((float_layer.get_submodule(name).weight, layer.get_submodule(name).weight))
+    for weight, packed in pairs:
+        assert ops.packed_info(packed).format == 3
+        x = torch.randn(3, weight.shape[1])
+        exact = x.double() @ weight.double().T
+        got = ops.linear_float32(x, packed, None).double()
+        assert bool(
+            ((got - exact).abs() <= share * (x.double().abs() @ weight.double().abs().T) + 1e-6).all()
+        )
+
+
+def test_int8_at_load_follows_the_bf16_model_until_a_near_tie(default_model_path) -> None:
+    from sluice import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Monday, Tuesday,", "1, 2, 3, 4,"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)
+    answers = {}
+    for quantization in (None, "int8"):
+        llm = LLM(
+            str(default_model_path),
+            max_model_len=128,
+            kv_cache_memory=0.1,
+            executor="inproc",
+            enforce_eager=True,
+            quantization=quantization,
+        )
+        answers[quantization] = [r.outputs[0] for r in llm.generate(prompts, params)]
+        del llm
+    compared = 0
+    for exact, ours in zip(answers[None], answers["int8"], strict=True):
+        for step, token in enumerate(exact.token_ids):
+            top = sorted((lp.logprob for lp in exact.logprobs[step].values()), reverse=True)
+            if len(top) < 2 or top[0] - top[1] < 0.5:
+                break
+            assert ours.token_ids[step] == token
+            compared += 1
+    assert compared >= 6

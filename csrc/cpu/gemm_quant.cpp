@@ -37,8 +37,8 @@ constexpr int64_t kItemXRows = 64;
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 
-// How far ahead of the group it computes a tile prefetches.
-constexpr int64_t kPrefetchBytes = 2048;
+// How many groups ahead of the one it computes a tile prefetches: a few hundred nanoseconds of work.
+constexpr int64_t kPrefetchGroups = 4;
 
 inline void prefetch(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
@@ -161,15 +161,8 @@ inline __m256i dot_q4_pair(__m256i nibbles, const int8_t* pair) {
 #endif
 }
 
-// Eight blocks' int32 sums, block j in lane j: from 8 vectors of one block each (kQuantQ8) ...
-inline __m256i reduce_blocks(const __m256i (&v)[8]) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  // a: low lane blocks 0-3 over their first halves, high lane over their second; b likewise for 4-7.
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-// ... or from 4 vectors of one pair each (kQuantQ4, kQuantQ4Sym).
+// Eight blocks' int32 sums, block j in lane j, from 4 vectors of one pair of blocks each (the first block's
+// sums in the low lane).
 inline __m256i reduce_pairs(const __m256i (&v)[4]) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   // h holds blocks 0, 2, 4, 6 in its low lane and 1, 3, 5, 7 in its high one.
@@ -189,11 +182,17 @@ inline void group8(const uint8_t* group, const QuantizedX& x, int64_t xrow, int6
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_plane + r * 16)));
     __m256i sums[RN];
     if constexpr (Kind == kQuantQ8) {
+      // Pairs of blocks interleaved by halves (quant_weight.h), as x's pairs are: each vector's two lanes
+      // hold a half of each block of the pair.
       for (int c = 0; c < RN; ++c) {
-        __m256i v[8];
-        const int8_t* xq = x.q + (xrow + c) * x.k + b * kQuantBlock;
-        for (int j = 0; j < 8; ++j) v[j] = dot_q8(load256(values + j * kQuantBlock), xq + j * kQuantBlock);
-        sums[c] = reduce_blocks(v);
+        __m256i v[4];
+        const int8_t* xp = x.pairs + (xrow + c) * x.k + b * kQuantBlock;
+        for (int p = 0; p < 4; ++p) {
+          const uint8_t* pair = values + p * 2 * kQuantBlock;
+          const int8_t* xpair = xp + p * 2 * kQuantBlock;
+          v[p] = _mm256_add_epi32(dot_q8(load256(pair), xpair), dot_q8(load256(pair + kQuantBlock), xpair + kQuantBlock));
+        }
+        sums[c] = reduce_pairs(v);
       }
     } else {
       __m256i nibbles[4];
@@ -223,11 +222,13 @@ inline void group8(const uint8_t* group, const QuantizedX& x, int64_t xrow, int6
   }
 }
 
-// One block's integer dot product with x's block, 8 lanes of partial sums.
+// One block's integer dot product with x's block, 8 lanes of partial sums; a kQuantQ8 block's values
+// 0..15 at w and 16..31 at high (16 bytes on, or elsewhere where its group interleaves pairs).
 template <int32_t Kind>
-inline __m256i block_sums(const uint8_t* w, const int8_t* x) {
+inline __m256i block_sums(const uint8_t* w, const uint8_t* high, const int8_t* x) {
   if constexpr (Kind == kQuantQ8) {
-    return dot_q8(load256(w), x);
+    const __m128i low_half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+    return dot_q8(_mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high)), low_half), x);
   } else {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
@@ -255,11 +256,13 @@ inline float acc_sum(Acc a) { return a; }
 // No group8 here: every block goes through block_sums.
 
 template <int32_t Kind>
-inline int32_t block_sums(const uint8_t* w, const int8_t* x) {
+inline int32_t block_sums(const uint8_t* w, const uint8_t* high, const int8_t* x) {
   int32_t sum = 0;
   if constexpr (Kind == kQuantQ8) {
-    const int8_t* ws = reinterpret_cast<const int8_t*>(w);
-    for (int j = 0; j < kQuantBlock; ++j) sum += int32_t(ws[j]) * int32_t(x[j]);
+    const int8_t* low_half = reinterpret_cast<const int8_t*>(w);
+    const int8_t* high_half = reinterpret_cast<const int8_t*>(high);
+    for (int j = 0; j < kQuantBlock / 2; ++j)
+      sum += int32_t(low_half[j]) * int32_t(x[j]) + int32_t(high_half[j]) * int32_t(x[j + kQuantBlock / 2]);
   } else {
     for (int j = 0; j < kQuantBlock / 2; ++j)
       sum += int32_t(w[j] & 0x0F) * int32_t(x[j]) + int32_t(w[j] >> 4) * int32_t(x[j + kQuantBlock / 2]);
@@ -279,14 +282,19 @@ template <int32_t Kind, int RN>
 inline void group_blocks(const uint8_t* group, int64_t g, const QuantizedX& x, int64_t xrow, int64_t b,
                          Acc (&acc)[kQuantTileRows][RN], float (&minimum)[kQuantTileRows][RN]) {
   constexpr int64_t value_bytes = Kind == kQuantQ8 ? kQuantBlock : kQuantBlock / 2;
+  constexpr int64_t half = kQuantBlock / 2;
   const uint16_t* d_plane = halves(group + kQuantTileRows * g * value_bytes);
+  // A whole group of kQuantQ8 interleaves each pair of blocks by halves (quant_weight.h).
+  const bool pairs = Kind == kQuantQ8 && g == kQuantGroup;
   for (int r = 0; r < kQuantTileRows; ++r) {
     for (int64_t j = 0; j < g; ++j) {
-      const uint8_t* values = group + (r * g + j) * value_bytes;
+      const uint8_t* row = group + r * g * value_bytes;
+      const uint8_t* values = pairs ? row + (j & ~int64_t(1)) * kQuantBlock + (j & 1) * half : row + j * value_bytes;
+      const uint8_t* high = pairs ? values + kQuantBlock : values + half;
       const float dw = half_to_float(d_plane[r * g + j]);
       for (int c = 0; c < RN; ++c) {
         const int64_t xb = (xrow + c) * x.blocks + b + j;
-        auto sums = block_sums<Kind>(values, x.q + xb * kQuantBlock);
+        auto sums = block_sums<Kind>(values, high, x.q + xb * kQuantBlock);
         if constexpr (Kind == kQuantQ4Sym) sums = offset_sums(sums, x.qsum[xb]);
         acc[r][c] = add_scaled(acc[r][c], sums, dw * x.d[xb]);
         if constexpr (Kind == kQuantQ4) minimum[r][c] += half_to_float(d_plane[(kQuantTileRows + r) * g + j]) * x.s[xb];
@@ -308,7 +316,7 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   for (; b + kQuantGroup <= x.blocks; b += kQuantGroup, group += group_bytes) {
     // The tiles of a chunk lie end to end: ask for the bytes a few groups ahead (past the tile's end
     // too), since one thread's computing leaves the hardware prefetcher too few misses in flight.
-    for (int64_t line = 0; line < group_bytes; line += 64) prefetch(group + kPrefetchBytes + line);
+    for (int64_t line = 0; line < group_bytes; line += 64) prefetch(group + kPrefetchGroups * group_bytes + line);
 #if defined(__AVX2__)
     group8<Kind, RN>(group, x, xrow, b, acc);
 #else

@@ -44,6 +44,20 @@ QuantShape laid_out(DType dtype, int64_t n, int64_t k, int count, const int64_t*
   return s;
 }
 
+// A whole group of kQuantQ8 blocks, each pair interleaved by halves (quant_weight.h).
+void interleave_pairs(const uint8_t* src, uint8_t* dst) {
+  constexpr int half = kQuantBlock / 2;
+  for (int p = 0; p < kQuantGroup / 2; ++p) {
+    const uint8_t* first = src + 2 * p * kQuantBlock;
+    const uint8_t* second = first + kQuantBlock;
+    uint8_t* out = dst + 2 * p * kQuantBlock;
+    std::memcpy(out, first, half);
+    std::memcpy(out + half, second, half);
+    std::memcpy(out + 2 * half, first + half, half);
+    std::memcpy(out + 3 * half, second + half, half);
+  }
+}
+
 // One segment's rows, row-major as quant_weight.h's pack_quantized takes them, laid out in its tiles.
 void tile_segment(const QuantShape& s, const QuantSegment& seg, const uint8_t* values, const uint16_t* scales,
                   uint8_t* dst) {
@@ -57,7 +71,9 @@ void tile_segment(const QuantShape& s, const QuantSegment& seg, const uint8_t* v
         for (int r = 0; r < kQuantTileRows; ++r) {
           const int64_t row = t * kQuantTileRows + r;
           uint8_t* v = out + r * g * value_bytes;
-          if (row < rows) {
+          if (row < rows && seg.kind == kQuantQ8 && g == kQuantGroup) {
+            interleave_pairs(values + (row * blocks + b0) * value_bytes, v);
+          } else if (row < rows) {
             std::memcpy(v, values + (row * blocks + b0) * value_bytes, g * value_bytes);
           } else {
             std::memset(v, 0, g * value_bytes);

@@ -15,7 +15,9 @@
 // (the last one padded with zero rows), each tile one run of bytes that the GEMM streams in order: its
 // blocks in groups of kQuantGroup (the last group holds the K / 32 % kQuantGroup left over), and a group
 // of g blocks is [row 0's g blocks' values] .. [row 3's], then the rows' d (4 x g float16), then for
-// kQuantQ4 their m (4 x g). One tile being one stream (not 4 rows of values and 8 short runs of scales)
+// kQuantQ4 their m (4 x g). In a whole group of kQuantQ8, each pair of blocks is interleaved by halves,
+// [first block's values 0..15, second's 0..15, first's 16..31, second's 16..31], as a pair of nibble
+// blocks unpacks: one vector then holds a half of each block, whose sums stay apart in its two lanes. One tile being one stream (not 4 rows of values and 8 short runs of scales)
 // keeps the hardware prefetcher ahead of a decode step, which reads every byte once.
 #pragma once
 

@@ -95,6 +95,7 @@ class LLM:
         gemm_k_blocks: bool = True,
         fused_gate_up: bool = True,
         gguf_dequantize: bool = False,
+        quantization: str | None = None,
         cpu_decode_attention: bool = True,
         cpu_decode_split_keys: bool = True,
         native_argmax: bool = True,
@@ -146,6 +147,7 @@ class LLM:
                 gemm_k_blocks=gemm_k_blocks,
                 fused_gate_up=fused_gate_up,
                 gguf_dequantize=gguf_dequantize,
+                quantization=quantization,  # type: ignore[arg-type]
                 cpu_decode_attention=cpu_decode_attention,
                 cpu_decode_split_keys=cpu_decode_split_keys,
                 native_argmax=native_argmax,

@@ -20,6 +20,9 @@ MetricsPrefix = Literal["sluice", "vllm"]
 SpeculativeMethod = Literal["ngram"]
 # The attention kernel on CUDA: "auto" (flash-attn where it imports and fits the cache, else Triton).
 CudaAttentionBackend = Literal["auto", "flash_attn", "triton"]
+Quantization = Literal["int8", "int4"]
+# Values per block of the integer GEMM's quantized weights (csrc/cpu/quant_weight.h kQuantBlock).
+QUANTIZATION_BLOCK = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,10 @@ class KernelConfig:
     # CPU, a GGUF file: its quantized linear weights are dequantized to the model dtype at load, for the
     # float GEMM; False (the default) keeps them quantized for the integer GEMM (worker/quantized_weights.py).
     gguf_dequantize: bool = False
+    # CPU: quantize a Hugging Face folder's linear weights (and LM head) at load for the integer GEMM:
+    # "int8" (8 bits in blocks of 32, one float16 scale each) or "int4" (4 bits in blocks of 32 with a
+    # float16 scale and minimum each); None keeps them in the model dtype. A GGUF file is quantized already.
+    quantization: Quantization | None = None
     # CPU: one-token (decode) attention on its own path; False sends it through the general tile path.
     cpu_decode_attention: bool = True
     # CPU, on that decode path: where a batch has too few one-token sequences (times KV heads) to share

@@ -11,7 +11,15 @@ import os
 from typing import get_args
 
 from sluice.capture_sizes import validate_graph_config
-from sluice.config import CudaAttentionBackend, Device, ExecutorBackend, SluiceConfig, SpeculativeMethod
+from sluice.config import (
+    QUANTIZATION_BLOCK,
+    CudaAttentionBackend,
+    Device,
+    ExecutorBackend,
+    Quantization,
+    SluiceConfig,
+    SpeculativeMethod,
+)
 from sluice.cpu_binding import cores_per_rank, omp_spin_count, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kernel_libraries import choose_kernels
@@ -54,6 +62,7 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         # The tier the workers will load, its library verified: a tier this CPU lacks, or a missing or
         # corrupt library, is refused here, before any process starts.
         choose_kernels(config.kernel.cpu_isa)
+    _check_quantization(config, spec)
     validate_graph_config(config.graph, config.scheduler)
     if config.cache.kv_events_port is not None and not config.cache.enable_prefix_caching:
         raise InvalidConfigError(
@@ -64,6 +73,49 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
     omp_spin_count(device, os.environ)
     _check_data_parallel(config, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
+
+
+def _check_quantization(config: SluiceConfig, spec: ModelSpec) -> None:
+    """--quantization needs the integer GEMM (a CPU kernel tier, packed weights), a model that is not
+    quantized already, and every linear's input width a multiple of its blocks of 32."""
+    quantization, kernel = config.kernel.quantization, config.kernel
+    if quantization is None:
+        return
+    if quantization not in get_args(Quantization):
+        raise InvalidConfigError(
+            f"unknown quantization {quantization!r}: use {' or '.join(get_args(Quantization))}"
+        )
+    if spec.gguf_file is not None:
+        raise InvalidConfigError(
+            f"--quantization {quantization}: {spec.gguf_file.name} is a GGUF file, quantized already (its "
+            "quantized weights run on the integer GEMM as they are)"
+        )
+    if (
+        config.device.device != "cpu"
+        or choose_kernels(kernel.cpu_isa).library is None
+        or not kernel.packed_linear
+    ):
+        raise InvalidConfigError(
+            f"--quantization {quantization} runs on Sluice's CPU integer GEMM: it needs --device cpu, a kernel "
+            "tier (not --cpu-isa none) and packed linear weights (not --no-packed-linear)"
+        )
+    hf = spec.hf_config
+    tp = config.parallel.tensor_parallel_size
+    heads = int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
+    widths = {
+        "hidden_size": int(hf["hidden_size"]),
+        "the attention output's width per rank (heads x head_dim / tensor_parallel_size)": heads
+        * head_dim
+        // tp,
+        "intermediate_size per rank": int(hf["intermediate_size"]) // tp,
+    }
+    for name, width in widths.items():
+        if width % QUANTIZATION_BLOCK:
+            raise InvalidConfigError(
+                f"--quantization {quantization} quantizes each linear's input in blocks of {QUANTIZATION_BLOCK}, "
+                f"but {name} is {width}, not a multiple of {QUANTIZATION_BLOCK}"
+            )
 
 
 def _check_speculative(config: SluiceConfig) -> None:

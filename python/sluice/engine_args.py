@@ -23,6 +23,7 @@ from sluice.config import (
     KernelConfig,
     ModelConfig,
     ParallelConfig,
+    Quantization,
     SchedulerConfig,
     SchedulingPolicy,
     SluiceConfig,
@@ -279,6 +280,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         "GEMM; by default they stay quantized and run on the integer GEMM",
     )
     group.add_argument(
+        "--quantization",
+        default=kernel.quantization,
+        choices=get_args(Quantization),
+        help="CPU: quantize a Hugging Face folder's linear weights at load for the integer GEMM: int8 (blocks "
+        "of 32 with a scale each) or int4 (blocks of 32 with a scale and a minimum each)",
+    )
+    group.add_argument(
         "--cpu-decode-attention",
         action=argparse.BooleanOptionalAction,
         default=kernel.cpu_decode_attention,
@@ -394,6 +402,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
             gemm_k_blocks=args.gemm_k_blocks,
             fused_gate_up=args.fused_gate_up,
             gguf_dequantize=args.gguf_dequantize,
+            quantization=args.quantization,
             cpu_decode_attention=args.cpu_decode_attention,
             cpu_decode_split_keys=args.cpu_decode_split_keys,
             cpu_isa=args.cpu_isa,

@@ -75,7 +75,11 @@ class TorchLayerOps:
     runs_quantized = False
 
     def prepare_quantized_linear_weight(self, parts: list[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
-        return torch.cat([part.dequantize() for part in parts]).to(dtype)
+        # The loader keeps weights quantized only for ops that run them (runs_quantized), and
+        # sluice/config_checks.py refuses --quantization without a CPU kernel tier.
+        raise AssertionError(
+            "torch's ops have no integer GEMM: quantized weights reach only Sluice's CPU kernels"
+        )
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from sluice.config import QUANTIZATION_BLOCK, Quantization
 from sluice.errors import SluiceError
 from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
@@ -26,7 +27,13 @@ from worker.distributed import TensorParallelGroup
 from worker.gguf_weights import gguf_tensors
 from worker.models.llama import LlamaForCausalLM, Projection, Split
 from worker.models.vocab_parallel import VocabParallelEmbedding
-from worker.quantized_weights import BLOCK, REQUANTIZED_TYPES, QuantizedParts, QuantizedRows
+from worker.quantized_weights import (
+    REQUANTIZED_TYPES,
+    QuantizedParts,
+    QuantizedRows,
+    quantize_q4,
+    quantize_q8,
+)
 
 logger = logging.getLogger("sluice.worker")
 
@@ -52,6 +59,7 @@ def load_model(
     fused_gate_up: bool = True,
     gemm_k_blocks: bool = True,
     gguf_dequantize: bool = False,
+    quantization: Quantization | None = None,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
@@ -60,7 +68,9 @@ def load_model(
     (KernelConfig.fused_gate_up) packs each MLP's gate_up so that the GEMM applies the activation, and
     gemm_k_blocks (KernelConfig.gemm_k_blocks) marks the packed weights for a GEMM that takes K in blocks.
     A GGUF file's quantized linear weights stay quantized for the integer GEMM where the ops run it,
-    unless gguf_dequantize (KernelConfig.gguf_dequantize) widens them to `dtype` as they load."""
+    unless gguf_dequantize (KernelConfig.gguf_dequantize) widens them to `dtype` as they load. quantization
+    (KernelConfig.quantization) quantizes a folder's linear weights and LM head for it once they are loaded
+    (sluice/config_checks.py has checked that the model and the tier allow it)."""
     with torch.device(device):
         model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
     targets = _checkpoint_targets(model)
@@ -93,6 +103,8 @@ def load_model(
             )
         _copy_into(targets[name], checkpoint, name)
         loaded.add(name)
+    if quantization is not None:
+        quantized = _quantize_linear_weights(model, quantization)
     if quantized:
         _log_quantized(quantized, model.tp.rank)
     missing = [name for name in targets if name not in loaded]
@@ -203,13 +215,25 @@ def _quantized_shard(target: _Target, rows: QuantizedRows, name: str) -> Quantiz
         return rows.rows(slice(target.start, target.start + held)).padded(held)
     if target.dim == 1:
         stop = target.start + target.tensor.shape[1]
-        if target.start % BLOCK or stop % BLOCK:
+        if target.start % QUANTIZATION_BLOCK or stop % QUANTIZATION_BLOCK:
             raise WeightLoadError(
-                f"tensor {name!r} is quantized in blocks of {BLOCK} columns, and this rank's columns "
+                f"tensor {name!r} is quantized in blocks of {QUANTIZATION_BLOCK} columns, and this rank's columns "
                 f"{target.start}..{stop} split a block; load it with --gguf-dequantize"
             )
         return rows.columns(target.start, stop)
     return rows
+
+
+def _quantize_linear_weights(model: LlamaForCausalLM, quantization: Quantization) -> QuantizedParts:
+    """Every projection's weight and the LM head, as loaded (this rank's shards), quantized whole."""
+    quantize = quantize_q8 if quantization == "int8" else quantize_q4
+    parts: QuantizedParts = {}
+    for name, param in model.named_parameters():
+        module = model.get_submodule(name.rpartition(".")[0])
+        if isinstance(module, Projection) and name.endswith(".weight"):
+            parts[name] = [(0, quantize(param.data, quantization))]
+    parts["lm_head.weight"] = [(0, quantize(model.lm_head.weight.data, quantization))]
+    return parts
 
 
 def _log_quantized(quantized: QuantizedParts, rank: int) -> None:

@@ -111,6 +111,7 @@ class ModelRunner:
             fused_gate_up=kernel.fused_gate_up,
             gemm_k_blocks=kernel.gemm_k_blocks,
             gguf_dequantize=kernel.gguf_dequantize,
+            quantization=kernel.quantization,
         )
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sluice.config import QUANTIZATION_BLOCK
 from worker import gguf_dequantize
 from worker.native_abi import QUANT_Q4, QUANT_Q4_SYM, QUANT_Q8
 
-BLOCK = 32
 # The GGML types converted without any change of value, and the one whose scales are rounded.
 EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")
 NEAR_EXACT_TYPES = ("Q4_K",)
@@ -49,21 +49,21 @@ class QuantizedRows:
             self.values.dtype,
             self.scales.dtype,
         )
-        width = BLOCK if self.kind == QUANT_Q8 else BLOCK // 2
+        width = QUANTIZATION_BLOCK if self.kind == QUANT_Q8 else QUANTIZATION_BLOCK // 2
         assert self.values.shape[2] == width and self.scales.shape[2] == (2 if self.kind == QUANT_Q4 else 1)
         assert self.values.shape[:2] == self.scales.shape[:2]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.values.shape[0], self.values.shape[1] * BLOCK
+        return self.values.shape[0], self.values.shape[1] * QUANTIZATION_BLOCK
 
     def rows(self, index: slice | np.ndarray) -> QuantizedRows:
         return QuantizedRows(self.kind, self.values[index], self.scales[index], self.source)
 
     def columns(self, start: int, stop: int) -> QuantizedRows:
         """Columns [start, stop), which must fall on block boundaries (a row-parallel shard)."""
-        assert start % BLOCK == 0 and stop % BLOCK == 0, (start, stop)
-        part = slice(start // BLOCK, stop // BLOCK)
+        assert start % QUANTIZATION_BLOCK == 0 and stop % QUANTIZATION_BLOCK == 0, (start, stop)
+        part = slice(start // QUANTIZATION_BLOCK, stop // QUANTIZATION_BLOCK)
         return QuantizedRows(self.kind, self.values[:, part], self.scales[:, part], self.source)
 
     def padded(self, rows: int) -> QuantizedRows:
@@ -89,14 +89,29 @@ class QuantizedRows:
 def quantize_q8(values: torch.Tensor, source: str) -> QuantizedRows:
     """Float rows [rows, K] (K a multiple of 32) as Q8 blocks: d = max |x| / 127, q = round(x / d)."""
     rows, k = values.shape
-    assert k % BLOCK == 0, k
-    x = values.detach().to(torch.float32).numpy().reshape(rows, k // BLOCK, BLOCK)
+    assert k % QUANTIZATION_BLOCK == 0, k
+    x = values.detach().to(torch.float32).numpy().reshape(rows, k // QUANTIZATION_BLOCK, QUANTIZATION_BLOCK)
     amax = np.abs(x).max(axis=-1, keepdims=True)
     d = (amax / 127.0).astype(np.float16)
     d32 = d.astype(np.float32)
     inverse = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
     q = np.clip(np.round(x * inverse), -127, 127).astype(np.int8)
     return QuantizedRows(QUANT_Q8, q.view(np.uint8), d, source)
+
+
+def quantize_q4(values: torch.Tensor, source: str) -> QuantizedRows:
+    """Float rows [rows, K] (K a multiple of 32) as Q4 blocks with a minimum: m = min x, d = (max x - m)
+    / 15, q = round((x - m) / d) from the float16 d and m, clipped to 0..15."""
+    rows, k = values.shape
+    assert k % QUANTIZATION_BLOCK == 0, k
+    x = values.detach().to(torch.float32).numpy().reshape(rows, k // QUANTIZATION_BLOCK, QUANTIZATION_BLOCK)
+    low, high = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    m = low.astype(np.float16)
+    d = ((high - low) / 15.0).astype(np.float16)
+    d32, m32 = d.astype(np.float32), m.astype(np.float32)
+    inverse = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
+    q = np.clip(np.round((x - m32) * inverse), 0, 15).astype(np.uint8)
+    return QuantizedRows(QUANT_Q4, _pack_nibbles(q), np.concatenate([d, m], axis=-1), source)
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -157,7 +172,7 @@ _CONVERTERS = {
 def from_gguf(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantizedRows:
     """A GGUF tensor of `type_name` (one of QUANTIZED_TYPES) whose bytes are `raw`, as [rows, K] blocks."""
     rows, k = shape
-    assert type_name in QUANTIZED_TYPES and k % BLOCK == 0, (type_name, shape)
+    assert type_name in QUANTIZED_TYPES and k % QUANTIZATION_BLOCK == 0, (type_name, shape)
     if type_name in _CONVERTERS:
         nbytes, convert = _CONVERTERS[type_name]
         blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1, nbytes)

@@ -48,7 +48,11 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         ({"speculative_config": {"method": "eagle"}}, InvalidConfigError, r"unknown speculative method"),
         ({"quantization": "int3"}, InvalidConfigError, r"unknown quantization 'int3': use int8 or int4"),
-        ({"quantization": "int8", "cpu_isa": "none"}, InvalidConfigError, r"integer GEMM: it needs --device cpu"),
+        (
+            {"quantization": "int8", "cpu_isa": "none"},
+            InvalidConfigError,
+            r"integer GEMM: it needs --device cpu",
+        ),
         ({"quantization": "int4", "packed_linear": False}, InvalidConfigError, r"not --no-packed-linear"),
         (
             {"cuda_attention_backend": "xformers"},

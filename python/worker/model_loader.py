@@ -9,6 +9,7 @@ is converted to the integer GEMM's blocks instead, sliced on them, and packed fr
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 from collections.abc import Iterator
@@ -113,7 +114,19 @@ def load_model(
         raise WeightLoadError(f"model {str(spec.gguf_file or spec.path)!r} lacks tensor(s) {shown}")
     if packed_linear:
         model.prepare_linear_weights(fused_gate_up, gemm_k_blocks, quantized)
+    del quantized
+    _return_freed_memory()
     return model.eval()
+
+
+def _return_freed_memory() -> None:
+    """Hands the memory that loading freed back to the OS: glibc keeps the converted tensors' freed blocks
+    in its heap (590 MB of a Q4_0 1.1B file's), which would count in the worker's RSS for good."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: its allocator keeps what it keeps
+        return
+    libc.malloc_trim(0)
 
 
 def _checkpoint_tensors(

@@ -16,6 +16,7 @@ from conftest import KERNEL_TIERS
 from serve_fixtures import SLUICE
 from sluice import cpu_tiers
 from sluice.kernel_libraries import CpuIsaError, KernelLibraryError, choose_kernels
+from worker.native_abi import ABI_VERSION
 from worker.native_ops import NativeOps
 
 V3 = frozenset(cpu_tiers.tier_named("avx2").requires)
@@ -123,7 +124,7 @@ def test_sluice_info_reports_the_tier_this_cpu_runs() -> None:
     assert info["chosen"]["tier"] == best
     assert [row["tier"] for row in info["tiers"] if row["runs_here"]] == KERNEL_TIERS
     if KERNEL_TIERS:
-        assert info["kernel_library"]["tier"] == best and info["kernel_library"]["abi"] == 1
+        assert info["kernel_library"]["tier"] == best and info["kernel_library"]["abi"] == ABI_VERSION
     lacking = next((t.name for t in cpu_tiers.TIERS if t.name not in KERNEL_TIERS), None)
     assert lacking is not None
     refused = subprocess.run(

@@ -24,7 +24,7 @@ from sluice.errors import ModelNotFoundError
 from sluice.gguf_model import gguf_model_folder
 from sluice.model_spec import read_model_spec
 from worker.gguf_dequantize import UnsupportedQuantizationError, dequantize
-from worker.gguf_weights import gguf_tensors, hf_tensor_name, unpermute_rotary_rows
+from worker.gguf_weights import GGUFTensorError, gguf_tensors, hf_tensor_name, unpermute_rotary_rows
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
@@ -373,6 +373,40 @@ def test_tiny_gguf_runs_its_quantized_weights_quantized(
             scale = x.double().abs() @ reference.abs().T
             assert bool(((got - x.double() @ reference.T).abs() <= 0.02 * scale + 1e-6).all()), fused
     assert seen == {True, False}
+
+
+def test_a_truncated_gguf_file_is_refused_naming_what_is_cut(tmp_path: Path) -> None:
+    # The error names the tensor cut short, its type and its bytes, whatever its type.
+    path = tmp_path / "quantized.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    writer.add_tensor(
+        "blk.0.ffn_up.weight", gguf.quants.quantize(np.ones((4, 64), np.float32), q8), raw_dtype=q8
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (tensor,) = gguf.GGUFReader(str(path)).tensors
+    start, end = int(tensor.data_offset), int(tensor.data_offset) + int(tensor.n_bytes)
+    path.write_bytes(path.read_bytes()[: end - 4])
+    config = {"model_type": "qwen2", "num_attention_heads": 2}
+    message = rf"quantized.gguf is truncated or corrupt: tensor 'blk.0.ffn_up.weight' \(Q8_0\) spans bytes {start} to {end}, but the file ends at byte {end - 4}"
+    for keep_quantized in (False, True):
+        with pytest.raises(GGUFTensorError, match=message):
+            list(gguf_tensors(path, config, show_progress=False, keep_quantized=keep_quantized))
+    # A float tensor cut short (the tiny model's last is F32).
+    from tiny_models import tiny_model_dir
+
+    tiny = tmp_path / "tiny.gguf"
+    write_tiny_gguf("llama", tiny_model_dir("llama"), tiny)
+    tiny_config = json.loads((gguf_model_folder(tiny, cache_dir=tmp_path) / "config.json").read_text())
+    last = gguf.GGUFReader(str(tiny)).tensors[-1]
+    tiny.write_bytes(tiny.read_bytes()[: int(last.data_offset) + int(last.n_bytes) - 4])
+    with pytest.raises(
+        GGUFTensorError, match=rf"tiny.gguf is truncated or corrupt: tensor '{last.name}' \(F32\) spans bytes"
+    ):
+        list(gguf_tensors(tiny, tiny_config, show_progress=False))
 
 
 def test_offline_llm_loads_the_gguf_file(servers: tuple[Server, Server, Server]) -> None:

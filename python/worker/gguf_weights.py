@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -70,15 +71,37 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 _LINEAR_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
 
 
+def _checked_reader(gguf_file: Path) -> Any:
+    """The gguf package's reader of the file, after checking that every tensor's bytes lie within it: the
+    reader views each tensor's bytes as it opens the file, and one cut short would fail there with a
+    numpy message that names neither the tensor nor where it is."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class CheckedReader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                ggml_type = GGMLQuantizationType(int(raw_type[0]))
+                block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+                start = int(start_offs + offset[0])
+                end = start + int(np.prod(dims)) * type_size // block_size
+                if end > len(self.data):
+                    raise GGUFTensorError(
+                        f"{gguf_file.name} is truncated or corrupt: tensor {bytes(name).decode(errors='replace')!r} "
+                        f"({ggml_type.name}) spans bytes {start} to {end}, but the file ends at byte {len(self.data)}"
+                    )
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader(str(gguf_file))
+
+
 def gguf_tensors(
     gguf_file: Path, hf_config: dict[str, Any], show_progress: bool = True, keep_quantized: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedRows]]:
     """(Hugging Face name, float32 tensor) for every tensor of `gguf_file`, in file order. With
     keep_quantized, a linear weight of a quantized type comes as QuantizedRows instead (never widened),
     and so does a tied model's LM head (after its embedding table, which stays float)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_file))
+    reader = _checked_reader(gguf_file)
     heads = {
         "attn_q": int(hf_config["num_attention_heads"]),
         "attn_k": int(hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]),

@@ -74,18 +74,21 @@ def systems_for(gguf: Path, folder: Path, mode: str, cpu_isa: str) -> list[Syste
     ]
 
 
+def print_medians(title: str, per_system: dict[str, list[dict[str, float]]], key: str) -> dict[str, float]:
+    """Prints each system's median of `key`, its spread and its runs under `title`; returns the medians."""
+    medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
+    print(f"\n{title}")
+    for name, rs in per_system.items():
+        values = [r[key] for r in rs]
+        runs = " ".join(f"{v:.2f}" for v in values)
+        print(f"  {name:28} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%: {runs})")
+    return medians
+
+
 def report(results: dict[str, Any], label: str, floor_bytes: int, runs: int, bars: list[RatioBar]) -> None:
     for workload, per_system in results["figures"].items():
         key, unit = headline(workload)
-        medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
-        print(f"\n{workload}, {label}: {unit}, medians of {runs} runs")
-        for name, rs in per_system.items():
-            values = [r[key] for r in rs]
-            print(
-                f"  {name:28} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%: "
-                + " ".join(f"{v:.2f}" for v in values)
-                + ")"
-            )
+        medians = print_medians(f"{workload}, {label}: {unit}, medians of {runs} runs", per_system, key)
         target = TARGETS[workload]
         ratio = medians[SLUICE] / medians[LLAMACPP]
         verdict = "met" if target.met(ratio) else "NOT met"
@@ -118,11 +121,9 @@ def at_load(
     results = run_phase(model, ["W4", "W5"], systems, args)
     for workload, per_system in results["figures"].items():
         key, unit = headline(workload)
-        medians = {name: statistics.median(r[key] for r in rs) for name, rs in per_system.items()}
-        print(f"\n{workload}, {model.name}: {unit}, medians of {args.runs} runs")
-        for name, rs in per_system.items():
-            values = [r[key] for r in rs]
-            print(f"  {name:16} {medians[name]:9.2f}  (spread {100 * spread(values):4.1f}%)")
+        medians = print_medians(
+            f"{workload}, {model.name}: {unit}, medians of {args.runs} runs", per_system, key
+        )
         target = AT_LOAD_TARGETS[workload]
         for q in quantizations:
             ratio = medians[f"sluice {q}"] / medians[BF16]

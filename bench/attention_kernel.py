@@ -4,6 +4,12 @@ Run: .venv/bin/python bench/attention_kernel.py [--no-cpu-decode-attention]
 (--no-cpu-decode-attention times decode on the general tile path instead, for comparison.)
 The decode cases from DRAM with one or two sequences time the decode path with its keys split among
 the threads (KernelConfig.cpu_decode_split_keys) and without, alternating, and print both.
+
+    .venv/bin/python bench/attention_kernel.py --kv-cache-dtypes
+
+times decode at 4,096 tokens of context over a bf16, an int8 and an fp8_e4m3 cache (--kv-cache-dtype), in
+turn, medians of 3: from DRAM (one cache per layer, as a forward pass reads them) and from cache (one
+layer, the kernel's compute alone), on SmolLM2-135M's and the 1.1B model's head shapes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from sluice.cpu_tiers import CPU_ISA_CHOICES
 from worker.attention.backend import AttentionMetadata
+from worker.attention.kv_cache_format import QUANTIZED_DTYPES, quantize_rows
 from worker.attention.torch_backend import TorchAttentionBackend
 from worker.native_ops import NativeOps, cpu_kernels, use_cpu_isa
 
@@ -152,15 +159,67 @@ def report_from_dram(
     )
 
 
+def report_cache_dtypes(
+    name: str, num_seqs: int, context: int, layers: int, kv_heads: int, heads: int
+) -> None:
+    """Decode over the same keys and values cached as bf16, int8 and fp8_e4m3, alternating, medians of 3."""
+    ops = kernels()
+    batches = [batch(num_seqs, context, 1, kv_heads, heads) for _ in range(layers)]
+    caches: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {
+        "bf16": [(b[3], b[4]) for b in batches],
+        **{
+            cache_dtype: [(quantize_rows(b[3], dtype), quantize_rows(b[4], dtype)) for b in batches]
+            for cache_dtype, dtype in QUANTIZED_DTYPES.items()
+        },
+    }
+    out = torch.empty_like(batches[0][0])
+
+    def forward(cache_dtype: str) -> None:
+        for (query, *_, block_table, qsl, seq_lens, _), (key_cache, value_cache) in zip(
+            batches, caches[cache_dtype], strict=True
+        ):
+            ops.paged_attention(
+                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, True, True
+            )
+
+    times: dict[str, list[float]] = {dtype: [] for dtype in caches}
+    for _ in range(3):
+        for dtype in caches:
+            times[dtype].append(median_ms(functools.partial(forward, dtype), 10) / layers)
+    medians = {dtype: statistics.median(t) for dtype, t in times.items()}
+    runs = "  ".join(
+        f"{dtype} {medians[dtype]:.3f} ms ({', '.join(f'{t:.3f}' for t in times[dtype])})" for dtype in caches
+    )
+    ratios = "  ".join(f"{dtype} {medians['bf16'] / medians[dtype]:.2f}x" for dtype in QUANTIZED_DTYPES)
+    print(f"{name:<44} per layer: {runs}   faster than bf16: {ratios}", flush=True)
+
+
+def compare_cache_dtypes() -> None:
+    for label, kv_heads, heads in (
+        ("SmolLM2-135M heads (9 / 3 KV)", 3, 9),
+        ("1.1B heads (32 / 4 KV)", 4, 32),
+    ):
+        report_cache_dtypes(f"{label}, 1 x 4096, 32 layers' caches", 1, 4096, 32, kv_heads, heads)
+        report_cache_dtypes(f"{label}, 4 x 4096, 8 layers' caches", 4, 4096, 8, kv_heads, heads)
+        report_cache_dtypes(f"{label}, 1 x 4096, one layer (in cache)", 1, 4096, 1, kv_heads, heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--cpu-decode-attention", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="the kernels' tier")
+    parser.add_argument(
+        "--kv-cache-dtypes", action="store_true", help="only compare bf16, int8 and fp8_e4m3 caches in decode"
+    )
     args = parser.parse_args()
     decode_path = args.cpu_decode_attention
     use_cpu_isa(args.cpu_isa)
+    if args.kv_cache_dtypes:
+        print(f"torch threads {torch.get_num_threads()}, head_dim {HEAD_DIM}, {kernels().tier} kernels")
+        compare_cache_dtypes()
+        return
     print(
         f"torch threads {torch.get_num_threads()}, bf16, {HEADS} heads / {KV_HEADS} kv heads, head_dim {HEAD_DIM}, "
         f"{kernels().tier} kernels"

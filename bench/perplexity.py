@@ -10,7 +10,10 @@ log-likelihoods from its prompt logprobs (SamplingParams.prompt_logprobs), one L
 process. The default model's tokenizer adds no BOS, so neither does either side.
 
   python bench/perplexity.py --llamacpp-dir DIR [--formats Q8_0,Q4_0,Q4_K_M] [--ctx 256] [--cpu-isa avx2]
-         [--json F]
+         [--kv-cache-dtypes int8,fp8_e4m3] [--json F]
+
+--kv-cache-dtypes also scores the bf16 folder with each quantized KV cache (--kv-cache-dtype), against the
+bf16 cache's perplexity (issue 27: within 0.5%); --formats "" skips the GGUF files.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def chunks_of(tokens: list[int], ctx: int) -> list[list[int]]:
     return [tokens[start : start + ctx] for start in range(0, len(tokens) - ctx + 1, ctx)]
 
 
-def sluice_perplexity(model: str, chunks: list[list[int]], cpu_isa: str, gguf_dequantize: bool) -> float:
+def sluice_perplexity(
+    model: str, chunks: list[list[int]], cpu_isa: str, gguf_dequantize: bool, kv_cache_dtype: str = "auto"
+) -> float:
     from sluice import LLM, SamplingParams
 
     llm = LLM(
@@ -48,6 +53,7 @@ def sluice_perplexity(model: str, chunks: list[list[int]], cpu_isa: str, gguf_de
         executor="inproc",
         cpu_isa=cpu_isa,
         gguf_dequantize=gguf_dequantize,
+        kv_cache_dtype=kv_cache_dtype,
     )
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     results = llm.generate([{"prompt_token_ids": chunk} for chunk in chunks], params)
@@ -85,6 +91,9 @@ def main() -> None:
     parser.add_argument("--formats", default="Q8_0,Q4_0,Q4_K_M", help="llama-quantize types, comma-separated")
     parser.add_argument("--ctx", type=int, default=256, help="tokens per chunk (llama-perplexity's -c)")
     parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier")
+    parser.add_argument(
+        "--kv-cache-dtypes", default="", help="quantized KV caches to score the bf16 folder with, comma-separated"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
     make_output_folders(args.json, None)
@@ -113,7 +122,16 @@ def main() -> None:
     peer_reference = llamacpp_perplexity(folder, gguf_file(folder, model, "bf16"), args.ctx)
     figures["bf16"] = {"sluice": reference, "llama.cpp": peer_reference}
     print(f"bf16 folder: Sluice {reference:.4f}; llama.cpp on the bf16 GGUF {peer_reference:.4f}")
-    for qtype in args.formats.split(","):
+    for kv_cache_dtype in filter(None, args.kv_cache_dtypes.split(",")):
+        ours = sluice_perplexity(str(model), chunks, args.cpu_isa, False, kv_cache_dtype)
+        figures.setdefault("kv_cache_dtypes", {})[kv_cache_dtype] = ours
+        distance = ours / reference - 1
+        verdict = "met" if abs(distance) <= AGREEMENT else "NOT met"
+        print(
+            f"bf16 folder, --kv-cache-dtype {kv_cache_dtype}: Sluice {ours:.4f}, {100 * distance:+.2f}% from the "
+            f"bf16 cache's {reference:.4f} (target within {100 * AGREEMENT:g}%: {verdict})"
+        )
+    for qtype in filter(None, args.formats.split(",")):
         gguf = quantized_gguf(folder, model, qtype)
         log(f"{qtype}: {gguf}")
         ours = sluice_perplexity(str(gguf), chunks, args.cpu_isa, gguf_dequantize=False)

@@ -55,6 +55,16 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         ({"quantization": "int4", "packed_linear": False}, InvalidConfigError, r"not --no-packed-linear"),
         (
+            {"kv_cache_dtype": "int4"},
+            InvalidConfigError,
+            r"unknown kv_cache_dtype 'int4': use auto, int8, fp8_e4m3",
+        ),
+        (
+            {"kv_cache_dtype": "fp8_e4m3", "device": "cuda"},
+            InvalidConfigError,
+            r"--kv-cache-dtype fp8_e4m3 is read by the CPU attention kernels",
+        ),
+        (
             {"cuda_attention_backend": "xformers"},
             InvalidConfigError,
             r"unknown cuda_attention_backend 'xformers': use auto, flash_attn, triton",

@@ -25,7 +25,7 @@ namespace {
 using namespace sluice::cpu;
 
 // Bumped whenever a signature or a struct below changes; worker/native_ops.py expects the same number.
-constexpr int32_t kAbiVersion = 2;
+constexpr int32_t kAbiVersion = 3;
 
 thread_local std::string last_error;
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "check.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #elif !defined(__aarch64__)
@@ -14,8 +16,9 @@
 
 namespace sluice::cpu {
 
-// The codes that cross the C ABI (abi.h); Python's worker/native_ops.py uses the same numbers.
-enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// The codes that cross the C ABI (abi.h); Python's worker/native_ops.py uses the same numbers. kInt8 and
+// kFp8E4M3 are KV cache formats only (kv_quant.h): rows of one-byte values, each row followed by its scale.
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kInt8 = 3, kFp8E4M3 = 4 };
 
 struct bf16 {
   uint16_t bits;
@@ -31,13 +34,24 @@ constexpr DType dtype_of() {
   return DType::kFloat16;
 }
 
-inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+inline int dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16: return 2;
+    case DType::kInt8:
+    case DType::kFp8E4M3: return 1;
+  }
+  fail("unknown dtype code ", int32_t(t));
+}
 
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::kFloat32: return "float32";
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat16: return "float16";
+    case DType::kInt8: return "int8";
+    case DType::kFp8E4M3: return "fp8_e4m3";
   }
   return "an unknown dtype";
 }
@@ -99,14 +113,17 @@ inline float round_to(float f) {
   return to_float(from_float<T>(f));
 }
 
-// Calls body(T{}) with T the C++ type of `type`.
+// Calls body(T{}) with T the C++ type of `type`, one of the activation dtypes.
 template <typename F>
 void dispatch_dtype(DType type, F&& body) {
   switch (type) {
     case DType::kFloat32: body(float{}); return;
     case DType::kBFloat16: body(bf16{}); return;
     case DType::kFloat16: body(fp16{}); return;
+    case DType::kInt8:
+    case DType::kFp8E4M3: break;
   }
+  fail("activations are float32, bfloat16 or float16, not ", dtype_name(type));
 }
 
 }  // namespace sluice::cpu

@@ -4,7 +4,8 @@
 // float and transposed so that scores come out as one 16-lane vector per row, then an online
 // softmax rescales the float accumulators. Decode items (one query token) take their own path, see
 // attend_decode; where a batch has too few of them to share out evenly, their keys are split into parts
-// (see plan_tiles and merge_parts).
+// (see plan_tiles and merge_parts). An int8 or fp8 cache (kv_quant.h) is widened like a bf16 one; its
+// rows' scales multiply the scores (keys) and the probabilities (values), once per key, not per dim.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -18,6 +19,7 @@
 
 #include "bf16_dot.h"
 #include "check.h"
+#include "kv_quant.h"
 #include "ops.h"
 #include "parallel.h"
 #include "vec16.h"
@@ -71,7 +73,8 @@ struct Problem {
   int64_t o_tok, o_head;
   const void* k_cache;
   const void* v_cache;
-  int64_t slot_stride;
+  // Cache elements from one KV head's row to the next, and from one slot to the next.
+  int64_t row_elems, slot_stride;
   const int32_t* block_table;
   int64_t bt_stride;
   int block_size, head_dim, group;
@@ -97,6 +100,8 @@ struct SplitItem {
 
 struct Scratch {
   std::vector<float> q, acc, kt, scores, lsum, mrow, alpha, probs;
+  // Per key of a chunk (tile path) or segment (decode path): the scales of its K and V rows.
+  std::vector<float> kscale, vscale;
   std::vector<const void*> k_rows, v_rows;
 
   void reserve(int rows, int dim) {
@@ -111,6 +116,8 @@ struct Scratch {
     grow(mrow, rows);
     grow(alpha, rows);
     grow(probs, size_t(rows) * kChunk / 2);
+    grow(kscale, kChunk);
+    grow(vscale, kChunk);
   }
 
   // q holds each row as dim / 4 vectors (float) or dim / 8 (bf16 pairs); scores and probs one
@@ -123,6 +130,8 @@ struct Scratch {
     grow(acc, size_t(rows) * dim + dim);
     grow(scores, size_t(rows) * kSegKeys);
     grow(probs, size_t(rows) * kSegKeys);
+    grow(kscale, kSegKeys);
+    grow(vscale, kSegKeys);
     grow(lsum, rows);
     grow(mrow, rows);
     grow(alpha, rows);
@@ -243,8 +252,8 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
 
   const int n_keys = w.prefix + w.t1;
   const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
-  const C* k_base = static_cast<const C*>(p.k_cache) + int64_t(w.kv_head) * dim;
-  const C* v_base = static_cast<const C*>(p.v_cache) + int64_t(w.kv_head) * dim;
+  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.row_elems;
+  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.row_elems;
   // Row pointers for this chunk and the next: the next chunk's rows are prefetched while this one
   // is computed, since blocks are scattered and the hardware prefetcher cannot follow the table.
   const C* rows_buf[2][2][kChunk];
@@ -262,7 +271,9 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   };
   const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
-  const int row_bytes = dim * int(sizeof(C));
+  const int row_bytes = cache_row_bytes<C>(dim);
+  float* kscale = s.kscale.data();
+  float* vscale = s.vscale.data();
   locate(rows_buf[0][0], rows_buf[0][1], std::min(kChunk, n_keys));
 
   for (int k0 = 0, buf = 0; k0 < n_keys; k0 += kChunk, buf ^= 1) {
@@ -277,6 +288,12 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
           __builtin_prefetch(reinterpret_cast<const char*>(rows_buf[buf ^ 1][0][i]) + b);
           __builtin_prefetch(reinterpret_cast<const char*>(rows_buf[buf ^ 1][1][i]) + b);
         }
+      }
+    }
+    if constexpr (kQuantizedRows<C>) {
+      for (int i = 0; i < kChunk; ++i) {
+        kscale[i] = i < nk ? row_scale(k_rows[i], dim) : 0.0f;
+        vscale[i] = i < nk ? row_scale(v_rows[i], dim) : 0.0f;
       }
     }
     // Rows of tokens before k0 see none of this chunk; rows are in token order, so skip a prefix.
@@ -303,6 +320,7 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
     for (int m = m0; m < rows; ++m) {
       v16 x = load(sc + m * kChunk);
       if constexpr (Dot) x = x * p.scale_log2;
+      if constexpr (kQuantizedRows<C>) x = x * load(kscale);
       const int visible = std::min(nk, w.prefix + w.t0 + m / group - k0 + 1);
       if (visible < kChunk) x = lane < visible ? x : neg_inf;
       const float old = mrow[m];
@@ -313,6 +331,8 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
       alpha[m] = a;
       if constexpr (Dot) {
         bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(s.probs.data()) + m * kChunk / 2);
+      } else if constexpr (kQuantizedRows<C>) {
+        store(sc + m * kChunk, e * load(vscale));
       } else {
         store(sc + m * kChunk, e);
       }
@@ -495,10 +515,12 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
 
   const int n_keys = w.key_hi - w.key_lo;
   const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
-  const C* k_base = static_cast<const C*>(p.k_cache) + int64_t(w.kv_head) * dim;
-  const C* v_base = static_cast<const C*>(p.v_cache) + int64_t(w.kv_head) * dim;
+  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.row_elems;
+  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.row_elems;
   const C* zeros = reinterpret_cast<const C*>(kZeros);
-  const int row_bytes = dim * int(sizeof(C));
+  const int row_bytes = cache_row_bytes<C>(dim);
+  float* kscale = s.kscale.data();
+  float* vscale = s.vscale.data();
   const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
   // Blocks are scattered, so the hardware prefetcher cannot follow the table: K and V rows are fetched
@@ -546,6 +568,13 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
     const int padded = (n + kChunk - 1) / kChunk * kChunk;
     for (int k0 = 0; k0 < padded; k0 += kChunk) {
       prefetch_keys(seg0 + k0 + kChunk);
+      if constexpr (kQuantizedRows<C>) {
+        // Read here, once the chunk's rows are in L1 (padding rows are kZeros: their scales read as 0).
+        for (int i = k0; i < k0 + kChunk; ++i) {
+          kscale[i] = row_scale(k_rows[seg0 + i], dim);
+          vscale[i] = row_scale(v_rows[seg0 + i], dim);
+        }
+      }
       int r0 = 0;
       const C* const* kr = k_rows + seg0 + k0;
       for (; r0 + kDecodeRows <= rows; r0 += kDecodeRows)
@@ -564,6 +593,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
       for (int k0 = 0; k0 < padded; k0 += kChunk) {
         v16 v = load(x + k0);
         if constexpr (Dot) v = v * p.scale_log2;
+        if constexpr (kQuantizedRows<C>) v = v * load(kscale + k0);
         if (k0 + kChunk > n) v = lane < n - k0 ? v : neg_inf;
         store(x + k0, v);
         top = vmax(top, v);
@@ -578,6 +608,8 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
         sum += e;
         if constexpr (Dot) {
           bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(probs + m * kSegKeys) + k0 / 2);
+        } else if constexpr (kQuantizedRows<C>) {
+          store(probs + m * kSegKeys + k0, e * load(vscale + k0));
         } else {
           store(probs + m * kSegKeys + k0, e);
         }
@@ -690,6 +722,8 @@ TileFn pick_for_cache(DType cache, int dim) {
       }
       return &attend<Q, bf16, false>;
     case DType::kFloat16: return &attend<Q, fp16, false>;
+    case DType::kInt8: return &attend<Q, q8, false>;
+    case DType::kFp8E4M3: return &attend<Q, e4m3, false>;
   }
   fail("paged_attention: unknown cache dtype");
 }
@@ -785,7 +819,8 @@ void paged_attention(const Heads& out, const Heads& query, const KvCache& cache,
       out.head_stride,
       cache.key,
       cache.value,
-      int64_t(num_kv_heads) * head_dim,
+      cache_row_elems(cache.dtype, head_dim),
+      int64_t(num_kv_heads) * cache_row_elems(cache.dtype, head_dim),
       batch.block_table,
       batch.block_table_stride,
       int(cache.block_size),

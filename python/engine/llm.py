@@ -75,6 +75,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
         kv_cache_memory: float = 2.0,
+        kv_cache_dtype: str = "auto",
         block_size: int = 16,
         scheduling_policy: str = "fcfs",
         device: str = "cpu",
@@ -120,6 +121,7 @@ class LLM:
             cache=CacheConfig(
                 block_size=block_size,
                 kv_cache_memory_gib=kv_cache_memory,
+                kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
                 enable_prefix_caching=enable_prefix_caching,
                 num_gpu_blocks_override=num_kv_blocks,
                 kv_events_port=kv_events_port,

@@ -21,6 +21,9 @@ SpeculativeMethod = Literal["ngram"]
 # The attention kernel on CUDA: "auto" (flash-attn where it imports and fits the cache, else Triton).
 CudaAttentionBackend = Literal["auto", "flash_attn", "triton"]
 Quantization = Literal["int8", "int4"]
+# The KV cache's element type: "auto" is the model's dtype; int8 and fp8_e4m3 keep each cached row as one
+# byte per value plus a float32 scale (csrc/cpu/kv_quant.h), read by the CPU kernels at every tier.
+KvCacheDType = Literal["auto", "int8", "fp8_e4m3"]
 # Values per block of the integer GEMM's quantized weights (csrc/cpu/quant_weight.h kQuantBlock).
 QUANTIZATION_BLOCK = 32
 
@@ -57,6 +60,7 @@ class SchedulerConfig:
 class CacheConfig:
     block_size: int = 16
     kv_cache_memory_gib: float = 2.0
+    kv_cache_dtype: KvCacheDType = "auto"
     enable_prefix_caching: bool = True
     # Overrides the memory budget with an exact block count (tests that force preemption).
     num_gpu_blocks_override: int | None = None

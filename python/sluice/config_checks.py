@@ -16,6 +16,7 @@ from sluice.config import (
     CudaAttentionBackend,
     Device,
     ExecutorBackend,
+    KvCacheDType,
     Quantization,
     SluiceConfig,
     SpeculativeMethod,
@@ -51,6 +52,7 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
             "needs the multiprocess executor (--executor mp)"
         )
     check_tensor_parallel(spec, parallel.tensor_parallel_size, device.device)
+    _check_kv_cache_dtype(config, spec)
     if device.device == "cuda":
         _check_cuda_available()
     backend = config.kernel.cuda_attention_backend
@@ -116,6 +118,32 @@ def _check_quantization(config: SluiceConfig, spec: ModelSpec) -> None:
                 f"--quantization {quantization} quantizes each linear's input in blocks of {QUANTIZATION_BLOCK}, "
                 f"but {name} is {width}, not a multiple of {QUANTIZATION_BLOCK}"
             )
+
+
+# csrc/cpu/kv_quant.h kMaxKvHeadDim: a quantized row is widened on the stack when it is written.
+MAX_QUANTIZED_KV_HEAD_DIM = 1024
+
+
+def _check_kv_cache_dtype(config: SluiceConfig, spec: ModelSpec) -> None:
+    """int8 and fp8_e4m3 caches are read by the CPU kernels (every tier) and by torch's ops (--cpu-isa
+    none); the CUDA backends read the model's dtype only."""
+    kv_cache_dtype = config.cache.kv_cache_dtype
+    if kv_cache_dtype not in get_args(KvCacheDType):
+        raise InvalidConfigError(
+            f"unknown kv_cache_dtype {kv_cache_dtype!r}: use {', '.join(get_args(KvCacheDType))}"
+        )
+    if kv_cache_dtype == "auto":
+        return
+    if config.device.device != "cpu":
+        raise InvalidConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is read by the CPU attention kernels; the CUDA backends "
+            "(flash-attn, Triton) read a cache of the model's dtype: use --kv-cache-dtype auto on cuda"
+        )
+    if spec.head_dim > MAX_QUANTIZED_KV_HEAD_DIM:
+        raise InvalidConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} takes head_dim up to {MAX_QUANTIZED_KV_HEAD_DIM}; "
+            f"this model's is {spec.head_dim}"
+        )
 
 
 def _check_speculative(config: SluiceConfig) -> None:

@@ -21,6 +21,7 @@ from sluice.config import (
     GraphConfig,
     GraphMode,
     KernelConfig,
+    KvCacheDType,
     ModelConfig,
     ParallelConfig,
     Quantization,
@@ -143,6 +144,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="exact number of KV blocks, overriding --kv-cache-memory",
     )
     group.add_argument("--block-size", type=at_least(1), default=cache.block_size, help="tokens per KV block")
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=cache.kv_cache_dtype,
+        choices=get_args(KvCacheDType),
+        help="the KV cache's element type: auto (the model's --dtype), or, on CPU, int8 or fp8_e4m3 (one byte "
+        "per value and a scale per cached row: about twice the tokens in the same --kv-cache-memory)",
+    )
     group.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -381,6 +389,7 @@ def config_from_args(args: argparse.Namespace, model_path: str | None = None) ->
         cache=CacheConfig(
             block_size=args.block_size,
             kv_cache_memory_gib=args.kv_cache_memory,
+            kv_cache_dtype=args.kv_cache_dtype,
             enable_prefix_caching=args.enable_prefix_caching,
             num_gpu_blocks_override=args.num_kv_blocks,
             kv_events_port=args.kv_events_port,

@@ -8,6 +8,8 @@ from sluice.model_spec import ModelSpec
 
 GIB = 1 << 30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# An int8 or fp8_e4m3 row: a byte per value and a float32 scale (worker/attention/kv_cache_format.py).
+QUANTIZED_ROW_SCALE_BYTES = 4
 
 
 def kv_heads_per_rank(spec: ModelSpec, tensor_parallel_size: int) -> int:
@@ -17,7 +19,11 @@ def kv_heads_per_rank(spec: ModelSpec, tensor_parallel_size: int) -> int:
 def kv_cache_bytes_per_block(config: SluiceConfig, spec: ModelSpec) -> int:
     """One block's keys and values in every layer, on one tensor-parallel rank."""
     heads = kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
-    per_layer = 2 * config.cache.block_size * heads * spec.head_dim * DTYPE_BYTES[config.model.dtype]
+    if config.cache.kv_cache_dtype == "auto":
+        row_bytes = spec.head_dim * DTYPE_BYTES[config.model.dtype]
+    else:
+        row_bytes = spec.head_dim + QUANTIZED_ROW_SCALE_BYTES
+    per_layer = 2 * config.cache.block_size * heads * row_bytes
     return per_layer * spec.num_layers
 
 

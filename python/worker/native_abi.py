@@ -10,11 +10,13 @@ from pathlib import Path
 import torch
 
 # csrc/cpu/abi.cpp kAbiVersion.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # csrc/cpu/dtypes.h DType.
-FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
+FLOAT32, BFLOAT16, FLOAT16, INT8, FP8_E4M3 = 0, 1, 2, 3, 4
 DTYPE_OF = {torch.float32: FLOAT32, torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}
+# The KV cache's dtypes: the activations' and the quantized row formats (csrc/cpu/kv_quant.h).
+CACHE_DTYPE_OF = {**DTYPE_OF, torch.int8: INT8, torch.float8_e4m3fn: FP8_E4M3}
 # csrc/cpu/packed_weight.h.
 PLAIN_LAYOUT, GATED_LAYOUT = 0, 1
 # csrc/cpu/quant_weight.h: the packed format of a quantized weight, and its block kinds.

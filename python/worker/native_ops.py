@@ -23,6 +23,7 @@ from sluice import cpu_tiers
 from sluice.errors import SluiceError
 from sluice.kernel_libraries import KernelLibraryError, choose_kernels, rebuild_command
 from worker import native_abi as abi
+from worker.attention.kv_cache_format import head_dim_of
 from worker.native_abi import Batch, Heads, KvCache, Matrix, PackedInfo, Slots
 from worker.quantized_weights import QuantizedRows
 
@@ -71,7 +72,22 @@ def kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> KvCache:
         raise NativeKernelError(
             "key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] of one dtype"
         )
-    return KvCache(key_cache.data_ptr(), value_cache.data_ptr(), _dtype(key_cache), *key_cache.shape)
+    code = abi.CACHE_DTYPE_OF.get(key_cache.dtype)
+    if code is None or key_cache.device.type != "cpu":
+        raise NativeKernelError(
+            f"the CPU kernels read KV caches of {', '.join(map(str, abi.CACHE_DTYPE_OF))} on the CPU, "
+            f"got {key_cache.dtype} on {key_cache.device}"
+        )
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    return KvCache(
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        code,
+        num_blocks,
+        block_size,
+        num_kv_heads,
+        head_dim_of(key_cache),
+    )
 
 
 def slots(slot_mapping: torch.Tensor) -> Slots:

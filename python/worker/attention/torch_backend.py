@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from worker.attention.backend import AttentionMetadata
+from worker.attention.kv_cache_format import dequantize_rows, is_quantized, quantize_rows
 
 
 class TorchAttentionBackend:
@@ -26,13 +27,21 @@ class TorchAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        _, block_size, num_kv_heads, head_dim = key_cache.shape
-        flat_k = key_cache.view(-1, num_kv_heads, head_dim)
-        flat_v = value_cache.view(-1, num_kv_heads, head_dim)
+        _, block_size, num_kv_heads, width = key_cache.shape
+        flat_k = key_cache.view(-1, num_kv_heads, width)
+        flat_v = value_cache.view(-1, num_kv_heads, width)
+        quantized = is_quantized(key_cache)
+
+        def cache_rows(x: torch.Tensor) -> torch.Tensor:
+            return quantize_rows(x, key_cache.dtype) if quantized else x.to(key_cache.dtype)
+
+        def read_rows(rows: torch.Tensor) -> torch.Tensor:
+            return dequantize_rows(rows) if quantized else rows.float()
+
         # Padded tokens carry slot -1 and write nothing, as in every real backend.
         written = metadata.slot_mapping >= 0
-        flat_k[metadata.slot_mapping[written]] = key[written].to(key_cache.dtype)
-        flat_v[metadata.slot_mapping[written]] = value[written].to(value_cache.dtype)
+        flat_k[metadata.slot_mapping[written]] = cache_rows(key[written])
+        flat_v[metadata.slot_mapping[written]] = cache_rows(value[written])
         num_heads = query.shape[1]
         group = num_heads // num_kv_heads
         out = torch.empty_like(query)
@@ -43,8 +52,8 @@ class TorchAttentionBackend:
             seq_len = int(metadata.seq_lens[i])
             blocks = metadata.block_table[i, : (seq_len + block_size - 1) // block_size].long()
             slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:seq_len]
-            k = flat_k[slots].float().repeat_interleave(group, dim=1)
-            v = flat_v[slots].float().repeat_interleave(group, dim=1)
+            k = read_rows(flat_k[slots]).repeat_interleave(group, dim=1)
+            v = read_rows(flat_v[slots]).repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
             k_pos = torch.arange(seq_len)[None, :]

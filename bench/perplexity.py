@@ -92,7 +92,9 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=256, help="tokens per chunk (llama-perplexity's -c)")
     parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier")
     parser.add_argument(
-        "--kv-cache-dtypes", default="", help="quantized KV caches to score the bf16 folder with, comma-separated"
+        "--kv-cache-dtypes",
+        default="",
+        help="quantized KV caches to score the bf16 folder with, comma-separated",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()

@@ -13,7 +13,13 @@ from sluice.config import CacheConfig, ModelConfig, SluiceConfig
 from sluice.kv_cache_layout import kv_cache_bytes_per_block
 from sluice.model_spec import read_model_spec
 from worker.attention.cpu_backend import CpuAttentionBackend
-from worker.attention.kv_cache_format import SCALE_BYTES, dequantize_rows, quantize_rows
+from worker.attention.kv_cache_format import (
+    SCALE_BYTES,
+    dequantize_rows,
+    quantize_rows,
+    quantized_cache,
+    token_major,
+)
 from worker.attention.torch_backend import TorchAttentionBackend
 
 QUANTIZED = [torch.int8, torch.float8_e4m3fn]
@@ -22,14 +28,17 @@ DECODES = [(1, 1), (15, 1), (16, 1), (130, 1), (257, 1), (600, 1)]
 
 def quantized_case(case: Case, dtype: torch.dtype, poison: bool = True) -> Case:
     """The case with its caches quantized; with `poison`, every row no sequence may read gets a NaN scale."""
-    key_cache, value_cache = quantize_rows(case.key_cache, dtype), quantize_rows(case.value_cache, dtype)
+    key_cache, value_cache = quantized_cache(case.key_cache, dtype), quantized_cache(case.value_cache, dtype)
     if poison:
-        heads, width = key_cache.shape[2], key_cache.shape[3]
-        unused = torch.ones(key_cache.shape[0] * key_cache.shape[1], dtype=torch.bool)
+        block_size = case.key_cache.shape[1]
+        unused = torch.ones(case.key_cache.shape[0] * block_size, dtype=torch.bool)
         unused[case.used_slots] = False
+        slots = unused.nonzero().flatten()
         nan = torch.full((1,), float("nan")).view(torch.uint8)
         for cache in (key_cache, value_cache):
-            cache.view(torch.uint8).view(-1, heads, width)[unused, :, -SCALE_BYTES:] = nan
+            token_major(cache).view(torch.uint8)[
+                slots // block_size, slots % block_size, :, -SCALE_BYTES:
+            ] = nan
     return Case(**{**case.__dict__, "key_cache": key_cache, "value_cache": value_cache})
 
 
@@ -40,7 +49,8 @@ def clone(case: Case) -> Case:
 
 
 def rows_at(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    return cache.view(torch.uint8).view(-1, cache.shape[2], cache.shape[3])[slots]
+    rows = token_major(cache).view(torch.uint8)
+    return rows[slots // rows.shape[1], slots % rows.shape[1]]
 
 
 @pytest.mark.parametrize("cache_dtype", QUANTIZED)
@@ -60,9 +70,10 @@ def test_writes_match_the_oracle_bit_for_bit(native, cache_dtype: torch.dtype, d
     for cache, before, rows in ((case.key_cache, before_k, key), (case.value_cache, before_v, value)):
         want = quantize_rows(rows, cache_dtype).view(torch.uint8)
         assert torch.equal(rows_at(cache, slots), want)
-        untouched = torch.ones(cache.shape[0] * cache.shape[1], dtype=torch.bool)
+        untouched = torch.ones(cache.shape[0] * cache.shape[2], dtype=torch.bool)
         untouched[slots] = False
-        assert torch.equal(rows_at(cache, untouched), rows_at(before, untouched))
+        others = untouched.nonzero().flatten()
+        assert torch.equal(rows_at(cache, others), rows_at(before, others))
     assert torch.equal(
         rows_at(case.key_cache, slots[:1])[0, 0], torch.zeros(64 + SCALE_BYTES, dtype=torch.uint8)
     )

@@ -66,7 +66,7 @@ constexpr int64_t kQuantizeGrain = 64;
 template <typename T, typename C, typename Slot>
 void quantize_rows(const Heads& rows, void* cache, const KvCache& shape, const Slot* slots, int64_t n) {
   const int dim = int(rows.dim);
-  const int64_t row_elems = cache_row_elems(shape.dtype, dim);
+  const RowStrides at = cache_row_strides(shape);
   const T* src = static_cast<const T*>(rows.data);
   C* dst = static_cast<C*>(cache);
   for_each_slot(shape, slots, n, kQuantizeGrain, [&](int64_t t, int64_t slot) {
@@ -74,7 +74,7 @@ void quantize_rows(const Heads& rows, void* cache, const KvCache& shape, const S
     for (int64_t h = 0; h < shape.kv_heads; ++h) {
       const T* s = src + t * rows.token_stride + h * rows.head_stride;
       for (int d = 0; d < dim; ++d) x[d] = to_float(s[d]);
-      quantize_row(x, dim, dst + (slot * shape.kv_heads + h) * row_elems);
+      quantize_row(x, dim, dst + slot / shape.block_size * at.block + h * at.head + slot % shape.block_size * at.token);
     }
   });
 }

@@ -1,7 +1,9 @@
 // The quantized KV cache formats (--kv-cache-dtype int8 | fp8_e4m3): each cached row (one token's key or
 // value for one KV head) is head_dim one-byte values followed by a float32 scale, so a row is read with
 // one stream and a value is `widened byte * scale`. One scale per row keeps the error of a row bounded by
-// its own largest element, whatever the other heads and tokens hold.
+// its own largest element, whatever the other heads and tokens hold. A quantized cache is head-major
+// within a block, [num_blocks, kv_heads, block_size, row]: a work item reads one head, and its 16 rows of
+// 68 bytes (head_dim 64) then span 17 cache lines, where token-major they would span 32, as many as bf16.
 //   int8:     q = round(x * 127 / amax), scale = amax / 127.
 //   fp8_e4m3: q = e4m3(x * 448 / amax) (round to nearest even), scale = amax / 448 * 256: the bits are
 //             widened as float16 patterns (an e4m3 shifted into a half is the value / 256; subnormals stay
@@ -14,6 +16,7 @@
 #include <cstring>
 
 #include "dtypes.h"
+#include "ops.h"
 #include "vec16.h"
 
 namespace sluice::cpu {
@@ -34,6 +37,17 @@ inline bool is_quantized_cache(DType t) { return t == DType::kInt8 || t == DType
 // Elements (of the cache's dtype) from one row of the cache to the next.
 inline int64_t cache_row_elems(DType t, int64_t head_dim) {
   return is_quantized_cache(t) ? head_dim + kKvScaleBytes : head_dim;
+}
+
+// Where a cache row lives, in elements of the cache's dtype: block * block + head * head + offset * token.
+struct RowStrides {
+  int64_t block, head, token;
+};
+
+inline RowStrides cache_row_strides(const KvCache& cache) {
+  const int64_t row = cache_row_elems(cache.dtype, cache.head_dim);
+  if (is_quantized_cache(cache.dtype)) return {cache.kv_heads * cache.block_size * row, cache.block_size * row, row};
+  return {cache.block_size * cache.kv_heads * row, row, cache.kv_heads * row};
 }
 
 template <typename C>

@@ -29,7 +29,8 @@ struct Heads {
   int64_t tokens, heads, dim, token_stride, head_stride;
 };
 
-// One layer's paged KV cache: key and value [num_blocks, block_size, kv_heads, head_dim], contiguous.
+// One layer's paged KV cache: key and value [num_blocks, block_size, kv_heads, head_dim], contiguous; an
+// int8 or fp8 cache [num_blocks, kv_heads, block_size, head_dim + 4] (kv_quant.h).
 struct KvCache {
   void* key;
   void* value;

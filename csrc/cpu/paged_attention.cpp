@@ -73,8 +73,8 @@ struct Problem {
   int64_t o_tok, o_head;
   const void* k_cache;
   const void* v_cache;
-  // Cache elements from one KV head's row to the next, and from one slot to the next.
-  int64_t row_elems, slot_stride;
+  // Where a row lives (kv_quant.h).
+  RowStrides at;
   const int32_t* block_table;
   int64_t bt_stride;
   int block_size, head_dim, group;
@@ -252,17 +252,17 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
 
   const int n_keys = w.prefix + w.t1;
   const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
-  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.row_elems;
-  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.row_elems;
+  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.at.head;
+  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.at.head;
   // Row pointers for this chunk and the next: the next chunk's rows are prefetched while this one
   // is computed, since blocks are scattered and the hardware prefetcher cannot follow the table.
   const C* rows_buf[2][2][kChunk];
   int block = 0, offset = 0;
   auto locate = [&](const C** k_rows, const C** v_rows, int count) {
     for (int i = 0; i < count; ++i) {
-      const int64_t slot = int64_t(blocks[block]) * p.block_size + offset;
-      k_rows[i] = k_base + slot * p.slot_stride;
-      v_rows[i] = v_base + slot * p.slot_stride;
+      const int64_t at = blocks[block] * p.at.block + offset * p.at.token;
+      k_rows[i] = k_base + at;
+      v_rows[i] = v_base + at;
       if (++offset == p.block_size) {
         offset = 0;
         ++block;
@@ -515,8 +515,8 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
 
   const int n_keys = w.key_hi - w.key_lo;
   const int32_t* blocks = p.block_table + int64_t(w.seq) * p.bt_stride;
-  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.row_elems;
-  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.row_elems;
+  const C* k_base = static_cast<const C*>(p.k_cache) + w.kv_head * p.at.head;
+  const C* v_base = static_cast<const C*>(p.v_cache) + w.kv_head * p.at.head;
   const C* zeros = reinterpret_cast<const C*>(kZeros);
   const int row_bytes = cache_row_bytes<C>(dim);
   float* kscale = s.kscale.data();
@@ -527,9 +527,18 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   // into L1 one chunk ahead of the dot products (V is read a whole pass later), and into L2
   // kFarChunks ahead. Into L1 alone, the misses in flight are bounded by L1's miss buffers, which
   // held a core to about 15 GB/s from DRAM; L1 further ahead measured slower still.
+  // A run of rows next to each other (a quantized cache's within a block, head-major) is one span of lines,
+  // each fetched once.
+  const int64_t row_elems = cache_row_bytes<C>(dim) / int(sizeof(C));
   auto prefetch = [&](const C* const* r, int count, auto line) {
-    for (int i = 0; i < count; ++i)
-      for (int b = 0; b < row_bytes; b += 64) line(reinterpret_cast<const char*>(r[i]) + b);
+    for (int i = 0; i < count;) {
+      int j = i + 1;
+      while (j < count && r[j] == r[j - 1] + row_elems) ++j;
+      const uintptr_t end = reinterpret_cast<uintptr_t>(r[j - 1]) + row_bytes;
+      for (uintptr_t at = reinterpret_cast<uintptr_t>(r[i]) & ~uintptr_t(63); at < end; at += 64)
+        line(reinterpret_cast<const char*>(at));
+      i = j;
+    }
   };
   const int n_padded = (n_keys + kChunk - 1) / kChunk * kChunk;
   s.reserve_rows(n_padded);
@@ -537,11 +546,11 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   const C** v_rows = reinterpret_cast<const C**>(s.v_rows.data());
   for (int i = 0; i < n_keys;) {
     const int key = w.key_lo + i, offset = key % p.block_size;
-    const int64_t first = int64_t(blocks[key / p.block_size]) * p.block_size + offset;
+    const int64_t first = blocks[key / p.block_size] * p.at.block + offset * p.at.token;
     // Keys inside one block are evenly spaced, so their rows need no per-key lookup.
     const int run = std::min(p.block_size - offset, n_keys - i);
     for (int j = 0; j < run; ++j) {
-      const int64_t at = (first + j) * p.slot_stride;
+      const int64_t at = first + j * p.at.token;
       k_rows[i + j] = k_base + at;
       v_rows[i + j] = v_base + at;
     }
@@ -819,8 +828,7 @@ void paged_attention(const Heads& out, const Heads& query, const KvCache& cache,
       out.head_stride,
       cache.key,
       cache.value,
-      cache_row_elems(cache.dtype, head_dim),
-      int64_t(num_kv_heads) * cache_row_elems(cache.dtype, head_dim),
+      cache_row_strides(cache),
       batch.block_table,
       batch.block_table_stride,
       int(cache.block_size),

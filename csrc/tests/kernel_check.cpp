@@ -242,21 +242,57 @@ void check_argmax(const Library& lib) {
   }
 }
 
-// Two sequences in a float32 paged cache (block size 4): a 7-token prefill chunk after 5 cached tokens,
-// and a decode at 23 tokens, against softmax attention written out.
-void check_attention(const Library& lib, bool decode_path) {
+// A cached value as the kernels read it: a float, or a quantized byte times its row's scale (kv_quant.h),
+// decoded here from the formats' definitions.
+double cached_value(DType dtype, const uint8_t* row, int d, int dim) {
+  float scale;
+  std::memcpy(&scale, row + dim, sizeof scale);
+  if (dtype == DType::kInt8) return double(int8_t(row[d])) * scale;
+  const int bits = row[d], exponent = (bits >> 3) & 15, mantissa = bits & 7;
+  const double magnitude =
+      exponent == 0 ? std::ldexp(mantissa / 8.0, -6) : std::ldexp(1 + mantissa / 8.0, exponent - 7);
+  // The stored scale has the 256 of the kernels' half-precision widening in it.
+  return (bits & 0x80 ? -magnitude : magnitude) * scale / 256;
+}
+
+// Two sequences in a paged cache (block size 4): a 7-token prefill chunk after 5 cached tokens, and a
+// decode at 23 tokens, against softmax attention written out. A float32 cache is filled directly; an int8
+// or fp8 one (head-major) through write_kv_cache, and the reference reads back what it holds.
+void check_attention(const Library& lib, bool decode_path, DType cache_dtype) {
   const int64_t heads = 4, kv_heads = 2, dim = 32, block = 4, blocks = 16;
+  const bool quantized = cache_dtype != DType::kFloat32;
+  const int64_t row_bytes = quantized ? dim + 4 : dim * 4;
   const std::vector<int32_t> lens = {12, 23}, q_lens = {7, 1};
   const std::vector<int32_t> qsl = {0, 7, 8};
   std::vector<int32_t> table = {3, 9, 1, -1, -1, -1, 0, 2, 4, 5, 6, 7};  // 2 rows of 6 blocks
-  std::vector<float> k_cache(blocks * block * kv_heads * dim), v_cache(k_cache.size());
-  for (float& v : k_cache) v = random_value();
-  for (float& v : v_cache) v = random_value();
+  std::vector<float> k_rows(blocks * block * kv_heads * dim), v_rows(k_rows.size());
+  for (float& v : k_rows) v = random_value();
+  for (float& v : v_rows) v = random_value();
+  std::vector<uint8_t> k_cache(blocks * block * kv_heads * row_bytes), v_cache(k_cache.size());
+  const KvCache cache{k_cache.data(), v_cache.data(), cache_dtype, blocks, block, kv_heads, dim};
+  if (quantized) {
+    std::vector<int64_t> slots(blocks * block);
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t(i);
+    const int64_t n = blocks * block;
+    const Heads kh{k_rows.data(), DType::kFloat32, n, kv_heads, dim, kv_heads * dim, dim};
+    const Heads vh{v_rows.data(), DType::kFloat32, n, kv_heads, dim, kv_heads * dim, dim};
+    const Slots all{slots.data(), true, n};
+    ok_or_die(lib, lib.write_kv_cache(&kh, &vh, &cache, &all), "write_kv_cache");
+  } else {
+    std::memcpy(k_cache.data(), k_rows.data(), k_cache.size());
+    std::memcpy(v_cache.data(), v_rows.data(), v_cache.size());
+  }
+  // Where slot `slot`'s row of KV head g lives: token-major for floats, head-major when quantized.
+  auto value = [&](const std::vector<uint8_t>& c, int64_t slot, int g, int d) {
+    const int64_t b = slot / block, o = slot % block;
+    const int64_t row = quantized ? (b * kv_heads + g) * block + o : slot * kv_heads + g;
+    if (!quantized) return double(reinterpret_cast<const float*>(c.data() + row * row_bytes)[d]);
+    return cached_value(cache_dtype, c.data() + row * row_bytes, d, dim);
+  };
   std::vector<float> q(8 * heads * dim), out(q.size());
   for (float& v : q) v = random_value();
   const Heads qh{q.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
   const Heads oh{out.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
-  const KvCache cache{k_cache.data(), v_cache.data(), DType::kFloat32, blocks, block, kv_heads, dim};
   const Batch batch{qsl.data(), lens.data(), 2, table.data(), 2, 6};
   const double scale = 1 / std::sqrt(double(dim));
   ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, decode_path, 1), "paged_attention");
@@ -268,9 +304,9 @@ void check_attention(const Library& lib, bool decode_path) {
         std::vector<double> scores(pos + 1);
         double top = -1e300, sum = 0;
         for (int key = 0; key <= pos; ++key) {
-          const float* kr = &k_cache[((table[s * 6 + key / block] * block + key % block) * kv_heads + g) * dim];
+          const int64_t slot = table[s * 6 + key / block] * block + key % block;
           double dot = 0;
-          for (int d = 0; d < dim; ++d) dot += double(q[(row * heads + h) * dim + d]) * kr[d];
+          for (int d = 0; d < dim; ++d) dot += double(q[(row * heads + h) * dim + d]) * value(k_cache, slot, g, d);
           scores[key] = dot * scale;
           top = std::max(top, scores[key]);
         }
@@ -278,11 +314,10 @@ void check_attention(const Library& lib, bool decode_path) {
         for (int d = 0; d < dim; ++d) {
           double want = 0;
           for (int key = 0; key <= pos; ++key)
-            want += scores[key] / sum *
-                    v_cache[((table[s * 6 + key / block] * block + key % block) * kv_heads + g) * dim + d];
+            want += scores[key] / sum * value(v_cache, table[s * 6 + key / block] * block + key % block, g, d);
           expect(std::fabs(out[(row * heads + h) * dim + d] - want) <= 2e-5,
-                 std::string("attention (decode path ") + (decode_path ? "on" : "off") + ") row " +
-                     std::to_string(row) + " head " + std::to_string(h));
+                 std::string("attention over a ") + dtype_name(cache_dtype) + " cache (decode path " +
+                     (decode_path ? "on" : "off") + ") row " + std::to_string(row) + " head " + std::to_string(h));
         }
       }
     }
@@ -330,8 +365,10 @@ int main(int argc, char** argv) {
   std::printf("quantized linear: done\n");
   check_rms_norm(lib);
   check_argmax(lib);
-  check_attention(lib, true);
-  check_attention(lib, false);
+  for (DType cache : {DType::kFloat32, DType::kInt8, DType::kFp8E4M3}) {
+    check_attention(lib, true, cache);
+    check_attention(lib, false, cache);
+  }
   std::printf("kernel_check: %s tier: %s\n", lib.tier(), failures == 0 ? "every check passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -21,7 +21,7 @@ from sluice.model_spec import ModelSpec, resolve_max_model_len
 from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
-from worker.attention.kv_cache_format import cache_dtype, row_width
+from worker.attention.kv_cache_format import cache_dtype, cache_shape
 from worker.attention.selector import select_attention_backend
 from worker.cpu_model_step import CpuStepRunner, cpu_model_step_for
 from worker.distributed import tensor_parallel_group
@@ -152,7 +152,7 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         kv_cache_dtype = self.config.cache.kv_cache_dtype
-        shape = (num_blocks, self.block_size, self.num_kv_heads, row_width(kv_cache_dtype, self.head_dim))
+        shape = cache_shape(kv_cache_dtype, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         dtype = cache_dtype(kv_cache_dtype, self.dtype)
         self.kv_caches = [
             (

@@ -23,7 +23,7 @@ from sluice import cpu_tiers
 from sluice.errors import SluiceError
 from sluice.kernel_libraries import KernelLibraryError, choose_kernels, rebuild_command
 from worker import native_abi as abi
-from worker.attention.kv_cache_format import head_dim_of
+from worker.attention.kv_cache_format import head_dim_of, token_major
 from worker.native_abi import Batch, Heads, KvCache, Matrix, PackedInfo, Slots
 from worker.quantized_weights import QuantizedRows
 
@@ -78,7 +78,7 @@ def kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> KvCache:
             f"the CPU kernels read KV caches of {', '.join(map(str, abi.CACHE_DTYPE_OF))} on the CPU, "
             f"got {key_cache.dtype} on {key_cache.device}"
         )
-    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    num_blocks, block_size, num_kv_heads, _ = token_major(key_cache).shape
     return KvCache(
         key_cache.data_ptr(),
         value_cache.data_ptr(),

@@ -1,9 +1,10 @@
 """The KV cache's tensors for --kv-cache-dtype, and the quantized formats' rows in torch.
 
 "auto" caches hold the model's dtype, [num_blocks, block_size, num_kv_heads, head_dim]. int8 and fp8_e4m3
-caches hold head_dim one-byte values and then the row's float32 scale (its 4 bytes), so their last
-dimension is head_dim + 4: the layout of csrc/cpu/kv_quant.h, which documents the rounding. These
-functions are what the torch backend writes and reads, and the bit-exact oracle of the kernels' writes.
+caches hold rows of head_dim one-byte values and then the row's float32 scale (its 4 bytes), head-major
+within a block: [num_blocks, num_kv_heads, block_size, head_dim + 4], the layout of csrc/cpu/kv_quant.h,
+which says why and documents the rounding. These functions are what the torch backend writes and reads,
+and the bit-exact oracle of the kernels' writes.
 """
 
 from __future__ import annotations
@@ -29,9 +30,22 @@ def is_quantized(cache: torch.Tensor) -> bool:
     return cache.dtype in _RANGE
 
 
-def row_width(kv_cache_dtype: KvCacheDType, head_dim: int) -> int:
-    """The cache tensor's last dimension."""
-    return head_dim if kv_cache_dtype == "auto" else head_dim + SCALE_BYTES
+def cache_shape(
+    kv_cache_dtype: KvCacheDType, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[int, int, int, int]:
+    if kv_cache_dtype == "auto":
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+    return (num_blocks, num_kv_heads, block_size, head_dim + SCALE_BYTES)
+
+
+def token_major(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as [num_blocks, block_size, num_kv_heads, row] (a view: writes through it land in the cache)."""
+    return cache.transpose(1, 2) if is_quantized(cache) else cache
+
+
+def quantized_cache(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A token-major cache of floats [num_blocks, block_size, num_kv_heads, head_dim] as a quantized cache."""
+    return quantize_rows(rows, dtype).transpose(1, 2).contiguous()
 
 
 def head_dim_of(cache: torch.Tensor) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from worker.attention.backend import AttentionMetadata
-from worker.attention.kv_cache_format import dequantize_rows, is_quantized, quantize_rows
+from worker.attention.kv_cache_format import dequantize_rows, is_quantized, quantize_rows, token_major
 
 
 class TorchAttentionBackend:
@@ -27,9 +27,9 @@ class TorchAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        _, block_size, num_kv_heads, width = key_cache.shape
-        flat_k = key_cache.view(-1, num_kv_heads, width)
-        flat_v = value_cache.view(-1, num_kv_heads, width)
+        # Views indexed [block, offset]: writes through them land in the caches.
+        k_rows, v_rows = token_major(key_cache), token_major(value_cache)
+        block_size, num_kv_heads = k_rows.shape[1], k_rows.shape[2]
         quantized = is_quantized(key_cache)
 
         def cache_rows(x: torch.Tensor) -> torch.Tensor:
@@ -40,8 +40,9 @@ class TorchAttentionBackend:
 
         # Padded tokens carry slot -1 and write nothing, as in every real backend.
         written = metadata.slot_mapping >= 0
-        flat_k[metadata.slot_mapping[written]] = cache_rows(key[written])
-        flat_v[metadata.slot_mapping[written]] = cache_rows(value[written])
+        slots = metadata.slot_mapping[written].long()
+        k_rows[slots // block_size, slots % block_size] = cache_rows(key[written])
+        v_rows[slots // block_size, slots % block_size] = cache_rows(value[written])
         num_heads = query.shape[1]
         group = num_heads // num_kv_heads
         out = torch.empty_like(query)
@@ -51,9 +52,10 @@ class TorchAttentionBackend:
             q_len = q.shape[0]
             seq_len = int(metadata.seq_lens[i])
             blocks = metadata.block_table[i, : (seq_len + block_size - 1) // block_size].long()
-            slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:seq_len]
-            k = read_rows(flat_k[slots]).repeat_interleave(group, dim=1)
-            v = read_rows(flat_v[slots]).repeat_interleave(group, dim=1)
+            positions = torch.arange(seq_len)
+            at = (blocks[positions // block_size], positions % block_size)
+            k = read_rows(k_rows[at]).repeat_interleave(group, dim=1)
+            v = read_rows(v_rows[at]).repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
             k_pos = torch.arange(seq_len)[None, :]

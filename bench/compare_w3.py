@@ -12,7 +12,12 @@ frontend host.
 
   python bench/compare_w3.py [--vllm-venv DIR] [--llamacpp-dir DIR [--llamacpp-outtype f16]] [--runs 3]
          [--switches] [--num-threads N ...] [--cpu-bind auto|none|LIST ...] [--busy N] [--json F] [--plot F]
-The ratios to vLLM are held to issue 8's targets, those to llama.cpp to issue 26's.
+  python bench/compare_w3.py --llamacpp-dir DIR --gguf-type Q4_K_M [--runs 3] [sluice serve options ...]
+
+The ratios to vLLM are held to issue 8's targets, those to llama.cpp to issue 26's. --gguf-type serves one
+llama-quantize file of the model on both Sluice and llama-server instead (issue 27's W3, the same targets;
+no vLLM, which reads no GGUF file); options after the known ones go to every `sluice serve`, such as
+--kv-cache-dtype int8.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from harness import (
     w1_prompts,
     wait_until_quiet,
 )
-from llamacpp_peer import llamacpp_dir
+from llamacpp_peer import gguf_file, llamacpp_dir, quantized_gguf
 from plot_ratios import RatioBar, plot_ratios
 from servers import Server, start_llamacpp, start_sluice, start_vllm
 from vllm_peer import vllm_venv
@@ -69,7 +74,7 @@ IDLE_WINDOW_S = 3.0
 
 def sluice_configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     """Server name -> extra `sluice serve` options: the default, the switches off, the sweep."""
-    configurations = {SLUICE: []}
+    configurations = {SLUICE: list(args.sluice_options)}
     switches = chosen_switches(args.switches, SWITCHES_OFF)
     configurations |= {f"{SLUICE}, {name}": off for name, off in switches.items()}
     threads = args.num_threads or [None]
@@ -181,6 +186,11 @@ def main() -> None:
         "--llamacpp-outtype", choices=["f16", "bf16"], default="f16", help="llama-server's GGUF format"
     )
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: the default model)")
+    parser.add_argument(
+        "--gguf-type",
+        default=None,
+        help="serve this llama-quantize type of the model on Sluice and llama-server",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -201,32 +211,35 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
-    args = parser.parse_args()
+    args, args.sluice_options = parser.parse_known_args()
     make_output_folders(args.json, args.plot)
-    venv = vllm_venv(args.vllm_venv)
-    if venv is None:
-        log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): serving Sluice alone, no ratios")
+    folder = llamacpp_dir(args.llamacpp_dir)
+    venv = None if args.gguf_type else vllm_venv(args.vllm_venv)
+    if venv is None and not args.gguf_type:
+        log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): no ratios to vLLM")
 
     from sluice.default_model import prepare_default_model
 
     model = (args.model or prepare_default_model()).resolve()
+    if args.gguf_type and folder is None:
+        raise SystemExit("--gguf-type needs llama.cpp (--llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR)")
+    served = quantized_gguf(folder, model, args.gguf_type) if args.gguf_type else model
     servers: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="sluice-w3-logs-") as log_dir:
         try:
             with bench_lock(args.lock, exclusive=False):
                 for name, options in sluice_configurations(args).items():
                     log(f"starting {name}: sluice serve {' '.join(options)}")
-                    servers.append(start_sluice(name, model, options, Path(log_dir)))
+                    servers.append(start_sluice(name, served, options, Path(log_dir)))
                 if venv is not None:
                     log("starting vLLM's api_server")
                     servers.append(start_vllm(venv, model, Path(log_dir)))
-                folder = llamacpp_dir(args.llamacpp_dir)
                 if folder is not None:
-                    log(f"starting llama-server ({args.llamacpp_mode} build, {args.llamacpp_outtype})")
+                    file_type = args.gguf_type or args.llamacpp_outtype
+                    gguf = served if args.gguf_type else gguf_file(folder, model, args.llamacpp_outtype)
+                    log(f"starting llama-server ({args.llamacpp_mode} build, {file_type}: {gguf})")
                     servers.append(
-                        start_llamacpp(
-                            folder, args.llamacpp_mode, model, args.llamacpp_outtype, Path(log_dir)
-                        )
+                        start_llamacpp(folder, args.llamacpp_mode, gguf, file_type, model.name, Path(log_dir))
                     )
             runs = run_all(servers, args)
         finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import process_tree_cpu_seconds
-from llamacpp_peer import THREADS, gguf_file, tool
+from llamacpp_peer import THREADS, tool
 from vllm_peer import vllm_env, vllm_python
 
 READY_TIMEOUT_S = 600.0
@@ -133,15 +133,15 @@ def start_vllm(venv: Path, model: Path, log_dir: Path) -> Server:
 
 
 def start_llamacpp(
-    folder: Path, mode: str, model: Path, outtype: str, log_dir: Path, slots: int = 16
+    folder: Path, mode: str, gguf: Path, file_type: str, alias: str, log_dir: Path, slots: int = 16
 ) -> Server:
-    """llama-server over `model` as a GGUF file of outtype, `slots` parallel sequences sharing an 8,192-token
-    context, 2 threads; its prompt cache is off in every request (cache_prompt false), as prefix caching is
-    off on the other servers."""
+    """llama-server over a GGUF file (of file_type: f16, bf16, Q4_K_M, ...), `slots` parallel sequences
+    sharing an 8,192-token context, 2 threads; its prompt cache is off in every request (cache_prompt
+    false), as prefix caching is off on the other servers."""
     port = free_port()
-    argv = [tool(folder, mode, "llama-server"), "-m", str(gguf_file(folder, model, outtype))]
+    argv = [tool(folder, mode, "llama-server"), "-m", str(gguf)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS), "-tb", str(THREADS)]
-    argv += ["-np", str(slots), "-c", "8192", "--cache-ram", "0", "--alias", model.name]
-    server = start_server(f"llama.cpp {outtype}", port, argv, None, log_dir)
+    argv += ["-np", str(slots), "-c", "8192", "--cache-ram", "0", "--alias", alias]
+    server = start_server(f"llama.cpp {file_type}", port, argv, None, log_dir)
     server.request_extra = {"cache_prompt": False}
     return server

@@ -70,7 +70,8 @@ def kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> KvCache:
         or not value_cache.is_contiguous()
     ):
         raise NativeKernelError(
-            "key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] of one dtype"
+            "key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] of one "
+            "dtype (an int8 or fp8 cache: [num_blocks, num_kv_heads, block_size, head_dim + 4])"
         )
     code = abi.CACHE_DTYPE_OF.get(key_cache.dtype)
     if code is None or key_cache.device.type != "cpu":

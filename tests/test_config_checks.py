@@ -14,6 +14,7 @@ import engine.multiproc_executor
 from engine import LLM
 from sluice.cpu_binding import CpuBindError
 from sluice.errors import GraphConfigError, InvalidConfigError, KVCacheTooSmallError
+from tiny_models import tiny_model_dir
 
 SLUICE = str(Path(sys.executable).parent / "sluice")
 
@@ -76,6 +77,16 @@ def test_bad_options_are_refused_before_any_process(
 ):
     with pytest.raises(error, match=message):
         LLM(model=str(default_model_path), **options)
+
+
+def test_a_quantized_kv_cache_refuses_heads_wider_than_its_write_takes(tmp_path: Path, no_processes) -> None:
+    folder = tmp_path / "wide-heads"
+    shutil.copytree(tiny_model_dir("llama"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["head_dim"] = 1040
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidConfigError, match=r"int8 takes head_dim up to 1024; this model's is 1040"):
+        LLM(model=str(folder), kv_cache_dtype="int8")
 
 
 def test_serve_refuses_bad_capture_sizes_before_starting_anything(default_model_path):

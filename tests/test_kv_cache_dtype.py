@@ -21,6 +21,7 @@ from worker.attention.kv_cache_format import (
     token_major,
 )
 from worker.attention.torch_backend import TorchAttentionBackend
+from worker.native_ops import NativeKernelError
 
 QUANTIZED = [torch.int8, torch.float8_e4m3fn]
 DECODES = [(1, 1), (15, 1), (16, 1), (130, 1), (257, 1), (600, 1)]
@@ -95,6 +96,13 @@ def test_fp8_rounds_every_value_and_tie_as_torch_does(native) -> None:
     native.write_kv_cache(rows[:, None], rows[:, None], cache, other, torch.arange(num))
     got = cache.view(num, dim + SCALE_BYTES)[:, :dim].view(torch.uint8)
     assert torch.equal(got, rows.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_rows_wider_than_a_quantized_write_takes_are_refused(native) -> None:
+    rows = torch.zeros(1, 1, 1040)
+    cache = torch.zeros(1, 1, 1, 1040 + SCALE_BYTES, dtype=torch.int8)
+    with pytest.raises(NativeKernelError, match="a quantized KV cache takes head_dim up to 1024"):
+        native.write_kv_cache(rows, rows, cache, cache.clone(), torch.zeros(1, dtype=torch.int64))
 
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}

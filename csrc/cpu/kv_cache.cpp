@@ -17,9 +17,9 @@ constexpr int64_t kTokenGrain = 512;
 void check_rows(const Heads& rows, const KvCache& cache, const char* name) {
   SK_CHECK(rows.heads == cache.kv_heads && rows.dim == cache.head_dim, name,
            " must be [num_tokens, num_kv_heads, head_dim] matching the cache");
-  SK_CHECK(rows.dtype == cache.dtype || (is_quantized_cache(cache.dtype) && rows.dtype != DType::kInt8 &&
-                                           rows.dtype != DType::kFp8E4M3),
-           name, " is ", dtype_name(rows.dtype), " but the cache holds ", dtype_name(cache.dtype));
+  // A quantized cache takes rows of any activation dtype; a float cache, rows of its own.
+  SK_CHECK(rows.dtype == cache.dtype || (is_quantized_cache(cache.dtype) && !is_quantized_cache(rows.dtype)), name,
+           " is ", dtype_name(rows.dtype), " but the cache holds ", dtype_name(cache.dtype));
 }
 
 // Calls write(t, slot) for every token whose slot is in the cache; slots below zero are padding.

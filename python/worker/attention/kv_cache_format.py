@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from sluice.config import KvCacheDType
+from sluice.kv_cache_layout import QUANTIZED_ROW_SCALE_BYTES as SCALE_BYTES
 
-SCALE_BYTES = 4
 QUANTIZED_DTYPES: dict[str, torch.dtype] = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 # The largest magnitude each format's values take: a row's largest element maps to it.
 _RANGE = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}

@@ -1,5 +1,5 @@
 //! The `sluice-frontend` command: flags, startup, and the serving loop (the binary itself is
-//! binaries/src/sluice_frontend.rs).
+//! src/main.rs).
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::api::auth::load_api_key;
 use crate::api::connections::{self, ConnectionLimits};
 use crate::api::routes;
-use crate::engine::client::EngineClientConfig;
+use crate::engine::client_config::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
 use crate::text::piecewise_encoder::DEFAULT_PIECE_BYTES;

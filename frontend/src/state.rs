@@ -9,7 +9,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Semaphore;
 
-use crate::engine::client::{EngineClient, EngineClientConfig, EngineError};
+use crate::engine::client::EngineClient;
+use crate::engine::client_config::EngineClientConfig;
+use crate::engine::error::EngineError;
 use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
 use crate::text::chat_template::{ChatTemplate, ChatTemplateError};

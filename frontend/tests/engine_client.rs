@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sluice_frontend::engine::client::{
-    EngineClient, EngineClientConfig, EngineError, EngineHealth, OutputStream,
-};
+use sluice_frontend::engine::client::{EngineClient, EngineHealth, OutputStream};
+use sluice_frontend::engine::client_config::EngineClientConfig;
+use sluice_frontend::engine::error::EngineError;
 use sluice_frontend::engine::protocol::{
     decode, encode, Abort, AddRequest, EngineOutput, EngineStats, FinishReason, Message, Outputs,
     Ready, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,

@@ -10,10 +10,9 @@ use tokio::net::TcpListener;
 
 use crate::backoff::RetryConfig;
 use crate::breaker::BreakerConfig;
-use crate::cache_aware::CacheAwareConfig;
-use crate::health::{run_health_checks, HealthConfig};
-use crate::policies::{build_policy, PolicyName};
-use crate::policy::ReplicaId;
+use crate::health::HealthConfig;
+use crate::health_checker::run_health_checks;
+use crate::policies::{build_policy, CacheAwareConfig, PolicyName, ReplicaId};
 use crate::replica_url::{parse_dns_target, parse_replica_url};
 use crate::replicas::ReplicaSet;
 use crate::state::{AppState, Settings};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::policy::ReplicaId;
+use crate::policies::ReplicaId;
 use crate::replica_url::replica_id_of;
 use crate::state::AppState;
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::policy::{ReplicaId, RouteReason};
+use crate::policies::{ReplicaId, RouteReason};
 use crate::replicas::Replica;
 
 /// Upper bounds of the prefix-match histogram's buckets, in tokens.

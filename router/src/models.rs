@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 use crate::api_error::RouterError;
-use crate::policy::ReplicaId;
+use crate::policies::ReplicaId;
 use crate::state::AppState;
 
 pub async fn aggregated_models(state: &AppState) -> Response {

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 
 use crate::api_error::RouterError;
 use crate::metrics::Metrics;
-use crate::policy::{ReplicaId, RouteRequest};
+use crate::policies::{ReplicaId, RouteRequest};
 use crate::replicas::Outstanding;
 use crate::state::AppState;
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use axum::http::uri::{Scheme, Uri};
 use thiserror::Error;
 
-use crate::policy::ReplicaId;
+use crate::policies::ReplicaId;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ReplicaUrlError {

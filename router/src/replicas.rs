@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::breaker::{Breaker, BreakerConfig};
 use crate::health::{HealthChange, HealthConfig, HealthRecord};
-use crate::policy::{Candidate, ReplicaId};
+use crate::policies::{Candidate, ReplicaId};
 
 pub struct Replica {
     pub id: ReplicaId,

@@ -16,7 +16,7 @@ use sluice_frontend::api::connections;
 use sluice_frontend::api::playground;
 
 use crate::api_error::RouterError;
-use crate::policy::RouteRequest;
+use crate::policies::RouteRequest;
 use crate::proxy::{forward, Expect, Forward};
 use crate::state::AppState;
 

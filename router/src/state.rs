@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::backoff::RetryConfig;
 use crate::health::HealthConfig;
 use crate::metrics::Metrics;
-use crate::policy::{Policy, ReplicaId};
+use crate::policies::{Policy, ReplicaId};
 use crate::replicas::ReplicaSet;
 use crate::upstream::Upstream;
 

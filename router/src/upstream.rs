@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::policy::ReplicaId;
+use crate::policies::ReplicaId;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 

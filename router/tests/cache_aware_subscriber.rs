@@ -13,8 +13,8 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use sluice_router::cache_aware::block_hash::{block_hashes, to_hex, BlockHash};
 use sluice_router::cache_aware::kv_events::{encode, KvEvent, KvEvents};
-use sluice_router::cache_aware::{CacheAwareConfig, CacheAwarePolicy};
-use sluice_router::policy::{Policy, ReplicaId};
+use sluice_router::policies::{CacheAwareConfig, CacheAwarePolicy};
+use sluice_router::policies::{Policy, ReplicaId};
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 #[derive(Default)]

@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::engine::client::EngineError;
+use crate::engine::error::EngineError;
 use crate::state::EngineNotReady;
 use crate::text::tokenizer_pool::TokenizerPoolError;
 

@@ -2,7 +2,7 @@
 //!
 //! The schemas are derived from the wire types themselves (`utoipa::ToSchema` on `openai.rs`, the
 //! error body and the KV-cache snapshot), so a field cannot change without the document changing.
-//! [`ROUTES`] names every route with the statuses its handler answers; `tests/openapi_spec.rs`
+//! [`ROUTES`] names every route with the statuses its handler answers; `tests/openapi_routes.rs`
 //! checks that the router serves exactly the routes and methods the document lists.
 
 use std::sync::OnceLock;

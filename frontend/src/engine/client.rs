@@ -17,53 +17,26 @@
 //! sends `ready`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use thiserror::Error;
+use futures::Stream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use zeromq::{
-    PullSocket, PushSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
-};
 
+use crate::engine::client_config::{validate_address, EngineClientConfig};
+use crate::engine::connection::{
+    connect, read_frames, reconnect, wait_for_process_exit, write_frames, Connection, Event, Tagged,
+};
+use crate::engine::error::EngineError;
 use crate::engine::protocol::{
     self, Abort, AddRequest, EngineOutput, EngineStats, Message, Ready, UtilityCall, UtilityMethod,
     UtilityValue,
 };
-
-/// How long one connection attempt may take: zeromq's own retries back off up to 30 s, far
-/// longer than an engine core takes to come back, so the client retries by itself instead.
-const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
-const CONNECT_RETRY: Duration = Duration::from_millis(50);
-const PROCESS_POLL: Duration = Duration::from_millis(100);
-
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum EngineError {
-    #[error("engine address {0:?} is neither ipc:// nor loopback tcp://")]
-    Address(String),
-    #[error("cannot connect to the engine core at {address}: {reason}")]
-    Connect { address: String, reason: String },
-    #[error("the engine core sent no ready message within {0:?}")]
-    ReadyTimeout(Duration),
-    #[error("the engine core broke the protocol: {0}")]
-    Protocol(String),
-    #[error("the engine core is dead: {0}")]
-    Dead(String),
-    #[error("the engine core is restarting: {0}")]
-    Restarting(String),
-    #[error("utility call failed in the engine core: {0}")]
-    Utility(String),
-    #[error("utility call got no answer within {0:?}")]
-    UtilityTimeout(Duration),
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineHealth {
@@ -75,56 +48,7 @@ pub enum EngineHealth {
     Dead(String),
 }
 
-#[derive(Debug, Clone)]
-pub struct EngineClientConfig {
-    pub input_address: String,
-    pub output_address: String,
-    /// Covers the engine's start-up: binding, loading the model, allocating the KV cache.
-    pub ready_timeout: Duration,
-    /// The first engine core's process, when it runs on this machine: its exit is noticed even
-    /// before its socket closes.
-    pub engine_pid: Option<u32>,
-    /// After the engine core goes away, wait for the one its supervisor starts in its place on
-    /// the same addresses, instead of dying.
-    pub reconnect: bool,
-    pub utility_timeout: Duration,
-}
-
-impl EngineClientConfig {
-    pub fn new(input_address: impl Into<String>, output_address: impl Into<String>) -> Self {
-        EngineClientConfig {
-            input_address: input_address.into(),
-            output_address: output_address.into(),
-            ready_timeout: Duration::from_secs(600),
-            engine_pid: None,
-            reconnect: false,
-            utility_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Accepts `ipc://<path>` and `tcp://<loopback ip>:<port>` only, so the seam
-/// is never reachable from another machine.
-pub fn validate_address(address: &str) -> Result<(), EngineError> {
-    let invalid = || EngineError::Address(address.to_owned());
-    if let Some(path) = address.strip_prefix("ipc://") {
-        return if path.is_empty() {
-            Err(invalid())
-        } else {
-            Ok(())
-        };
-    }
-    if let Some(host_port) = address.strip_prefix("tcp://") {
-        let socket: SocketAddr = host_port.parse().map_err(|_| invalid())?;
-        if socket.ip().is_loopback() {
-            return Ok(());
-        }
-    }
-    Err(invalid())
-}
-
 type UtilityReply = oneshot::Sender<Result<Option<UtilityValue>, EngineError>>;
-type Monitor = futures::channel::mpsc::Receiver<SocketEvent>;
 
 enum Command {
     Add {
@@ -139,28 +63,6 @@ enum Command {
         method: UtilityMethod,
         reply: UtilityReply,
     },
-}
-
-enum Event {
-    Message(Message),
-    /// The engine core went away: its process exited or its socket closed.
-    Lost(String),
-    /// The engine core broke the protocol: there is nothing to reconnect to.
-    Failed(String),
-    /// A new engine core is connected and ready (reconnect only).
-    Connected(Connection),
-}
-
-/// Events are tagged with the connection they come from, so that a late event of a lost
-/// connection never touches its successor.
-type Tagged = (u64, Event);
-
-/// Both sockets of one engine core, after its `ready`.
-struct Connection {
-    push: PushSocket,
-    pull: PullSocket,
-    monitor: Monitor,
-    ready: Ready,
 }
 
 /// A cheap, cloneable handle to the engine core.
@@ -629,199 +531,4 @@ fn failed(request_id: &str, error: &EngineError) -> EngineOutput {
         other => other.to_string(),
     };
     EngineOutput::failed(request_id, message)
-}
-
-/// Both sockets connected and the engine core's `ready` received, by `deadline`.
-async fn connect(
-    config: &EngineClientConfig,
-    deadline: Instant,
-) -> Result<Connection, EngineError> {
-    let (push, _) = connected::<PushSocket>(&config.input_address, deadline).await?;
-    let (mut pull, mut monitor) = connected::<PullSocket>(&config.output_address, deadline).await?;
-    let timeout = config.ready_timeout;
-    let message = tokio::select! {
-        message = next_message(&mut pull) => message?,
-        () = disconnection(&mut monitor) => {
-            return Err(EngineError::Dead("the engine core went away before it was ready".into()))
-        }
-        () = tokio::time::sleep_until(deadline) => return Err(EngineError::ReadyTimeout(timeout)),
-    };
-    match message {
-        Message::Ready(ready) => Ok(Connection {
-            push,
-            pull,
-            monitor,
-            ready,
-        }),
-        other => Err(EngineError::Protocol(format!(
-            "expected ready, got {}",
-            other.type_name()
-        ))),
-    }
-}
-
-/// A socket connected to `address`, with its monitor (made first, so that no event is missed).
-async fn connected<S: Socket>(
-    address: &str,
-    deadline: Instant,
-) -> Result<(S, Monitor), EngineError> {
-    loop {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(CONNECT_ATTEMPT);
-        let mut socket = S::with_options(options);
-        let monitor = socket.monitor();
-        match socket.connect(address).await {
-            Ok(()) => return Ok((socket, monitor)),
-            Err(err) if Instant::now() >= deadline => {
-                return Err(EngineError::Connect {
-                    address: address.to_owned(),
-                    reason: err.to_string(),
-                })
-            }
-            // The engine core binds its sockets early but may still be starting Python.
-            Err(_) => tokio::time::sleep(CONNECT_RETRY).await,
-        }
-    }
-}
-
-/// Connects until an engine core is ready on the configured addresses; the supervisor that
-/// restarts it decides when to give up.
-async fn reconnect(config: &EngineClientConfig) -> Connection {
-    loop {
-        match connect(config, Instant::now() + config.ready_timeout).await {
-            Ok(connection) => return connection,
-            Err(error) => {
-                eprintln!("sluice-frontend: waiting for the restarted engine core: {error}");
-                tokio::time::sleep(CONNECT_RETRY).await;
-            }
-        }
-    }
-}
-
-/// Resolves once the peer disconnects; never if the monitor closes first.
-async fn disconnection(monitor: &mut Monitor) {
-    while let Some(event) = monitor.next().await {
-        if matches!(event, SocketEvent::Disconnected(_)) {
-            return;
-        }
-    }
-    std::future::pending::<()>().await;
-}
-
-async fn next_message(pull: &mut PullSocket) -> Result<Message, EngineError> {
-    let frame = pull
-        .recv()
-        .await
-        .map_err(|err| EngineError::Dead(format!("output socket: {err}")))?;
-    decode_frame(frame).map_err(EngineError::Protocol)
-}
-
-fn decode_frame(frame: ZmqMessage) -> Result<Message, String> {
-    if frame.len() != 1 {
-        return Err(format!("expected one msgpack frame, got {}", frame.len()));
-    }
-    let body = frame.get(0).expect("length checked");
-    protocol::decode(body).map_err(|err| err.to_string())
-}
-
-async fn write_frames(
-    mut push: PushSocket,
-    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    generation: u64,
-    events: mpsc::UnboundedSender<Tagged>,
-) {
-    while let Some(frame) = frames.recv().await {
-        if let Err(err) = push.send(ZmqMessage::from(frame)).await {
-            let _ = events.send((generation, Event::Lost(format!("input socket: {err}"))));
-            return;
-        }
-    }
-}
-
-async fn read_frames(
-    mut pull: PullSocket,
-    mut monitor: Monitor,
-    generation: u64,
-    events: mpsc::UnboundedSender<Tagged>,
-) {
-    loop {
-        let event = tokio::select! {
-            frame = pull.recv() => match frame {
-                Ok(frame) => match decode_frame(frame) {
-                    Ok(message) => Event::Message(message),
-                    // The spec: a frame the frontend cannot read is an engine failure.
-                    Err(reason) => Event::Failed(format!("undecodable frame: {reason}")),
-                },
-                Err(err) => Event::Lost(format!("output socket: {err}")),
-            },
-            // The fair queue reports the peer's EOF only after its last frame was
-            // returned, so no output is lost by stopping here.
-            () = disconnection(&mut monitor) => Event::Lost("engine core disconnected".into()),
-        };
-        let last = matches!(event, Event::Failed(_) | Event::Lost(_));
-        if events.send((generation, event)).is_err() || last {
-            return;
-        }
-    }
-}
-
-/// Resolves once process `pid` has exited: gone from /proc, or a zombie its parent has not reaped.
-async fn wait_for_process_exit(pid: u32) {
-    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
-    loop {
-        match std::fs::read_to_string(&stat) {
-            Ok(text) if !process_state_is_zombie(&text) => {}
-            _ => return,
-        }
-        tokio::time::sleep(PROCESS_POLL).await;
-    }
-}
-
-/// The state field of /proc/PID/stat follows the parenthesised command name, which may contain spaces.
-fn process_state_is_zombie(stat: &str) -> bool {
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state == "Z" || state == "X")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zombie_state_is_read_after_the_command_name() {
-        assert!(!process_state_is_zombie("42 (python3) S 1 42 42"));
-        assert!(process_state_is_zombie("42 (python3) Z 1 42 42"));
-        assert!(!process_state_is_zombie("42 (a) Z (b) S 1 2 3"));
-        assert!(!process_state_is_zombie("garbage"));
-    }
-
-    #[test]
-    fn only_ipc_and_loopback_tcp_are_accepted() {
-        for ok in [
-            "ipc:///tmp/sluice-1/input",
-            "tcp://127.0.0.1:5555",
-            "tcp://127.0.0.2:1",
-            "tcp://[::1]:5555",
-        ] {
-            assert_eq!(validate_address(ok), Ok(()), "{ok}");
-        }
-        for bad in [
-            "ipc://",
-            "tcp://0.0.0.0:5555",
-            "tcp://10.0.0.1:5555",
-            "tcp://localhost:5555",
-            "tcp://127.0.0.1",
-            "tcp://[::]:5555",
-            "inproc://x",
-            "udp://127.0.0.1:5555",
-            "",
-        ] {
-            assert_eq!(
-                validate_address(bad),
-                Err(EngineError::Address(bad.to_owned())),
-                "{bad}"
-            );
-        }
-    }
 }

@@ -167,7 +167,7 @@ fn pieces(text: &str, piece_bytes: usize) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::tokenizer_pool::{default_model_dir, load_default_model_tokenizer};
+    use crate::text::default_model::{default_model_dir, load_default_model_tokenizer};
 
     /// Varied text with every kind of place a cut could go wrong: runs of spaces, newlines,
     /// digits, punctuation, non-ASCII letters, emoji and special tokens.

@@ -167,33 +167,10 @@ fn run_worker(tokenizer: &Tokenizer, receiver: &Mutex<mpsc::Receiver<Job>>) {
     }
 }
 
-/// The default model's folder: `$SLUICE_MODEL_DIR`, else
-/// `$SLUICE_CACHE/models/SmolLM2-135M-Instruct`, else `~/.cache/sluice/models/...` (where
-/// `sluice model prepare` puts it). The tests of this crate and its integration tests read it.
-pub fn default_model_dir() -> std::path::PathBuf {
-    use std::path::PathBuf;
-    const MODEL: &str = "SmolLM2-135M-Instruct";
-    if let Some(dir) = std::env::var_os("SLUICE_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(cache) = std::env::var_os("SLUICE_CACHE") {
-        return PathBuf::from(cache).join("models").join(MODEL);
-    }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache/sluice/models").join(MODEL)
-}
-
-#[cfg(test)]
-pub(crate) fn load_default_model_tokenizer() -> Tokenizer {
-    let dir = default_model_dir();
-    load_tokenizer(&dir).unwrap_or_else(|error| {
-        panic!("{error} (set SLUICE_MODEL_DIR to the default model's folder)")
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::default_model::load_default_model_tokenizer;
 
     fn default_pool(workers: usize) -> TokenizerPool {
         TokenizerPool::new(Arc::new(load_default_model_tokenizer()), workers, 16, 0)

@@ -83,8 +83,8 @@ impl PromptTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache_aware::test_model_dir as model_dir;
     use serde_json::json;
+    use sluice_frontend::text::default_model::default_model_dir as model_dir;
 
     #[test]
     fn prompts_tokenize_as_the_frontend_sends_them() {

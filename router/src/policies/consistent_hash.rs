@@ -2,7 +2,7 @@ use std::collections::HashSet;
 use std::sync::RwLock;
 
 use super::LeastOutstanding;
-use crate::policy::{Candidate, Decision, Policy, ReplicaId, RouteReason, RouteRequest};
+use crate::policies::{Candidate, Decision, Policy, ReplicaId, RouteReason, RouteRequest};
 
 /// Points each replica takes on the ring: enough that keys split evenly and a removed replica's keys
 /// spread over all the others.

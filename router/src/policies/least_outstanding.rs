@@ -1,6 +1,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::policy::{Candidate, Decision, Policy, RouteReason, RouteRequest};
+use crate::policies::{Candidate, Decision, Policy, RouteReason, RouteRequest};
 
 /// The candidate with the fewest requests in flight; ties rotate, so an idle fleet is shared.
 #[derive(Default)]

@@ -1,6 +1,6 @@
 use rand::Rng;
 
-use crate::policy::{Candidate, Decision, Policy, RouteReason, RouteRequest};
+use crate::policies::{Candidate, Decision, Policy, RouteReason, RouteRequest};
 
 /// Two distinct candidates at random; the less loaded of the two.
 pub struct PowerOfTwo;

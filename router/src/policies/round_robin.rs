@@ -1,6 +1,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::policy::{Candidate, Decision, Policy, RouteReason, RouteRequest};
+use crate::policies::{Candidate, Decision, Policy, RouteReason, RouteRequest};
 
 /// Each candidate in turn.
 #[derive(Default)]

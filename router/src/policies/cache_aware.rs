@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::approx_tree::ApproxPrefixTree;
-use super::block_hash::{block_hashes, to_hex, BlockHash};
-use super::kv_index::KvIndex;
-use super::pending_blocks::PendingBlocks;
-use super::prompt_tokens::PromptTokenizer;
-use super::subscriber::{subscribe, Subscription};
-use crate::policy::{Candidate, Decision, Policy, ReplicaId, RouteReason, RouteRequest};
+use super::{Candidate, Decision, Policy, ReplicaId, RouteReason, RouteRequest};
+use crate::cache_aware::approx_tree::ApproxPrefixTree;
+use crate::cache_aware::block_hash::{block_hashes, to_hex, BlockHash};
+use crate::cache_aware::kv_index::KvIndex;
+use crate::cache_aware::pending_blocks::PendingBlocks;
+use crate::cache_aware::prompt_tokens::PromptTokenizer;
+use crate::cache_aware::subscriber::{subscribe, Subscription};
 
 /// Chunks of the approximate tree: the engine's default block size in tokens; in characters
 /// without a tokenizer (about 16 tokens of English).
@@ -323,8 +323,8 @@ fn prompt_text(path: &str, body: &Value) -> Option<String> {
 mod tests {
     use super::*;
     use crate::cache_aware::kv_index::Snapshot;
-    use crate::cache_aware::test_model_dir as model_dir;
     use serde_json::json;
+    use sluice_frontend::text::default_model::default_model_dir as model_dir;
 
     fn policy(model: bool) -> CacheAwarePolicy {
         policy_with_pending(model, Duration::ZERO)

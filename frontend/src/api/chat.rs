@@ -4,44 +4,56 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use bytes::BytesMut;
 
 use crate::api::error::ApiError;
-use crate::api::fan_out::{self, cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::generation::GenerationEndpoint;
+use crate::api::prepare;
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
-use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
-use crate::api::validate::{self, ValidRequest};
+use crate::api::valid_request::ValidRequest;
 use crate::schema::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
 };
-use crate::state::{AppState, Arrival};
+use crate::state::AppState;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::tool_call_stream::{read_whole, ToolCallStream};
 
-pub async fn create(
-    State(state): State<Arc<AppState>>,
-    body: Result<Json<ChatCompletionRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let arrival = Arrival::now();
-    let Json(request) = body?;
-    let request = validate::chat(&state, request).await?;
-    let choices = fan_out::start(&state, "chatcmpl", &request, arrival)?;
-    let prompt_tokens = request.prompt_tokens();
-    let response = if request.stream {
-        stream(choices, prompt_tokens, &request).await?
-    } else {
-        let header = choices.header.clone();
-        let results = choices.collect().await?;
-        Json(whole(header, results, prompt_tokens, &request)).into_response()
-    };
-    Ok(with_ignored_fields(response, &request.ignored_fields))
+/// The endpoint for `generation::create`.
+pub struct Chat;
+
+impl GenerationEndpoint for Chat {
+    type Request = ChatCompletionRequest;
+    type Answer = ChatCompletionResponse;
+    const ID_PREFIX: &'static str = "chatcmpl";
+
+    async fn prepare(
+        state: &AppState,
+        request: ChatCompletionRequest,
+    ) -> Result<ValidRequest, ApiError> {
+        prepare::chat(state, request).await
+    }
+
+    fn whole(
+        header: ResponseHeader,
+        results: Vec<ChoiceResult>,
+        prompt_tokens: u32,
+        request: &ValidRequest,
+    ) -> ChatCompletionResponse {
+        whole(header, results, prompt_tokens, request)
+    }
+
+    async fn stream(
+        choices: Choices,
+        prompt_tokens: u32,
+        request: &ValidRequest,
+    ) -> Result<Response, ApiError> {
+        stream(choices, prompt_tokens, request).await
+    }
 }
 
 impl ResponseHeader {
@@ -62,7 +74,7 @@ fn answer_role(request: &ValidRequest) -> &str {
     request
         .chat_role
         .as_deref()
-        .expect("validate::chat gives every chat request its answer's role")
+        .expect("prepare::chat gives every chat request its answer's role")
 }
 
 /// The finish reason of a choice that made calls: an output that ended by itself ended in them.

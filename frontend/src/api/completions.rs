@@ -3,43 +3,54 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 
-use crate::api::best_of;
 use crate::api::error::ApiError;
-use crate::api::fan_out::{self, cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::generation::GenerationEndpoint;
+use crate::api::prepare;
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
-use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
-use crate::api::validate::{self, ValidRequest};
+use crate::api::valid_request::ValidRequest;
 use crate::schema::openai::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
 };
-use crate::state::{AppState, Arrival};
+use crate::state::AppState;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;
 
-pub async fn create(
-    State(state): State<Arc<AppState>>,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let arrival = Arrival::now();
-    let Json(request) = body?;
-    let request = validate::completion(&state, request).await?;
-    let choices = fan_out::start(&state, "cmpl", &request, arrival)?;
-    let prompt_tokens = request.prompt_tokens();
-    let response = if request.stream {
-        stream(choices, prompt_tokens, &request).await?
-    } else {
-        let header = choices.header.clone();
-        let results = best_of::select(choices.collect().await?, request.best_of, request.n);
-        Json(whole(header, results, prompt_tokens, &request)).into_response()
-    };
-    Ok(with_ignored_fields(response, &request.ignored_fields))
+/// The endpoint for `generation::create`.
+pub struct Completions;
+
+impl GenerationEndpoint for Completions {
+    type Request = CompletionRequest;
+    type Answer = CompletionResponse;
+    const ID_PREFIX: &'static str = "cmpl";
+
+    async fn prepare(
+        state: &AppState,
+        request: CompletionRequest,
+    ) -> Result<ValidRequest, ApiError> {
+        prepare::completion(state, request).await
+    }
+
+    fn whole(
+        header: ResponseHeader,
+        results: Vec<ChoiceResult>,
+        prompt_tokens: u32,
+        request: &ValidRequest,
+    ) -> CompletionResponse {
+        whole(header, results, prompt_tokens, request)
+    }
+
+    async fn stream(
+        choices: Choices,
+        prompt_tokens: u32,
+        request: &ValidRequest,
+    ) -> Result<Response, ApiError> {
+        stream(choices, prompt_tokens, request).await
+    }
 }
 
 impl ResponseHeader {

@@ -9,7 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::api::admission;
 use crate::api::error::ApiError;
-use crate::api::validate::ValidRequest;
+use crate::api::valid_request::ValidRequest;
 use crate::engine::client::EngineClient;
 use crate::engine::protocol::AddRequest;
 use crate::metrics::RequestMetrics;

@@ -1,4 +1,5 @@
-//! The OpenAI-compatible HTTP API: routes, validation, fan-out and SSE framing (the wire types are
+//! The OpenAI-compatible HTTP API: routes, validation (`validate`'s field rules, `valid_request`'s typed
+//! values, `prepare`'s rendering and tokenizing), fan-out and SSE framing (the wire types are
 //! `crate::schema`'s).
 pub mod admission;
 pub mod auth;
@@ -8,8 +9,10 @@ pub mod completions;
 pub mod connections;
 pub mod error;
 pub mod fan_out;
+pub mod generation;
 pub mod openapi;
 pub mod playground;
+pub mod prepare;
 pub mod prompt_logprobs;
 pub mod request_body;
 pub mod request_fields;
@@ -19,4 +22,5 @@ pub mod structured_output;
 pub mod token_label;
 pub mod tokenize;
 pub mod tools;
+pub mod valid_request;
 pub mod validate;

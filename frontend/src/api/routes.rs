@@ -13,9 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use crate::api::chat::Chat;
+use crate::api::completions::Completions;
 use crate::api::error::ApiError;
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, chat, completions, connections, openapi, playground, tokenize, validate};
+use crate::api::{auth, connections, generation, openapi, playground, prepare, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::schema::openai::{ModelCard, ModelList};
 use crate::state::{unix_time, AppState};
@@ -27,8 +29,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         state.config.max_body_bytes_in_flight,
     ));
     Router::new()
-        .route("/v1/completions", post(completions::create))
-        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/completions", post(generation::create::<Completions>))
+        .route("/v1/chat/completions", post(generation::create::<Chat>))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
@@ -83,7 +85,7 @@ async fn model(
     State(state): State<Arc<AppState>>,
     Path(model): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    validate::check_model(&state, &model)?;
+    prepare::check_model(&state, &model)?;
     Ok(Json(model_card(&state)?))
 }
 

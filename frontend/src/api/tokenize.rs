@@ -9,7 +9,7 @@ use axum::Json;
 
 use crate::api::error::ApiError;
 use crate::api::request_fields::with_ignored_fields;
-use crate::api::{admission, validate};
+use crate::api::{admission, prepare, validate};
 use crate::schema::openai::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
@@ -21,7 +21,7 @@ pub async fn tokenize(
 ) -> Result<Response, ApiError> {
     let Json(request) = body?;
     // Validated first, as generation is: a request that can never succeed is a 400, not a 429.
-    let valid = validate::tokenize(&state, request).await?;
+    let valid = prepare::tokenize(&state, request).await?;
     let _waiting = admission::admit(&state, 1)?;
     let tokens = state
         .pool
@@ -60,7 +60,7 @@ async fn detokenized(
     request: DetokenizeRequest,
 ) -> Result<DetokenizeResponse, ApiError> {
     if let Some(model) = &request.model {
-        validate::check_model(state, model)?;
+        prepare::check_model(state, model)?;
     }
     validate::check_token_ids("tokens", &request.tokens, state.vocab_size)?;
     let _waiting = admission::admit(state, 1)?;

@@ -1,0 +1,436 @@
+//! Preparing a request for the engine, once its fields are valid: the chat template and tools
+//! rendered, the prompts tokenized and truncated, admission, and each prompt's token budget. One
+//! entry point per endpoint ([`completion`], [`chat`], [`tokenize`]) returns a typed, complete
+//! request; the field rules are `validate`'s, the typed values `valid_request`'s.
+
+use futures::future::try_join_all;
+
+use crate::api::admission;
+use crate::api::error::ApiError;
+use crate::api::request_fields::{self, Endpoint};
+use crate::api::tools::{self, ValidTools};
+use crate::api::valid_request::{
+    check_chat_fields, check_completion_fields, ValidPrompt, ValidRequest,
+};
+use crate::api::validate::{
+    chat_ending, check_messages, check_model_name, check_priority, check_prompt_not_empty,
+    check_token_ids, effective_max_tokens, out_of_range, template_kwargs, truncated_prompt,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+};
+use crate::schema::openai::{
+    ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, TokenizeRequest,
+};
+use crate::schema::openai_tools::Tool;
+use crate::state::AppState;
+use crate::text::chat_template::{continue_final_message, message_text, ChatTemplateError};
+use crate::text::tool_prompt;
+
+pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    check_model_name(model, &state.config.served_model_name)
+}
+
+/// `POST /v1/completions`: text prompts tokenized (with special tokens), token prompts checked.
+pub async fn completion(
+    state: &AppState,
+    request: CompletionRequest,
+) -> Result<ValidRequest, ApiError> {
+    check_model(state, &request.model)?;
+    let mut sampling = check_completion_fields(&request, state.vocab_size)?;
+    check_priority(
+        request.sampling.priority.unwrap_or(0),
+        state.config.scheduling_policy,
+    )?;
+    let ignored_fields = sampling.ignored_fields(Endpoint::Completions, &request.other_fields)?;
+    // Before any prompt is tokenized: a request that can never be admitted is refused at once.
+    admission::check_fits(
+        state,
+        admission::prompt_count(&request.prompt) * sampling.best_of as usize,
+    )?;
+    sampling.tokenize_bad_words(state).await?;
+    let echo = request.echo.unwrap_or(false);
+    let max_model_len = state.max_model_len()?;
+    let add_special_tokens = request.add_special_tokens.unwrap_or(true);
+    let inputs = prompt_inputs(state, request.prompt.clone(), add_special_tokens).await?;
+    if inputs.is_empty() {
+        check_prompt_not_empty(&[])?;
+    }
+    let mut prompts = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        check_prompt_not_empty(&input.ids)?;
+        check_token_ids("prompt", &input.ids, state.vocab_size)?;
+        let (ids, cut) = truncated_prompt(
+            input.ids,
+            request.sampling.truncate_prompt_tokens,
+            max_model_len,
+        )?;
+        let max_tokens = effective_max_tokens(
+            ids.len(),
+            request.sampling.max_tokens,
+            Some(DEFAULT_COMPLETION_MAX_TOKENS),
+            max_model_len,
+        )?;
+        // A cut prompt echoes what the model saw.
+        let echo = match (echo, input.text) {
+            (false, _) => None,
+            (true, Some(text)) if !cut => Some(text),
+            (true, _) => Some(state.pool.decode(ids.clone(), true).await?),
+        };
+        prompts.push(ValidPrompt {
+            token_ids: ids,
+            echo,
+            params: sampling.params(max_tokens),
+        });
+    }
+    Ok(sampling.response(request.model.clone(), prompts, ignored_fields))
+}
+
+/// A prompt as token ids, with its text when the client sent text.
+struct PromptInput {
+    ids: Vec<u32>,
+    text: Option<String>,
+}
+
+async fn prompt_inputs(
+    state: &AppState,
+    prompt: Prompt,
+    add_special_tokens: bool,
+) -> Result<Vec<PromptInput>, ApiError> {
+    let texts = match prompt {
+        Prompt::Text(text) => vec![text],
+        Prompt::Texts(texts) => texts,
+        Prompt::Tokens(ids) => return Ok(vec![PromptInput { ids, text: None }]),
+        Prompt::TokenLists(lists) => {
+            return Ok(lists
+                .into_iter()
+                .map(|ids| PromptInput { ids, text: None })
+                .collect())
+        }
+    };
+    try_join_all(texts.into_iter().map(|text| async move {
+        let ids = state.pool.encode(text.clone(), add_special_tokens).await?;
+        Ok::<_, ApiError>(PromptInput {
+            ids,
+            text: Some(text),
+        })
+    }))
+    .await
+}
+
+/// `POST /v1/chat/completions`: the messages rendered with the chat template, then tokenized.
+pub async fn chat(
+    state: &AppState,
+    request: ChatCompletionRequest,
+) -> Result<ValidRequest, ApiError> {
+    check_model(state, &request.model)?;
+    check_messages(&request.messages)?;
+    let (mut sampling, max_tokens) = check_chat_fields(&request, state.vocab_size)?;
+    check_priority(
+        request.sampling.priority.unwrap_or(0),
+        state.config.scheduling_policy,
+    )?;
+    let kwargs = template_kwargs(
+        request.chat_template_kwargs.as_ref(),
+        request.reasoning_effort.as_ref(),
+    )?;
+    let ignored_fields = sampling.ignored_fields(Endpoint::Chat, &request.other_fields)?;
+    let ValidTools {
+        rendered,
+        reader,
+        structured_output: forced_tool_call,
+    } = tools::check_tools(&request, state.tool_call_parser.clone())?;
+    if let (Some(_), Some(constraint)) = (&forced_tool_call, &sampling.structured_output) {
+        return Err(out_of_range(
+            "tool_choice",
+            format!(
+                "a required or named tool_choice is forced with structured output, so it cannot \
+                 be combined with {}",
+                constraint.field
+            ),
+        ));
+    }
+    sampling.tokenize_bad_words(state).await?;
+    let max_model_len = state.max_model_len()?;
+    let (add_generation_prompt, _) = chat_ending(
+        request.add_generation_prompt,
+        request.continue_final_message,
+    )?;
+    let role = chat_answer_role(&request.messages, add_generation_prompt);
+    let echo = chat_echo(&request, &role)?;
+    let text = chat_text(
+        state,
+        request.messages.clone(),
+        request.add_generation_prompt,
+        request.continue_final_message,
+        kwargs,
+        rendered,
+        request.chat_template.clone(),
+    )
+    .await?;
+    // By default none: the template already wrote the special tokens.
+    let add_special_tokens = request.add_special_tokens.unwrap_or(false);
+    let token_ids = state.pool.encode(text, add_special_tokens).await?;
+    check_prompt_not_empty(&token_ids)?;
+    let (token_ids, _) = truncated_prompt(
+        token_ids,
+        request.sampling.truncate_prompt_tokens,
+        max_model_len,
+    )?;
+    let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
+    let mut params = sampling.params(max_tokens);
+    let forced = forced_tool_call.is_some();
+    if forced_tool_call.is_some() {
+        params.structured_output = forced_tool_call;
+    }
+    let prompt = ValidPrompt {
+        token_ids,
+        echo,
+        params,
+    };
+    let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
+    valid.tool_calls = reader;
+    valid.chat_role = Some(role);
+    if forced {
+        // A forced call's schema is the tools' parameters: a schema that cannot compile is theirs.
+        valid.structured_output_field = Some("tools");
+    }
+    Ok(valid)
+}
+
+/// The role of a chat answer, as vLLM gives it: a generation prompt starts the assistant's turn;
+/// without one the answer goes on with the final message, so it has that message's role.
+fn chat_answer_role(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    match messages.last() {
+        Some(last) if !add_generation_prompt => last.role.clone(),
+        _ => "assistant".into(),
+    }
+}
+
+/// Chat's `echo`, as vLLM's: the final message's text leads every choice's content when that
+/// message has the role the answer has (`role`); otherwise there is nothing to echo.
+fn chat_echo(request: &ChatCompletionRequest, role: &str) -> Result<Option<String>, ApiError> {
+    let Some(last) = request.messages.last() else {
+        return Ok(None);
+    };
+    if request.echo != Some(true) || last.role != role {
+        return Ok(None);
+    }
+    let text = message_text(last).map_err(|error| ApiError::InvalidParameter {
+        param: "messages",
+        message: error.to_string(),
+    })?;
+    Ok(Some(text.into_owned()))
+}
+
+/// A `/tokenize` request that passed validation: the text to encode, complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidTokenize {
+    /// The prompt, or the messages rendered with the chat template.
+    pub text: String,
+    pub add_special_tokens: bool,
+    pub return_token_strs: bool,
+    pub ignored_fields: Vec<String>,
+}
+
+/// `POST /tokenize` (vLLM's): a prompt, or messages rendered as chat renders them, so that the
+/// count is the chat request's prompt length.
+pub async fn tokenize(
+    state: &AppState,
+    request: TokenizeRequest,
+) -> Result<ValidTokenize, ApiError> {
+    if let Some(model) = &request.model {
+        check_model(state, model)?;
+    }
+    let ignored_fields =
+        request_fields::ignored_fields(Endpoint::Tokenize, &request.other_fields, [])?;
+    let chat_only = [
+        (
+            "add_generation_prompt",
+            request.add_generation_prompt.is_some(),
+        ),
+        (
+            "continue_final_message",
+            request.continue_final_message.is_some(),
+        ),
+        (
+            "chat_template_kwargs",
+            request.chat_template_kwargs.is_some(),
+        ),
+        ("chat_template", request.chat_template.is_some()),
+        ("tools", request.tools.is_some()),
+    ];
+    let (text, add_special_tokens) = match (request.prompt, request.messages) {
+        (Some(prompt), None) => {
+            if let Some((param, _)) = chat_only.iter().find(|(_, given)| *given) {
+                return Err(ApiError::InvalidParameter {
+                    param,
+                    message: format!("{param} applies to messages, not to a prompt"),
+                });
+            }
+            (prompt, request.add_special_tokens.unwrap_or(true))
+        }
+        (None, Some(messages)) => {
+            check_messages(&messages)?;
+            let tools = request.tools.filter(|tools| !tools.is_empty());
+            if let Some(tools) = &tools {
+                tools::check_tool_definitions(tools)?;
+            }
+            let kwargs = template_kwargs(request.chat_template_kwargs.as_ref(), None)?;
+            let text = chat_text(
+                state,
+                messages,
+                request.add_generation_prompt,
+                request.continue_final_message,
+                kwargs,
+                tools,
+                request.chat_template,
+            )
+            .await?;
+            // The template already wrote the special tokens.
+            (text, request.add_special_tokens.unwrap_or(false))
+        }
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give exactly one of `prompt` and `messages`".into(),
+            ))
+        }
+    };
+    Ok(ValidTokenize {
+        text,
+        add_special_tokens,
+        return_token_strs: request.return_token_strs.unwrap_or(false),
+        ignored_fields,
+    })
+}
+
+/// Renders checked `messages` (and `tools`) with the model's chat template, given the extra
+/// variables `kwargs`, on the tokenizer pool, ending as the request's `add_generation_prompt` and
+/// `continue_final_message` (`continue_final`) ask (see `chat_ending`). A template without tools gets them, and the
+/// history's calls, as Hermes-style text.
+pub async fn chat_text(
+    state: &AppState,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: Option<bool>,
+    continue_final: Option<bool>,
+    kwargs: serde_json::Map<String, serde_json::Value>,
+    tools: Option<Vec<Tool>>,
+    request_template: Option<String>,
+) -> Result<String, ApiError> {
+    let (add_generation_prompt, continue_final) =
+        chat_ending(add_generation_prompt, continue_final)?;
+    check_request_template(state, request_template.as_deref())?;
+    let model_template = state.chat_template.clone().ok_or_else(|| {
+        ApiError::InvalidRequest("this model has no chat template; use /v1/completions".into())
+    })?;
+    // What fails in the request's own template is that field's fault.
+    let faulty_param = if request_template.is_some() {
+        "chat_template"
+    } else {
+        "messages"
+    };
+    state
+        .pool
+        .run(move |_| {
+            let own;
+            let template = match request_template {
+                Some(source) => {
+                    own = model_template.for_request(source)?;
+                    &own
+                }
+                None => model_template.as_ref(),
+            };
+            let mut kwargs = kwargs;
+            let rendered = if template.uses_tools() {
+                // The request's tools win over a template variable of the same name.
+                if let Some(tools) = tools {
+                    kwargs.insert(
+                        "tools".into(),
+                        serde_json::to_value(tools).expect("tools always serialize"),
+                    );
+                }
+                template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)?
+            } else {
+                let messages = tool_prompt::plain_template_messages(&messages, tools.as_deref());
+                template.render_with_kwargs(&messages, add_generation_prompt, &kwargs)?
+            };
+            if continue_final {
+                continue_final_message(rendered, &messages)
+            } else {
+                Ok(rendered)
+            }
+        })
+        .await?
+        .map_err(|error| match error {
+            ChatTemplateError::Syntax(_) => ApiError::InvalidParameter {
+                param: "chat_template",
+                message: error.to_string(),
+            },
+            _ if error.is_request_error() => ApiError::InvalidParameter {
+                param: faulty_param,
+                message: error.to_string(),
+            },
+            _ => ApiError::Internal(error.to_string()),
+        })
+}
+
+/// vLLM's rule: a request may bring its own chat template only to a server that trusts them
+/// (`--trust-request-chat-template`), since a template is code that runs on the server.
+fn check_request_template(state: &AppState, template: Option<&str>) -> Result<(), ApiError> {
+    if template.is_none() || state.config.trust_request_chat_template {
+        return Ok(());
+    }
+    Err(ApiError::InvalidParameter {
+        param: "chat_template",
+        message: "a request's own chat_template is refused unless the server runs with \
+                  --trust-request-chat-template; chat_template_kwargs sets the model template's \
+                  variables"
+            .into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::validate::tests::param_of;
+
+    #[test]
+    fn chat_echo_is_the_final_assistant_text_only() {
+        let chat = |body: serde_json::Value| -> ChatCompletionRequest {
+            serde_json::from_value(body).unwrap()
+        };
+        let user = serde_json::json!({"role": "user", "content": "Hi"});
+        let answer = serde_json::json!({"role": "assistant", "content": [
+            {"type": "text", "text": "The answer"}, {"type": "text", "text": "is"}]});
+        let echoed =
+            chat(serde_json::json!({"model": "m", "messages": [user, answer], "echo": true}));
+        assert_eq!(
+            chat_echo(&echoed, "assistant"),
+            Ok(Some("The answer\nis".to_owned()))
+        );
+        let unasked = chat(serde_json::json!({"model": "m", "messages": [user, answer]}));
+        assert_eq!(chat_echo(&unasked, "assistant"), Ok(None));
+        let after_user =
+            chat(serde_json::json!({"model": "m", "messages": [answer, user], "echo": true}));
+        assert_eq!(chat_echo(&after_user, "assistant"), Ok(None));
+        // Without a generation prompt the answer goes on as the user: the user's text is echoed.
+        assert_eq!(chat_echo(&after_user, "user"), Ok(Some("Hi".to_owned())));
+        let bad_part = serde_json::json!({"role": "assistant", "content": [{"type": "image_url"}]});
+        let refused =
+            chat(serde_json::json!({"model": "m", "messages": [user, bad_part], "echo": true}));
+        assert_eq!(param_of(chat_echo(&refused, "assistant")), "messages");
+    }
+
+    #[test]
+    fn the_answer_is_the_assistants_unless_it_goes_on_with_the_final_message() {
+        let message = |role: &str| -> ChatMessage {
+            serde_json::from_value(serde_json::json!({"role": role, "content": "x"})).unwrap()
+        };
+        let history = [message("system"), message("user")];
+        assert_eq!(chat_answer_role(&history, true), "assistant");
+        assert_eq!(chat_answer_role(&history, false), "user");
+        assert_eq!(
+            chat_answer_role(&[message("assistant")], false),
+            "assistant"
+        );
+        assert_eq!(chat_answer_role(&[message("tool")], false), "tool");
+    }
+}

@@ -17,14 +17,10 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from sluice.cpu_tiers import CPU_ISA_CHOICES
 from worker.attention.backend import AttentionMetadata

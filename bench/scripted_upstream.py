@@ -1,4 +1,4 @@
-"""tests/scripted_openai_server.py as a process of its own, for timing what sits in front of it.
+"""tests/support/scripted_openai_server.py as a process of its own, for timing what sits in front of it.
 
 Every streamed request gets its first token after --ttft seconds and the next ones --itl seconds
 apart, so whatever a router adds shows against a known baseline. Prints `url: URL` once it
@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
 from scripted_openai_server import Script, ScriptedServer
 

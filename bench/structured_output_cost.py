@@ -1,7 +1,7 @@
 """The throughput cost of structured output: JSON-schema-constrained chat requests against plain ones
 that make the same number of tokens, in one run.
 
-Each round sends 16 concurrent requests constrained by tests/structured_schemas.py's schemas, then
+Each round sends 16 concurrent requests constrained by tests/support/structured_schemas.py's schemas, then
 the same 16 prompts unconstrained, each with max_tokens set to the token count its constrained twin
 made and ignore_eos, so that both batches have the same shape and only the constraint differs;
 a round's throughput is its completion tokens over its wall time. Servers, one after another:
@@ -29,7 +29,7 @@ from typing import Any
 from harness import log
 from servers import Server, start_sluice
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from structured_schemas import SCHEMAS
 
 CONCURRENCY = 16

@@ -1,5 +1,6 @@
 """Fixtures shared across the suite: the default model folder, transformers references, and the CPU
-kernel tiers this machine runs (every kernel test runs at each of them)."""
+kernel library of each tier this machine runs (every kernel test runs at each of them). Each test is
+marked with its layer, the folder it sits in (tests/README.md), so that `-m unit` runs tests/unit/."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from sluice.cpu_tiers import NO_TIER, cpu_flags, host_arch, runnable_tiers
+from tiers import KERNEL_TIERS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-WORKLOADS = Path(__file__).resolve().parents[1] / "bench" / "workloads"
+TESTS = Path(__file__).resolve().parent
+WORKLOADS = TESTS.parent / "bench" / "workloads"
+# The folders of tests/, one a layer, each its marker (registered in pyproject.toml).
+LAYERS = ("unit", "kernels", "engine", "e2e", "golden")
 
-# The kernel tiers this CPU executes, best first (sluice/cpu_tiers.py): an AVX-512 BF16 machine runs
-# avx512bf16, avx512 and avx2; a Zen 3 avx2 alone. "none" (torch's own ops) runs everywhere.
-KERNEL_TIERS = [tier.name for tier in runnable_tiers(host_arch(), cpu_flags())]
-ALL_TIERS = [*KERNEL_TIERS, NO_TIER]
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.path.is_relative_to(TESTS):
+            continue
+        layer = item.path.relative_to(TESTS).parts[0]
+        if layer not in LAYERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of the layers' folders {LAYERS}")
+        item.add_marker(layer)
 
 
 @pytest.fixture(scope="session")
@@ -32,11 +41,6 @@ def default_model_path() -> Path:
 @pytest.fixture(scope="session")
 def w1_prompts() -> list[list[int]]:
     return json.loads((WORKLOADS / "w1_prompts.json").read_text())["prompts"]
-
-
-# New tokens in fp32_mixed_reference: a test that needs fewer compares a prefix (greedy tokens do not
-# depend on how many follow).
-MIXED_REFERENCE_TOKENS = 32
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +56,7 @@ def fp32_mixed_reference(default_model_path: Path, mixed_prompts: list[list[int]
     computed once for every module that compares with them (about a minute on two cores)."""
     import torch
 
-    from hf_reference import hf_greedy, load_hf_model
+    from hf_reference import MIXED_REFERENCE_TOKENS, hf_greedy, load_hf_model
 
     model = load_hf_model(default_model_path, torch.float32)
     return [hf_greedy(model, p, MIXED_REFERENCE_TOKENS) for p in mixed_prompts]

@@ -11,7 +11,6 @@ from collections import deque
 from typing import Any
 
 from engine.block_pool_audit import BlockPoolAudit, audit_block_pool
-from engine.engine_core_output import EngineCoreOutput
 from engine.executor import make_executor
 from engine.kv_events_publisher import KVEventPublisher
 from engine.request import Request
@@ -21,7 +20,7 @@ from engine.structured_output import GrammarTokenizer, batch_bitmask, mask_words
 from sluice.config import SluiceConfig, steps_in_flight
 from sluice.config_checks import check_engine_config
 from sluice.errors import WorkerDiedError
-from sluice.frontend_seam import EngineStats
+from sluice.frontend_seam import EngineOutput, EngineStats
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
 from sluice.step_timing import PhaseTimes
@@ -97,7 +96,7 @@ class EngineCore:
             prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids, cache_salt
         )
 
-    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+    def abort_requests(self, request_ids: list[str]) -> list[EngineOutput]:
         """End the requests now and free their blocks; one "abort" output per request that was live."""
         return self.scheduler.abort_requests(request_ids)
 
@@ -111,7 +110,7 @@ class EngineCore:
         """Requests to run, or a step in flight whose output must still be collected."""
         return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
-    def step(self) -> list[EngineCoreOutput]:
+    def step(self) -> list[EngineOutput]:
         """Fill the batch queue, then collect the oldest step and fold its tokens into the requests."""
         timer = self.timer
         while len(self.batch_queue) < self.max_in_flight:

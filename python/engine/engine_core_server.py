@@ -286,8 +286,7 @@ class EngineCoreServer:
             self._add_request(message)
         elif isinstance(message, Abort):
             # The scheduler's abort reports one "abort" output per live request and frees its blocks.
-            for core_output in self.engine.abort_requests(message.request_ids):
-                self.pending.append(_to_wire_output(core_output))
+            self.pending.extend(self.engine.abort_requests(message.request_ids))
         elif isinstance(message, UtilityCall):
             self._send_blocking(self._utility_result(message))
         else:
@@ -346,7 +345,7 @@ class EngineCoreServer:
             return False
         stats = self._stats()
         if core_outputs or stats != self.last_stats:
-            self._send_outputs([_to_wire_output(o) for o in core_outputs], stats)
+            self._send_outputs(core_outputs, stats)
         return True
 
     def _send_outputs(self, outputs: list[EngineOutput], stats: EngineStats | None = None) -> None:
@@ -372,21 +371,6 @@ class EngineCoreServer:
             self.output.send(encode(message), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             logger.error("could not report %d failed requests: %s", len(outputs), exc)
-
-
-def _to_wire_output(core_output: Any) -> EngineOutput:
-    return EngineOutput(
-        request_id=core_output.request_id,
-        new_token_ids=core_output.new_token_ids,
-        new_logprobs=core_output.new_logprobs,
-        finish_reason=core_output.finish_reason,
-        stop_reason=core_output.stop_reason,
-        num_cached_tokens=core_output.num_cached_tokens,
-        error=core_output.error,
-        first_scheduled_time=core_output.first_scheduled_time,
-        invalid_param=core_output.invalid_param,
-        prompt_logprobs=core_output.prompt_logprobs,
-    )
 
 
 def _error_output(request_id: str, reason: str, invalid_param: str | None = None) -> EngineOutput:

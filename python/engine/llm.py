@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from engine.engine_core import EngineCore
-from engine.engine_core_output import EngineCoreOutput
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from sluice.config import (
     CacheConfig,
@@ -25,6 +24,7 @@ from sluice.config import (
     SpeculativeConfig,
 )
 from sluice.errors import InvalidRequestError
+from sluice.frontend_seam import EngineOutput
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs
 
@@ -306,7 +306,7 @@ class LLM:
             "a prompt must be a string, {'prompt': str} or {'prompt_token_ids': [...]}", param="prompt"
         )
 
-    def _absorb(self, child: _Child, core_output: EngineCoreOutput) -> None:
+    def _absorb(self, child: _Child, core_output: EngineOutput) -> None:
         out = child.output
         kept = 0
         for token_id in core_output.new_token_ids:

@@ -22,12 +22,11 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from engine.engine_core_output import EngineCoreOutput
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.speculation import Speculator
 from sluice.config import CacheConfig, SchedulerConfig, SpeculativeConfig
-from sluice.frontend_seam import ITERATION_TOKENS_BOUNDS, EngineStats
+from sluice.frontend_seam import ITERATION_TOKENS_BOUNDS, EngineOutput, EngineStats
 from sluice.sampling_params import params_to_wire
 from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -335,9 +334,9 @@ class Scheduler:
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
+    ) -> list[EngineOutput]:
         """Append the sampled tokens, end the requests that hit a stop, report what changed."""
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineOutput] = []
         finished: set[str] = set()
         self.num_eager_fallbacks = model_runner_output.num_eager_fallbacks
         prompt_chunks = model_runner_output.prompt_logprobs or [None] * len(model_runner_output.req_ids)
@@ -380,7 +379,7 @@ class Scheduler:
                 finished.add(request_id)
                 self._finish(request)
             outputs.append(
-                EngineCoreOutput(
+                EngineOutput(
                     request_id=request_id,
                     new_token_ids=new_token_ids,
                     new_logprobs=[logprobs] if logprobs is not None else None,
@@ -426,7 +425,7 @@ class Scheduler:
             if request.request_id in self.preempted_req_ids:
                 self.preempted_req_ids.remove(request.request_id)
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineOutput]:
         """End the requests now and free their blocks; unknown or already-finished ids are ignored."""
         outputs = []
         aborted_running: set[str] = set()
@@ -442,7 +441,7 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_ABORTED
             self._finish(request)
             outputs.append(
-                EngineCoreOutput(
+                EngineOutput(
                     request_id=request_id,
                     new_token_ids=[],
                     finish_reason="abort",

@@ -40,7 +40,7 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from sluice.serve import serve
+    from sluice.serve.run import serve
 
     sys.exit(serve(args))
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="serve MODEL over an OpenAI-compatible HTTP API (the Rust frontend and the engine core)"
     )
-    from sluice.serve import add_serve_arguments
+    from sluice.serve.flags import add_serve_arguments
 
     add_serve_arguments(serve)
     serve.set_defaults(run=_serve)

@@ -13,7 +13,7 @@ GOMP_SPINCOUNT in the environment of each worker process, and of `sluice serve`'
 its caller's). libgomp's default spins 300,000 times at every barrier: on a host whose frontend,
 engine core and clients share the cores with the worker, a thread that waits for its descheduled
 partner keeps its core from the very process that would let the partner run. Served W3 measured
-about 1.1x the throughput at 3,000 to 30,000 spins (bench/README.md).
+about 1.1x the throughput at 3,000 to 30,000 spins (docs/perf-history.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""Our Llama-family model against transformers on the same folders, over a paged KV cache, with the
+layer ops of every CPU kernel tier this machine runs and of none (torch's own ops)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from paged_sequences import PagedSequences
+from sluice.errors import UnsupportedArchitectureError
+from sluice.model_spec import read_model_spec
+from tiers import ALL_TIERS
+from tiny_models import tiny_model_dir
+from worker.attention.torch_backend import TorchAttentionBackend
+from worker.model_loader import WeightLoadError, load_model
+from worker.models.llama import LlamaForCausalLM
+from worker.models.rotary import inverse_frequencies, rope_parameters_of
+from worker.native_ops import use_cpu_isa
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
+
+
+def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    return load_model(read_model_spec(folder), dtype, torch.device("cpu"), TorchAttentionBackend())
+
+
+@functools.cache
+def _transformers_model(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+
+
+def _reference_logits(
+    folder: Path, seqs: list[list[int]], dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
+    hf = _transformers_model(folder, dtype)
+    with torch.inference_mode():
+        return [hf(torch.tensor([s])).logits[0].float() for s in seqs]
+
+
+def _random_sequences(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def _assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    scale = ref.abs().max().item()
+    assert (ours - ref).abs().max().item() <= 2e-5 * max(scale, 1.0)
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.fixture(scope="module", params=ALL_TIERS)
+def models(
+    request: pytest.FixtureRequest, default_model_path: Path
+) -> Iterator[dict[str, tuple[Path, LlamaForCausalLM]]]:
+    use_cpu_isa(request.param)
+    loaded = {}
+    for arch in ARCHS:
+        folder = default_model_path if arch == "default" else tiny_model_dir(arch)
+        loaded[arch] = (folder, _ours(folder))
+    yield loaded
+    use_cpu_isa("auto")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flattened_batch_matches_transformers(arch: str, models: dict) -> None:
+    folder, model = models[arch]
+    seqs = _random_sequences(model.embed_tokens.weight.shape[0], [5, 40, 17], seed=1)
+    logits = PagedSequences(model, seqs).step([len(s) for s in seqs])
+    reference = _reference_logits(folder, seqs)
+    _assert_close(logits, torch.cat(reference))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_step_reads_prefilled_cache(arch: str, models: dict) -> None:
+    folder, model = models[arch]
+    seqs = _random_sequences(model.embed_tokens.weight.shape[0], [33, 16, 9], seed=2)
+    batch = PagedSequences(model, seqs, seed=3)
+    batch.step([32, 15, 5])
+    # A mixed step: two single-token decodes around a 4-token prefill chunk.
+    logits = batch.step([1, 1, 4])
+    reference = _reference_logits(folder, seqs)
+    _assert_close(logits, torch.cat([reference[0][-1:], reference[1][-1:], reference[2][-4:]]))
+
+
+def test_bfloat16_tracks_transformers() -> None:
+    folder = tiny_model_dir("qwen3", "bfloat16")
+    seqs = _random_sequences(320, [24, 7], seed=4)
+    logits = PagedSequences(_ours(folder, torch.bfloat16), seqs).step([24, 7])
+    reference = torch.cat(_reference_logits(folder, seqs, torch.bfloat16))
+    assert (logits - reference).abs().max().item() <= 0.02 * reference.abs().max().item()
+    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean().item() >= 0.9
+
+
+def test_sharded_checkpoint_loads_the_same(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_dir("qwen2")
+    AutoModelForCausalLM.from_pretrained(folder).save_pretrained(tmp_path, max_shard_size="40KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    seqs = _random_sequences(320, [10], seed=5)
+    sharded = PagedSequences(_ours(tmp_path), seqs).step([10])
+    assert torch.equal(sharded, PagedSequences(_ours(folder), seqs).step([10]))
+
+
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    shutil.copytree(tiny_model_dir("mistral"), tmp_path, dirs_exist_ok=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
+        _ours(tmp_path)
+
+
+def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) -> None:
+    shutil.copytree(tiny_model_dir("mistral"), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["sliding_window"] = 128
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="sliding"):
+        _ours(tmp_path)
+    spec = read_model_spec(tmp_path)
+    model = load_model(spec, torch.float32, torch.device("cpu"), TorchAttentionBackend(), max_model_len=128)
+    assert model.architecture == "MistralForCausalLM"
+
+
+def test_rope_settings_read_from_either_config_layout() -> None:
+    scaling = {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    new = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **scaling}}
+    old = {"rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **scaling}}
+    a = inverse_frequencies(rope_parameters_of(new), 64, 256)
+    b = inverse_frequencies(rope_parameters_of(old), 64, 256)
+    plain = inverse_frequencies(rope_parameters_of({"rope_theta": 500000.0}), 64, 256)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, plain)
+    assert torch.equal(a[:3], plain[:3])

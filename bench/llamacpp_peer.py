@@ -2,8 +2,8 @@
 GGUF files converted from the same Hugging Face folders Sluice loads, and each tool's figure parsed.
 
 The folder (--llamacpp-dir, or $SLUICE_BENCH_LLAMACPP_DIR) holds src/ (the llama.cpp sources that the
-llama-cpp-python sdist vendors) and llama.cpp-MODE/bin/ (the tools, MODE native or avx2). GGUF files are
-written once into DIR/gguf/ by llama.cpp's own convert_hf_to_gguf.py, run with this venv's Python (it
+llama-cpp-python sdist vendors) and llama.cpp-<MODE>/bin/ (the tools, MODE native or avx2). GGUF files are
+written once into <DIR>/gguf/ by llama.cpp's own convert_hf_to_gguf.py, run with this venv's Python (it
 has torch and transformers), the sources' gguf-py and DIR/gguf-deps, where the converter's own imports go:
   pip install --target DIR/gguf-deps sentencepiece protobuf
 """

@@ -1,6 +1,6 @@
 // Checks one kernel library (any tier, any architecture) through its C ABI against plain scalar
 // references, with no torch and no Python: the test suite runs it natively for every tier this CPU
-// runs, and for the aarch64 build under qemu-user (tests/test_kernel_build.py).
+// runs, and for the aarch64 build under qemu-user (tests/kernels/test_kernel_build.py).
 //   kernel_check LIBRARY        prints one line per group of checks; exit status 0 only if all pass.
 #include <dlfcn.h>
 

@@ -1,6 +1,7 @@
 // Builds the playground into dist/ (or the folder given as --outdir DIR): index.html, playground.js
-// and playground.css, which sluice-frontend embeds with include_bytes!. dist/ is committed, so that
-// building the frontend needs no Node.js; tests/test_playground_bundle.py checks it is up to date.
+// and playground.css, which sluice-common's playground.rs embeds with include_bytes! (the frontend and
+// the router serve it). dist/ is committed, so that building them needs no Node.js;
+// tests/e2e/test_playground_bundle.py checks it is up to date.
 import { copyFile, mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";

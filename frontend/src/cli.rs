@@ -5,14 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::auth::load_api_key;
-use crate::api::connections::{self, ConnectionLimits};
 use crate::api::routes;
 use crate::engine::client_config::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
-use crate::text::piecewise_encoder::DEFAULT_PIECE_BYTES;
 use clap::Parser;
+use sluice_common::auth::load_api_key;
+use sluice_common::connections::{self, ConnectionLimits};
+use sluice_common::text::piecewise_encoder::DEFAULT_PIECE_BYTES;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 

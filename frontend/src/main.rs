@@ -1,5 +1,5 @@
 //! The `sluice-frontend` binary: one replica's OpenAI-compatible HTTP server.
 fn main() -> std::process::ExitCode {
-    sluice_frontend::allocator::keep_large_blocks_unpooled();
+    sluice_common::allocator::keep_large_blocks_unpooled();
     sluice_frontend::cli::main()
 }

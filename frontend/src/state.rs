@@ -14,9 +14,10 @@ use crate::engine::client_config::EngineClientConfig;
 use crate::engine::error::EngineError;
 use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
-use crate::text::chat_template::{ChatTemplate, ChatTemplateError};
-use crate::text::tokenizer_pool::{load_tokenizer, TokenizerPool, TokenizerPoolError};
+use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 use crate::text::tool_parsers::{serving_parser, ToolCallParser};
+use sluice_common::text::chat_template::{ChatTemplate, ChatTemplateError};
+use sluice_common::text::tokenizer_file::load_tokenizer;
 
 /// Jobs that may wait for a tokenizer worker before callers wait in turn.
 const TOKENIZER_QUEUE_DEPTH: usize = 1024;
@@ -93,7 +94,7 @@ pub struct EngineNotReady;
 impl AppState {
     /// Loads the tokenizer and chat template of `config.model_dir`.
     pub fn load(config: ServerConfig) -> Result<Self, StartupError> {
-        let tokenizer = load_tokenizer(&config.model_dir)?;
+        let tokenizer = load_tokenizer(&config.model_dir).map_err(TokenizerPoolError::from)?;
         let vocab_size = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
         let chat_template = match ChatTemplate::from_model_dir(&config.model_dir) {
             Ok(template) => Some(Arc::new(template)),

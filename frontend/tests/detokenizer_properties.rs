@@ -5,9 +5,9 @@
 use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
-use sluice_frontend::text::default_model::default_model_dir;
+use sluice_common::text::default_model::default_model_dir;
+use sluice_common::text::tokenizer_file::load_tokenizer;
 use sluice_frontend::text::detokenizer::IncrementalDetokenizer;
-use sluice_frontend::text::tokenizer_pool::load_tokenizer;
 use tokenizers::Tokenizer;
 
 fn tokenizer() -> Arc<Tokenizer> {

@@ -14,6 +14,7 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use sluice_common::text::default_model::default_model_dir;
 use sluice_frontend::api::routes;
 use sluice_frontend::engine::client_config::EngineClientConfig;
 use sluice_frontend::engine::protocol::{
@@ -21,7 +22,6 @@ use sluice_frontend::engine::protocol::{
     Logprobs, Message, Outputs, Ready, UtilityMethod, UtilityResult, UtilityValue,
 };
 use sluice_frontend::state::{self, AppState, ServerConfig};
-use sluice_frontend::text::default_model::default_model_dir;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};

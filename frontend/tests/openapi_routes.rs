@@ -13,7 +13,8 @@ use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice_frontend::api::{playground, routes};
+use sluice_common::playground;
+use sluice_frontend::api::routes;
 use sluice_frontend::state::{AppState, ServerConfig};
 use tower::ServiceExt;
 

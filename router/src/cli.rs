@@ -17,8 +17,8 @@ use crate::replica_url::{parse_dns_target, parse_replica_url};
 use crate::replicas::ReplicaSet;
 use crate::state::{AppState, Settings};
 use crate::upstream::Upstream;
-use sluice_frontend::api::auth::load_api_key;
-use sluice_frontend::api::connections::{self, ConnectionLimits};
+use sluice_common::auth::load_api_key;
+use sluice_common::connections::{self, ConnectionLimits};
 
 /// Sluice's router: spreads OpenAI requests over Sluice replicas.
 #[derive(Parser, Debug)]

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::Value;
-use sluice_frontend::api::auth::{authorize, AuthFailure};
-use sluice_frontend::api::connections;
-use sluice_frontend::api::playground;
+use sluice_common::auth::{authorize, AuthFailure};
+use sluice_common::connections;
+use sluice_common::playground;
 
 use crate::api_error::RouterError;
 use crate::policies::RouteRequest;
@@ -50,7 +50,7 @@ async fn bounded_head(request: Request, next: Next) -> Response {
 }
 
 /// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` on
-/// every route but /health, the playground's static page (see the frontend's api/playground.rs) and
+/// every route but /health, the playground's static page (see sluice_common's playground.rs) and
 /// /metrics with --metrics-without-auth, checked as the frontend does.
 async fn require_api_key(
     State(state): State<Arc<AppState>>,

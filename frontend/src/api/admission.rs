@@ -10,8 +10,8 @@
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::api::error::ApiError;
-use crate::schema::openai::Prompt;
 use crate::state::AppState;
+use sluice_common::schema::openai::Prompt;
 
 /// Refuses with a 400 a request of `engine_requests` choices that could never be admitted.
 pub fn check_fits(state: &AppState, engine_requests: usize) -> Result<(), ApiError> {

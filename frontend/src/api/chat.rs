@@ -15,13 +15,13 @@ use crate::api::prompt_logprobs::vllm_prompt_logprobs;
 use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
-use crate::schema::openai::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
-};
 use crate::state::AppState;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::tool_call_stream::{read_whole, ToolCallStream};
+use sluice_common::schema::openai::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
+};
 
 /// The endpoint for `generation::create`.
 pub struct Chat;

@@ -13,12 +13,12 @@ use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
 use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
-use crate::schema::openai::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
-};
 use crate::state::AppState;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;
+use sluice_common::schema::openai::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Usage,
+};
 
 /// The endpoint for `generation::create`.
 pub struct Completions;

@@ -19,7 +19,7 @@ use utoipa::OpenApi;
 
 use crate::api::error::ErrorResponse;
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot};
-use crate::schema::openai::{
+use sluice_common::schema::openai::{
     ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
     CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
     TokenizeResponse,

@@ -17,13 +17,13 @@ use crate::api::validate::{
     check_token_ids, effective_max_tokens, out_of_range, template_kwargs, truncated_prompt,
     DEFAULT_COMPLETION_MAX_TOKENS,
 };
-use crate::schema::openai::{
+use crate::state::AppState;
+use crate::text::tool_prompt;
+use sluice_common::schema::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, TokenizeRequest,
 };
-use crate::schema::openai_tools::Tool;
-use crate::state::AppState;
-use crate::text::chat_template::{continue_final_message, message_text, ChatTemplateError};
-use crate::text::tool_prompt;
+use sluice_common::schema::openai_tools::Tool;
+use sluice_common::text::chat_template::{continue_final_message, message_text, ChatTemplateError};
 
 pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     check_model_name(model, &state.config.served_model_name)

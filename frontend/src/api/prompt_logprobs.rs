@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::api::token_label::TokenLabel;
-use crate::schema::openai::{CompletionLogprobs, PromptTokenLogprob};
 use crate::text::prompt_logprobs::PromptToken;
+use sluice_common::schema::openai::{CompletionLogprobs, PromptTokenLogprob};
 
 /// The prompt's part of an echoing choice's logprobs: the first token has neither a logprob nor
 /// alternatives (as in OpenAI's API); each other one its logprob and the top `top_n` with the

@@ -13,8 +13,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
-use crate::allocator::release_free_memory;
 use crate::api::error::ApiError;
+use sluice_common::allocator::release_free_memory;
 
 /// The budget's unit, so that a budget of gigabytes fits a semaphore's u32 acquire.
 const BUDGET_UNIT_BYTES: usize = 1024;

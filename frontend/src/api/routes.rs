@@ -17,10 +17,11 @@ use crate::api::chat::Chat;
 use crate::api::completions::Completions;
 use crate::api::error::ApiError;
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, connections, generation, openapi, playground, prepare, tokenize};
+use crate::api::{auth, generation, openapi, prepare, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
-use crate::schema::openai::{ModelCard, ModelList};
 use crate::state::{unix_time, AppState};
+use sluice_common::schema::openai::{ModelCard, ModelList};
+use sluice_common::{connections, playground};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let body_limits = Arc::new(BodyLimits::new(

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use crate::api::error::ApiError;
 use crate::engine::protocol::StructuredOutput;
-use crate::schema::openai::SamplingFields;
+use sluice_common::schema::openai::SamplingFields;
 
 /// A request's constraint and the field that carried it (the param of its errors).
 #[derive(Debug, Clone, PartialEq)]

@@ -10,10 +10,10 @@ use axum::Json;
 use crate::api::error::ApiError;
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::{admission, prepare, validate};
-use crate::schema::openai::{
+use crate::state::AppState;
+use sluice_common::schema::openai::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::state::AppState;
 
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,

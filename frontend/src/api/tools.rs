@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use crate::api::error::ApiError;
 use crate::engine::protocol::StructuredOutput;
-use crate::schema::openai::ChatCompletionRequest;
-use crate::schema::openai_tools::{Tool, ToolChoice};
 use crate::text::tool_call_stream::ToolCallReader;
 use crate::text::tool_parsers::{NamedFunction, RequiredCalls, ToolCallParser};
+use sluice_common::schema::openai::ChatCompletionRequest;
+use sluice_common::schema::openai_tools::{Tool, ToolChoice};
 
 /// A request's tool calling, checked.
 #[derive(Debug, Clone, Default, PartialEq)]

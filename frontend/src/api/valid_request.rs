@@ -17,11 +17,11 @@ use crate::api::validate::{
     top_k,
 };
 use crate::engine::protocol::SamplingParams;
-use crate::schema::openai::{
-    ChatCompletionRequest, CompletionRequest, SamplingFields, StopSequences,
-};
 use crate::state::AppState;
 use crate::text::tool_call_stream::ToolCallReader;
+use sluice_common::schema::openai::{
+    ChatCompletionRequest, CompletionRequest, SamplingFields, StopSequences,
+};
 
 /// Every sampling field checked, waiting only for the max_tokens of each prompt.
 #[derive(Debug, Clone)]

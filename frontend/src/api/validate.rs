@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use crate::api::error::ApiError;
-use crate::schema::openai::{ChatMessage, SamplingFields};
 use crate::state::SchedulingPolicy;
+use sluice_common::schema::openai::{ChatMessage, SamplingFields};
 
 pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
@@ -449,7 +449,7 @@ pub fn chat_ending(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::schema::openai::MessageContent;
+    use sluice_common::schema::openai::MessageContent;
 
     /// The parameter a 400 names.
     pub(crate) fn param_of(result: Result<impl std::fmt::Debug, ApiError>) -> &'static str {

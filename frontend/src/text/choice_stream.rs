@@ -379,7 +379,7 @@ mod tests {
 
     use super::*;
     use crate::metrics::{Metrics, MetricsPrefix};
-    use crate::text::default_model::load_default_model_tokenizer;
+    use sluice_common::text::default_model::load_default_model_tokenizer;
 
     const TEXT: &str = "Hello world, this is a test of 日本語 👋🏽 text.";
 

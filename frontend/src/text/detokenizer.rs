@@ -109,7 +109,7 @@ fn text_after_context<'a>(window_text: &'a str, context_text: &str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::default_model::load_default_model_tokenizer;
+    use sluice_common::text::default_model::load_default_model_tokenizer;
 
     const UNICODE_TEXT: &str = concat!(
         "Hello, 世界! 日本語のテキストです。中文：你好，世界。한국어: 안녕하세요. ",

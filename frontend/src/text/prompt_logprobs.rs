@@ -73,7 +73,7 @@ pub fn prompt_token_logprobs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::default_model::load_default_model_tokenizer;
+    use sluice_common::text::default_model::load_default_model_tokenizer;
 
     #[test]
     fn offsets_index_the_decoded_prompt_and_the_first_token_has_no_logprob() {

@@ -6,37 +6,28 @@
 //! each job answers on its own oneshot channel.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
 
+use sluice_common::text::tokenizer_file::LoadTokenizerError;
 use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::text::detokenizer::IncrementalDetokenizer;
-use crate::text::piecewise_encoder::{encode_ids, PiecewiseEncoder};
+use sluice_common::text::piecewise_encoder::{encode_ids, PiecewiseEncoder};
 
 type Job = Box<dyn FnOnce(&Tokenizer) + Send>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerPoolError {
-    #[error("cannot load the tokenizer from {path}: {message}")]
-    Load { path: String, message: String },
+    #[error(transparent)]
+    Load(#[from] LoadTokenizerError),
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
     #[error("the tokenizer pool has shut down")]
     Closed,
     #[error("a tokenizer job panicked")]
     JobPanicked,
-}
-
-/// Reads `tokenizer.json` from a Hugging Face model folder.
-pub fn load_tokenizer(model_dir: &Path) -> Result<Tokenizer, TokenizerPoolError> {
-    let path = model_dir.join("tokenizer.json");
-    Tokenizer::from_file(&path).map_err(|error| TokenizerPoolError::Load {
-        path: path.display().to_string(),
-        message: error.to_string(),
-    })
 }
 
 /// A handle to the worker threads; clones share the same workers. The workers
@@ -170,7 +161,7 @@ fn run_worker(tokenizer: &Tokenizer, receiver: &Mutex<mpsc::Receiver<Job>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::default_model::load_default_model_tokenizer;
+    use sluice_common::text::default_model::load_default_model_tokenizer;
 
     fn default_pool(workers: usize) -> TokenizerPool {
         TokenizerPool::new(Arc::new(load_default_model_tokenizer()), workers, 16, 0)
@@ -249,11 +240,5 @@ mod tests {
         assert_eq!(pool.decode(vec![], true).await.unwrap(), "");
         let ids = pool.encode("still alive".into(), false).await.unwrap();
         assert!(!ids.is_empty());
-    }
-
-    #[test]
-    fn a_missing_tokenizer_file_is_a_load_error() {
-        let error = load_tokenizer(Path::new("/nonexistent/model")).unwrap_err();
-        assert!(matches!(error, TokenizerPoolError::Load { .. }));
     }
 }

@@ -8,8 +8,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::schema::openai_tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
 use crate::text::tool_parsers::ToolCallParser;
+use sluice_common::schema::openai_tools::{
+    FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta,
+};
 
 /// How a request's outputs are read for tool calls.
 #[derive(Clone)]

@@ -3,8 +3,8 @@
 //! and the history's calls and tool results are written as text in that same format, so that the
 //! conversation renders through any template.
 
-use crate::schema::openai::{ChatMessage, ContentPart, MessageContent};
-use crate::schema::openai_tools::{Tool, ToolCall};
+use sluice_common::schema::openai::{ChatMessage, ContentPart, MessageContent};
+use sluice_common::schema::openai_tools::{Tool, ToolCall};
 
 const TOOLS_INTRO: &str = "You may call functions to help you answer. They are described below, \
 one JSON object per line, between <tools> and </tools>:\n<tools>\n";
@@ -115,7 +115,7 @@ pub fn plain_template_messages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::openai_tools::{FunctionCall, FunctionDefinition};
+    use sluice_common::schema::openai_tools::{FunctionCall, FunctionDefinition};
 
     fn message(role: &str, content: &str) -> ChatMessage {
         ChatMessage {

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use sluice_common::text::default_model::default_model_dir;
 use sluice_frontend::metrics::MetricsPrefix;
 use sluice_frontend::state::{SchedulingPolicy, ServerConfig};
-use sluice_frontend::text::default_model::default_model_dir;
 
 /// A server of the default model serving it as `served_model_name`, without an API key.
 pub fn server_config(served_model_name: &str) -> ServerConfig {

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_frontend::schema::openai::{ChatMessage, Prompt};
-use sluice_frontend::text::chat_template::{ChatTemplate, ChatTemplateError};
-use sluice_frontend::text::piecewise_encoder::{encode_ids, PiecewiseEncoder, DEFAULT_PIECE_BYTES};
-use sluice_frontend::text::tokenizer_pool::load_tokenizer;
+use sluice_common::schema::openai::{ChatMessage, Prompt};
+use sluice_common::text::chat_template::{ChatTemplate, ChatTemplateError};
+use sluice_common::text::piecewise_encoder::{encode_ids, PiecewiseEncoder, DEFAULT_PIECE_BYTES};
+use sluice_common::text::tokenizer_file::load_tokenizer;
 use tokenizers::Tokenizer;
 
 pub struct PromptTokenizer {
@@ -84,7 +84,7 @@ impl PromptTokenizer {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_frontend::text::default_model::default_model_dir as model_dir;
+    use sluice_common::text::default_model::default_model_dir as model_dir;
 
     #[test]
     fn prompts_tokenize_as_the_frontend_sends_them() {

@@ -324,7 +324,7 @@ mod tests {
     use super::*;
     use crate::cache_aware::kv_index::Snapshot;
     use serde_json::json;
-    use sluice_frontend::text::default_model::default_model_dir as model_dir;
+    use sluice_common::text::default_model::default_model_dir as model_dir;
 
     fn policy(model: bool) -> CacheAwarePolicy {
         policy_with_pending(model, Duration::ZERO)

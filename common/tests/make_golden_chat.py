@@ -1,11 +1,11 @@
-"""Writes the chat-template golden strings that frontend/src/text/chat_template.rs checks.
+"""Writes the chat-template golden strings that common/src/text/chat_template.rs checks.
 
 Each case's messages go to golden_chat/cases.json, and the prompt that
 transformers' apply_chat_template(..., tokenize=False) renders for it goes to
 golden_chat/<name>.txt, byte for byte.
 
 Run with the project's venv:
-    .venv/bin/python frontend/tests/make_golden_chat.py [MODEL_DIR]
+    .venv/bin/python common/tests/make_golden_chat.py [MODEL_DIR]
 MODEL_DIR defaults to $SLUICE_MODEL_DIR, $SLUICE_CACHE/models/SmolLM2-135M-Instruct,
 then ~/.cache/sluice/models/SmolLM2-135M-Instruct.
 """

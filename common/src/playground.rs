@@ -24,22 +24,22 @@ static ASSETS: [Asset; 4] = [
     Asset {
         path: "/",
         content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../../playground/dist/index.html"),
+        body: include_bytes!("../../frontend/playground/dist/index.html"),
     },
     Asset {
         path: "/playground/playground.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../playground/dist/playground.js"),
+        body: include_bytes!("../../frontend/playground/dist/playground.js"),
     },
     Asset {
         path: "/playground/playground.css",
         content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../../playground/dist/playground.css"),
+        body: include_bytes!("../../frontend/playground/dist/playground.css"),
     },
     Asset {
         path: "/playground/licences.txt",
         content_type: "text/plain; charset=utf-8",
-        body: include_bytes!("../../playground/dist/licences.txt"),
+        body: include_bytes!("../../frontend/playground/dist/licences.txt"),
     },
 ];
 

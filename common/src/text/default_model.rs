@@ -1,4 +1,4 @@
-//! The default model's folder and tokenizer, as the tests of this crate and of the router find them.
+//! The default model's folder and tokenizer, as the tests of the frontend and of the router find them.
 
 use std::path::PathBuf;
 
@@ -17,8 +17,8 @@ pub fn default_model_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/sluice/models").join(MODEL)
 }
 
-#[cfg(test)]
-pub(crate) fn load_default_model_tokenizer() -> tokenizers::Tokenizer {
+/// The default model's tokenizer, for tests; panics when it cannot be loaded.
+pub fn load_default_model_tokenizer() -> tokenizers::Tokenizer {
     let path = default_model_dir().join("tokenizer.json");
     tokenizers::Tokenizer::from_file(&path).unwrap_or_else(|error| {
         panic!(

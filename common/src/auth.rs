@@ -1,0 +1,133 @@
+//! The API key: where it comes from (a flag, `SLUICE_API_KEY`, or a file) and the one check that
+//! every protected route of the frontend and of the router runs.
+
+use std::path::Path;
+
+use axum::http::{header, HeaderMap};
+use subtle::ConstantTimeEq;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `Authorization` header, or not `Bearer <the key>`.
+    Wrong,
+    /// More than one `Authorization` header: which one a proxy would read is anyone's guess.
+    Duplicate,
+}
+
+/// Checks that `headers` hold exactly one `Authorization: Bearer <expected>`, comparing the key
+/// in constant time (only its length can be told from the timing). Nothing is trimmed.
+pub fn authorize(expected: &str, headers: &HeaderMap) -> Result<(), AuthFailure> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next().ok_or(AuthFailure::Wrong)?;
+    if values.next().is_some() {
+        return Err(AuthFailure::Duplicate);
+    }
+    let given = value
+        .as_bytes()
+        .strip_prefix(b"Bearer ")
+        .ok_or(AuthFailure::Wrong)?;
+    if bool::from(given.ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(AuthFailure::Wrong)
+    }
+}
+
+/// The key to require: `--api-key-file`'s contents (one trailing newline removed), else
+/// `--api-key` or `SLUICE_API_KEY` (clap reads both into `flag`), else none.
+pub fn load_api_key(flag: Option<String>, file: Option<&Path>) -> Result<Option<String>, String> {
+    let key = match (flag, file) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "give the API key once: --api-key (or SLUICE_API_KEY) or --api-key-file".into(),
+            )
+        }
+        (Some(key), None) => key,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                format!("cannot read --api-key-file {}: {error}", path.display())
+            })?;
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            text.strip_suffix('\r').unwrap_or(text).to_owned()
+        }
+        (None, None) => return Ok(None),
+    };
+    check_api_key_text(&key)?;
+    Ok(Some(key))
+}
+
+/// A key must be something a client can send in a header unchanged: visible ASCII, no spaces.
+fn check_api_key_text(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("the API key is empty".into());
+    }
+    if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err("the API key must be visible ASCII without spaces".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn only_the_exact_bearer_key_passes() {
+        assert_eq!(authorize("k3y", &headers(&["Bearer k3y"])), Ok(()));
+        for bad in [
+            &[][..],
+            &["Bearer k3"],
+            &["Bearer k3yy"],
+            &["Bearer  k3y"],
+            &["Bearer k3y "],
+            &["bearer k3y"],
+            &["Basic k3y"],
+            &["k3y"],
+            &["Bearer "],
+        ] {
+            assert_eq!(
+                authorize("k3y", &headers(bad)),
+                Err(AuthFailure::Wrong),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_second_authorization_header_is_refused_even_if_one_is_right() {
+        for pair in [["Bearer k3y", "Bearer x"], ["Bearer x", "Bearer k3y"]] {
+            assert_eq!(
+                authorize("k3y", &headers(&pair)),
+                Err(AuthFailure::Duplicate)
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_file_loses_one_trailing_newline_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("sluice-auth-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        for (text, expected) in [("abc\n", "abc"), ("abc\r\n", "abc"), ("abc", "abc")] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(load_api_key(None, Some(&file)), Ok(Some(expected.into())));
+        }
+        for bad in [" abc\n", "abc\n\n", "a c", ""] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(load_api_key(None, Some(&file)).is_err(), "{bad:?}");
+        }
+        assert!(load_api_key(Some("abc".into()), Some(&file)).is_err());
+        assert_eq!(load_api_key(None, None), Ok(None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -44,7 +44,54 @@ impl GenerationEndpoint for Chat {
         prompt_tokens: u32,
         request: &ValidRequest,
     ) -> ChatCompletionResponse {
-        whole(header, results, prompt_tokens, request)
+        let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+        let cached = cached_prompt_tokens(
+            (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
+            request.n,
+        );
+        // Every choice has the one prompt: the first one's logprobs stand for all.
+        let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
+            let tokens = results.first()?.prompt_logprobs.as_deref()?;
+            Some(vllm_prompt_logprobs(tokens, top_n))
+        });
+        let logprobs = request.logprobs;
+        let label = TokenLabel::new(request.return_tokens_as_token_ids);
+        let tool_calls = &request.tool_calls;
+        let shown_ids = request.return_token_ids;
+        let role = answer_role(request);
+        let choices = results
+            .into_iter()
+            .enumerate()
+            .map(|(index, result)| {
+                let (content, calls) = match tool_calls {
+                    Some(reader) => read_whole(reader.clone(), &result.text),
+                    None => (Some(result.text), Vec::new()),
+                };
+                ChatChoice {
+                    index: index as u32,
+                    token_ids: shown_ids.then_some(result.token_ids),
+                    logprobs: logprobs.then(|| chat_logprobs(&result.logprobs, label)),
+                    finish_reason: Some(
+                        finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
+                    ),
+                    message: AssistantMessage {
+                        role: role.to_owned(),
+                        content,
+                        tool_calls: (!calls.is_empty()).then_some(calls),
+                    },
+                }
+            })
+            .collect();
+        ChatCompletionResponse {
+            id: header.id,
+            object: "chat.completion".into(),
+            created: header.created,
+            model: header.model,
+            choices,
+            usage: Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached),
+            prompt_logprobs,
+            prompt_token_ids: shown_ids.then(|| request.prompts[0].token_ids.clone()),
+        }
     }
 
     async fn stream(
@@ -52,7 +99,118 @@ impl GenerationEndpoint for Chat {
         prompt_tokens: u32,
         request: &ValidRequest,
     ) -> Result<Response, ApiError> {
-        stream(choices, prompt_tokens, request).await
+        let include_usage = request.include_usage;
+        // vLLM's continuous usage: each chunk counts its choice's tokens so far.
+        let continuous = request.continuous_usage_stats;
+        let continuous_usage = move |completion_tokens| {
+            continuous.then(|| Usage::new(prompt_tokens, completion_tokens))
+        };
+        let tool_calls = request.tool_calls.clone();
+        let label = TokenLabel::new(request.return_tokens_as_token_ids);
+        let header = choices.header.clone();
+        let shown_ids = request.return_token_ids;
+        let role = answer_role(request);
+        // As OpenAI does, each choice opens with a delta that carries only the role (and, with
+        // return_token_ids, the prompt's ids, as vLLM sends them).
+        let opening = choices
+            .streams
+            .iter()
+            .map(|choice| {
+                let mut chunk = header.chunk(
+                    vec![ChatChunkChoice {
+                        index: choice.index(),
+                        delta: ChatDelta {
+                            role: Some(role.to_owned()),
+                            content: Some(String::new()),
+                            tool_calls: None,
+                        },
+                        logprobs: None,
+                        finish_reason: None,
+                        token_ids: None,
+                    }],
+                    continuous_usage(0),
+                );
+                chunk.prompt_token_ids = shown_ids.then(|| request.prompts[0].token_ids.clone());
+                chunk_event(&chunk)
+            })
+            .collect();
+        let header = Arc::new(header);
+        let frame_header = header.clone();
+        // Each choice's output read for calls as it grows, when the request has tools.
+        let mut readers: HashMap<u32, ToolCallStream> = HashMap::new();
+        let frame = move |update: ChoiceUpdate| {
+            let logprobs =
+                (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs, label));
+            let finished = update.finish_reason.is_some();
+            let (text, calls, made_calls) = match &tool_calls {
+                Some(reader) => {
+                    let stream = readers
+                        .entry(update.index)
+                        .or_insert_with(|| ToolCallStream::new(reader.clone()));
+                    let piece = stream.push(&update.text, finished);
+                    (piece.content, piece.calls, stream.made_calls())
+                }
+                None => (update.text, Vec::new(), false),
+            };
+            // The update's token ids go with its first chunk.
+            let mut token_ids = shown_ids.then_some(update.token_ids);
+            let mut chunk = |delta: ChatDelta, logprobs, finish_reason: Option<&str>| {
+                chunk_event(&frame_header.chunk(
+                    vec![ChatChunkChoice {
+                        index: update.index,
+                        delta,
+                        logprobs,
+                        finish_reason: finish_reason.map(str::to_owned),
+                        token_ids: token_ids.take(),
+                    }],
+                    continuous_usage(update.completion_tokens),
+                ))
+            };
+            let finish = update
+                .finish_reason
+                .map(|reason| finish_reason(reason, made_calls));
+            if calls.is_empty() {
+                let content = (!text.is_empty() || !finished).then_some(text);
+                let delta = ChatDelta {
+                    content,
+                    ..ChatDelta::default()
+                };
+                return chunk(delta, logprobs, finish);
+            }
+            // As OpenAI streams calls: a call's id and name in one delta, its arguments in the next.
+            let mut events = BytesMut::new();
+            let mut logprobs = logprobs;
+            if !text.is_empty() {
+                let delta = ChatDelta {
+                    content: Some(text),
+                    ..ChatDelta::default()
+                };
+                events.extend_from_slice(&chunk(delta, logprobs.take(), None));
+            }
+            let last = calls.len() - 1;
+            for (at, call) in calls.into_iter().enumerate() {
+                let delta = ChatDelta {
+                    tool_calls: Some(vec![call]),
+                    ..ChatDelta::default()
+                };
+                let finish = if at == last { finish } else { None };
+                events.extend_from_slice(&chunk(delta, logprobs.take(), finish));
+            }
+            events.freeze()
+        };
+        let n = request.n;
+        let closing = move |totals: ChoiceTotals| {
+            include_usage.then(|| {
+                let completion_tokens = totals.completion_tokens.values().sum();
+                let cached = cached_prompt_tokens(totals.cached_tokens, n);
+                let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+                chunk_event(&header.chunk(Vec::new(), Some(usage)))
+            })
+        };
+        let updates = choices.stream_updates().await?;
+        Ok(event_stream_response(sse_events(
+            opening, updates, frame, closing,
+        )))
     }
 }
 
@@ -83,180 +241,6 @@ fn finish_reason(engine_reason: &'static str, made_calls: bool) -> &'static str 
         "stop" if made_calls => "tool_calls",
         reason => reason,
     }
-}
-
-fn whole(
-    header: ResponseHeader,
-    results: Vec<ChoiceResult>,
-    prompt_tokens: u32,
-    request: &ValidRequest,
-) -> ChatCompletionResponse {
-    let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
-    let cached = cached_prompt_tokens(
-        (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
-        request.n,
-    );
-    // Every choice has the one prompt: the first one's logprobs stand for all.
-    let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
-        let tokens = results.first()?.prompt_logprobs.as_deref()?;
-        Some(vllm_prompt_logprobs(tokens, top_n))
-    });
-    let logprobs = request.logprobs;
-    let label = TokenLabel::new(request.return_tokens_as_token_ids);
-    let tool_calls = &request.tool_calls;
-    let shown_ids = request.return_token_ids;
-    let role = answer_role(request);
-    let choices = results
-        .into_iter()
-        .enumerate()
-        .map(|(index, result)| {
-            let (content, calls) = match tool_calls {
-                Some(reader) => read_whole(reader.clone(), &result.text),
-                None => (Some(result.text), Vec::new()),
-            };
-            ChatChoice {
-                index: index as u32,
-                token_ids: shown_ids.then_some(result.token_ids),
-                logprobs: logprobs.then(|| chat_logprobs(&result.logprobs, label)),
-                finish_reason: Some(
-                    finish_reason(result.finish_reason, !calls.is_empty()).to_owned(),
-                ),
-                message: AssistantMessage {
-                    role: role.to_owned(),
-                    content,
-                    tool_calls: (!calls.is_empty()).then_some(calls),
-                },
-            }
-        })
-        .collect();
-    ChatCompletionResponse {
-        id: header.id,
-        object: "chat.completion".into(),
-        created: header.created,
-        model: header.model,
-        choices,
-        usage: Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached),
-        prompt_logprobs,
-        prompt_token_ids: shown_ids.then(|| request.prompts[0].token_ids.clone()),
-    }
-}
-
-async fn stream(
-    choices: Choices,
-    prompt_tokens: u32,
-    request: &ValidRequest,
-) -> Result<Response, ApiError> {
-    let include_usage = request.include_usage;
-    // vLLM's continuous usage: each chunk counts its choice's tokens so far.
-    let continuous = request.continuous_usage_stats;
-    let continuous_usage =
-        move |completion_tokens| continuous.then(|| Usage::new(prompt_tokens, completion_tokens));
-    let tool_calls = request.tool_calls.clone();
-    let label = TokenLabel::new(request.return_tokens_as_token_ids);
-    let header = choices.header.clone();
-    let shown_ids = request.return_token_ids;
-    let role = answer_role(request);
-    // As OpenAI does, each choice opens with a delta that carries only the role (and, with
-    // return_token_ids, the prompt's ids, as vLLM sends them).
-    let opening = choices
-        .streams
-        .iter()
-        .map(|choice| {
-            let mut chunk = header.chunk(
-                vec![ChatChunkChoice {
-                    index: choice.index(),
-                    delta: ChatDelta {
-                        role: Some(role.to_owned()),
-                        content: Some(String::new()),
-                        tool_calls: None,
-                    },
-                    logprobs: None,
-                    finish_reason: None,
-                    token_ids: None,
-                }],
-                continuous_usage(0),
-            );
-            chunk.prompt_token_ids = shown_ids.then(|| request.prompts[0].token_ids.clone());
-            chunk_event(&chunk)
-        })
-        .collect();
-    let header = Arc::new(header);
-    let frame_header = header.clone();
-    // Each choice's output read for calls as it grows, when the request has tools.
-    let mut readers: HashMap<u32, ToolCallStream> = HashMap::new();
-    let frame = move |update: ChoiceUpdate| {
-        let logprobs =
-            (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs, label));
-        let finished = update.finish_reason.is_some();
-        let (text, calls, made_calls) = match &tool_calls {
-            Some(reader) => {
-                let stream = readers
-                    .entry(update.index)
-                    .or_insert_with(|| ToolCallStream::new(reader.clone()));
-                let piece = stream.push(&update.text, finished);
-                (piece.content, piece.calls, stream.made_calls())
-            }
-            None => (update.text, Vec::new(), false),
-        };
-        // The update's token ids go with its first chunk.
-        let mut token_ids = shown_ids.then_some(update.token_ids);
-        let mut chunk = |delta: ChatDelta, logprobs, finish_reason: Option<&str>| {
-            chunk_event(&frame_header.chunk(
-                vec![ChatChunkChoice {
-                    index: update.index,
-                    delta,
-                    logprobs,
-                    finish_reason: finish_reason.map(str::to_owned),
-                    token_ids: token_ids.take(),
-                }],
-                continuous_usage(update.completion_tokens),
-            ))
-        };
-        let finish = update
-            .finish_reason
-            .map(|reason| finish_reason(reason, made_calls));
-        if calls.is_empty() {
-            let content = (!text.is_empty() || !finished).then_some(text);
-            let delta = ChatDelta {
-                content,
-                ..ChatDelta::default()
-            };
-            return chunk(delta, logprobs, finish);
-        }
-        // As OpenAI streams calls: a call's id and name in one delta, its arguments in the next.
-        let mut events = BytesMut::new();
-        let mut logprobs = logprobs;
-        if !text.is_empty() {
-            let delta = ChatDelta {
-                content: Some(text),
-                ..ChatDelta::default()
-            };
-            events.extend_from_slice(&chunk(delta, logprobs.take(), None));
-        }
-        let last = calls.len() - 1;
-        for (at, call) in calls.into_iter().enumerate() {
-            let delta = ChatDelta {
-                tool_calls: Some(vec![call]),
-                ..ChatDelta::default()
-            };
-            let finish = if at == last { finish } else { None };
-            events.extend_from_slice(&chunk(delta, logprobs.take(), finish));
-        }
-        events.freeze()
-    };
-    let n = request.n;
-    let closing = move |totals: ChoiceTotals| {
-        include_usage.then(|| {
-            let completion_tokens = totals.completion_tokens.values().sum();
-            let cached = cached_prompt_tokens(totals.cached_tokens, n);
-            let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
-            chunk_event(&header.chunk(Vec::new(), Some(usage)))
-        })
-    };
-    let updates = choices.stream_updates().await?;
-    Ok(event_stream_response(sse_events(
-        opening, updates, frame, closing,
-    )))
 }
 
 /// Chat's logprobs; `bytes` are those of the token as named (vLLM's, with token ids too).

@@ -41,7 +41,40 @@ impl GenerationEndpoint for Completions {
         prompt_tokens: u32,
         request: &ValidRequest,
     ) -> CompletionResponse {
-        whole(header, results, prompt_tokens, request)
+        let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+        let cached = cached_prompt_tokens(
+            (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
+            request.n,
+        );
+        let n = request.n as usize;
+        let shown_ids = request.return_token_ids;
+        let label = TokenLabel::new(request.return_tokens_as_token_ids);
+        let choices = results
+            .into_iter()
+            .enumerate()
+            .map(|(index, result)| CompletionChoice {
+                index: index as u32,
+                prompt_token_ids: shown_ids.then(|| request.prompts[index / n].token_ids.clone()),
+                token_ids: shown_ids.then_some(result.token_ids),
+                logprobs: request.logprobs.then(|| {
+                    logprobs_with_echo(
+                        result.prompt_logprobs.as_deref(),
+                        &result.logprobs,
+                        request.echo_logprobs,
+                        result.prefix_chars,
+                        label,
+                    )
+                }),
+                prompt_logprobs: request.prompt_logprobs.and_then(|top_n| {
+                    let tokens = result.prompt_logprobs.as_deref()?;
+                    Some(vllm_prompt_logprobs(tokens, top_n))
+                }),
+                text: result.text,
+                finish_reason: Some(result.finish_reason.to_owned()),
+            })
+            .collect();
+        let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+        header.response(choices, Some(usage))
     }
 
     async fn stream(
@@ -49,7 +82,77 @@ impl GenerationEndpoint for Completions {
         prompt_tokens: u32,
         request: &ValidRequest,
     ) -> Result<Response, ApiError> {
-        stream(choices, prompt_tokens, request).await
+        let include_usage = request.include_usage;
+        // vLLM's continuous usage: each chunk counts its own prompt and its choice's tokens so far.
+        let prompt_lens: Vec<u32> = request
+            .prompts
+            .iter()
+            .map(|prompt| prompt.token_ids.len() as u32)
+            .collect();
+        let (n, continuous) = (request.n, request.continuous_usage_stats);
+        let echo_top_n = request.echo_logprobs;
+        let label = TokenLabel::new(request.return_tokens_as_token_ids);
+        let header = Arc::new(choices.header.clone());
+        let frame_header = header.clone();
+        // Each choice's text offset so far, for its logprobs' text_offset.
+        let mut offsets: BTreeMap<u32, u32> = BTreeMap::new();
+        // With return_token_ids, each prompt's ids, sent with its choices' first chunks.
+        let prompt_ids: Option<Vec<Vec<u32>>> = request.return_token_ids.then(|| {
+            request
+                .prompts
+                .iter()
+                .map(|prompt| prompt.token_ids.clone())
+                .collect()
+        });
+        let frame = move |update: ChoiceUpdate| {
+            let first = !offsets.contains_key(&update.index);
+            let offset = offsets.entry(update.index).or_default();
+            let shown = !update.logprobs.is_empty() || update.prompt_logprobs.is_some();
+            let logprobs = shown.then(|| {
+                logprobs_with_echo(
+                    update.prompt_logprobs.as_deref(),
+                    &update.logprobs,
+                    echo_top_n,
+                    *offset + update.prefix_chars,
+                    label,
+                )
+            });
+            *offset += update.text.chars().count() as u32;
+            let usage = continuous.then(|| {
+                let prompt_len = prompt_lens[(update.index / n) as usize];
+                Usage::new(prompt_len, update.completion_tokens)
+            });
+            chunk_event(&frame_header.response(
+                vec![CompletionChoice {
+                    index: update.index,
+                    text: update.text,
+                    logprobs,
+                    finish_reason: update.finish_reason.map(str::to_owned),
+                    prompt_logprobs: None,
+                    prompt_token_ids: prompt_ids
+                        .as_ref()
+                        .filter(|_| first)
+                        .map(|ids| ids[(update.index / n) as usize].clone()),
+                    token_ids: prompt_ids.is_some().then_some(update.token_ids),
+                }],
+                usage,
+            ))
+        };
+        let closing = move |totals: ChoiceTotals| {
+            include_usage.then(|| {
+                let completion_tokens = totals.completion_tokens.values().sum();
+                let cached = cached_prompt_tokens(totals.cached_tokens, n);
+                let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+                chunk_event(&header.response(Vec::new(), Some(usage)))
+            })
+        };
+        let updates = choices.stream_updates().await?;
+        Ok(event_stream_response(sse_events(
+            Vec::new(),
+            updates,
+            frame,
+            closing,
+        )))
     }
 }
 
@@ -64,126 +167,6 @@ impl ResponseHeader {
             usage,
         }
     }
-}
-
-fn whole(
-    header: ResponseHeader,
-    results: Vec<ChoiceResult>,
-    prompt_tokens: u32,
-    request: &ValidRequest,
-) -> CompletionResponse {
-    let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
-    let cached = cached_prompt_tokens(
-        (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
-        request.n,
-    );
-    let n = request.n as usize;
-    let shown_ids = request.return_token_ids;
-    let label = TokenLabel::new(request.return_tokens_as_token_ids);
-    let choices = results
-        .into_iter()
-        .enumerate()
-        .map(|(index, result)| CompletionChoice {
-            index: index as u32,
-            prompt_token_ids: shown_ids.then(|| request.prompts[index / n].token_ids.clone()),
-            token_ids: shown_ids.then_some(result.token_ids),
-            logprobs: request.logprobs.then(|| {
-                logprobs_with_echo(
-                    result.prompt_logprobs.as_deref(),
-                    &result.logprobs,
-                    request.echo_logprobs,
-                    result.prefix_chars,
-                    label,
-                )
-            }),
-            prompt_logprobs: request.prompt_logprobs.and_then(|top_n| {
-                let tokens = result.prompt_logprobs.as_deref()?;
-                Some(vllm_prompt_logprobs(tokens, top_n))
-            }),
-            text: result.text,
-            finish_reason: Some(result.finish_reason.to_owned()),
-        })
-        .collect();
-    let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
-    header.response(choices, Some(usage))
-}
-
-async fn stream(
-    choices: Choices,
-    prompt_tokens: u32,
-    request: &ValidRequest,
-) -> Result<Response, ApiError> {
-    let include_usage = request.include_usage;
-    // vLLM's continuous usage: each chunk counts its own prompt and its choice's tokens so far.
-    let prompt_lens: Vec<u32> = request
-        .prompts
-        .iter()
-        .map(|prompt| prompt.token_ids.len() as u32)
-        .collect();
-    let (n, continuous) = (request.n, request.continuous_usage_stats);
-    let echo_top_n = request.echo_logprobs;
-    let label = TokenLabel::new(request.return_tokens_as_token_ids);
-    let header = Arc::new(choices.header.clone());
-    let frame_header = header.clone();
-    // Each choice's text offset so far, for its logprobs' text_offset.
-    let mut offsets: BTreeMap<u32, u32> = BTreeMap::new();
-    // With return_token_ids, each prompt's ids, sent with its choices' first chunks.
-    let prompt_ids: Option<Vec<Vec<u32>>> = request.return_token_ids.then(|| {
-        request
-            .prompts
-            .iter()
-            .map(|prompt| prompt.token_ids.clone())
-            .collect()
-    });
-    let frame = move |update: ChoiceUpdate| {
-        let first = !offsets.contains_key(&update.index);
-        let offset = offsets.entry(update.index).or_default();
-        let shown = !update.logprobs.is_empty() || update.prompt_logprobs.is_some();
-        let logprobs = shown.then(|| {
-            logprobs_with_echo(
-                update.prompt_logprobs.as_deref(),
-                &update.logprobs,
-                echo_top_n,
-                *offset + update.prefix_chars,
-                label,
-            )
-        });
-        *offset += update.text.chars().count() as u32;
-        let usage = continuous.then(|| {
-            let prompt_len = prompt_lens[(update.index / n) as usize];
-            Usage::new(prompt_len, update.completion_tokens)
-        });
-        chunk_event(&frame_header.response(
-            vec![CompletionChoice {
-                index: update.index,
-                text: update.text,
-                logprobs,
-                finish_reason: update.finish_reason.map(str::to_owned),
-                prompt_logprobs: None,
-                prompt_token_ids: prompt_ids
-                    .as_ref()
-                    .filter(|_| first)
-                    .map(|ids| ids[(update.index / n) as usize].clone()),
-                token_ids: prompt_ids.is_some().then_some(update.token_ids),
-            }],
-            usage,
-        ))
-    };
-    let closing = move |totals: ChoiceTotals| {
-        include_usage.then(|| {
-            let completion_tokens = totals.completion_tokens.values().sum();
-            let cached = cached_prompt_tokens(totals.cached_tokens, n);
-            let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
-            chunk_event(&header.response(Vec::new(), Some(usage)))
-        })
-    };
-    let updates = choices.stream_updates().await?;
-    Ok(event_stream_response(sse_events(
-        Vec::new(),
-        updates,
-        frame,
-        closing,
-    )))
 }
 
 /// The generated tokens' logprobs, from `start_offset` in the text, led by the prompt's when the

@@ -140,13 +140,13 @@ def test_every_path_named_in_docs_and_comments_exists_in_the_repository() -> Non
 
 
 def test_the_scanner_finds_a_missing_file_and_a_path_outside_the_repository() -> None:
-    text = "# see python/worker/no_such_file.py and ../shared/DESIGN.md, not https://x.org/a/b.py\n"
+    text = "# see python/worker/no_such_file.py and ../elsewhere/NOTES.md, not https://x.org/a/b.py\n"
     found = [reference for _, reference in references("scripts/example.sh", text)]
-    assert found == ["python/worker/no_such_file.py", "../shared/DESIGN.md"]
+    assert found == ["python/worker/no_such_file.py", "../elsewhere/NOTES.md"]
     files = {"python/worker/native_ops.py"}
     assert unresolved("README.md", "worker/native_ops.py", files, set()) is None
     assert (
         unresolved("README.md", "python/worker/no_such_file.py", files, set())
         == "names no file of the repository"
     )
-    assert unresolved("README.md", "../shared/DESIGN.md", files, set()) == "points outside the repository"
+    assert unresolved("README.md", "../elsewhere/NOTES.md", files, set()) == "points outside the repository"

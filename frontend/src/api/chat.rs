@@ -8,7 +8,7 @@ use axum::response::Response;
 use bytes::BytesMut;
 
 use crate::api::error::ApiError;
-use crate::api::fan_out::{cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
@@ -41,14 +41,9 @@ impl GenerationEndpoint for Chat {
     fn whole(
         header: ResponseHeader,
         results: Vec<ChoiceResult>,
-        prompt_tokens: u32,
+        usage: Usage,
         request: &ValidRequest,
     ) -> ChatCompletionResponse {
-        let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
-        let cached = cached_prompt_tokens(
-            (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
-            request.n,
-        );
         // Every choice has the one prompt: the first one's logprobs stand for all.
         let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
             let tokens = results.first()?.prompt_logprobs.as_deref()?;
@@ -88,7 +83,7 @@ impl GenerationEndpoint for Chat {
             created: header.created,
             model: header.model,
             choices,
-            usage: Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached),
+            usage,
             prompt_logprobs,
             prompt_token_ids: shown_ids.then(|| request.prompts[0].token_ids.clone()),
         }
@@ -201,9 +196,7 @@ impl GenerationEndpoint for Chat {
         let n = request.n;
         let closing = move |totals: ChoiceTotals| {
             include_usage.then(|| {
-                let completion_tokens = totals.completion_tokens.values().sum();
-                let cached = cached_prompt_tokens(totals.cached_tokens, n);
-                let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+                let usage = totals.usage(prompt_tokens, n);
                 chunk_event(&header.chunk(Vec::new(), Some(usage)))
             })
         };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::response::Response;
 
 use crate::api::error::ApiError;
-use crate::api::fan_out::{cached_prompt_tokens, ChoiceResult, Choices, ResponseHeader};
+use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
@@ -38,14 +38,9 @@ impl GenerationEndpoint for Completions {
     fn whole(
         header: ResponseHeader,
         results: Vec<ChoiceResult>,
-        prompt_tokens: u32,
+        usage: Usage,
         request: &ValidRequest,
     ) -> CompletionResponse {
-        let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
-        let cached = cached_prompt_tokens(
-            (0..).zip(results.iter().map(|r| r.num_cached_tokens)),
-            request.n,
-        );
         let n = request.n as usize;
         let shown_ids = request.return_token_ids;
         let label = TokenLabel::new(request.return_tokens_as_token_ids);
@@ -73,7 +68,6 @@ impl GenerationEndpoint for Completions {
                 finish_reason: Some(result.finish_reason.to_owned()),
             })
             .collect();
-        let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
         header.response(choices, Some(usage))
     }
 
@@ -140,9 +134,7 @@ impl GenerationEndpoint for Completions {
         };
         let closing = move |totals: ChoiceTotals| {
             include_usage.then(|| {
-                let completion_tokens = totals.completion_tokens.values().sum();
-                let cached = cached_prompt_tokens(totals.cached_tokens, n);
-                let usage = Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached);
+                let usage = totals.usage(prompt_tokens, n);
                 chunk_event(&header.response(Vec::new(), Some(usage)))
             })
         };

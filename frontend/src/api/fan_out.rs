@@ -18,6 +18,7 @@ use crate::text::choice_stream::{
     ChoiceError, ChoiceSpec, ChoiceStream, ChoiceUpdate, TokenLogprob,
 };
 use crate::text::prompt_logprobs::PromptToken;
+use sluice_common::schema::openai::Usage;
 
 /// What every chunk and response of one request repeats: its id, creation time and model.
 #[derive(Debug, Clone)]
@@ -54,6 +55,13 @@ pub fn cached_prompt_tokens(by_choice: impl IntoIterator<Item = (u32, u32)>, n: 
             .or_insert(cached);
     }
     by_prompt.values().sum()
+}
+
+/// The usage of a whole answer: every choice's tokens, and the prompts' cached tokens.
+pub fn whole_usage(results: &[ChoiceResult], prompt_tokens: u32, n: u32) -> Usage {
+    let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let cached = cached_prompt_tokens((0..).zip(results.iter().map(|r| r.num_cached_tokens)), n);
+    Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached)
 }
 
 /// A request's choices, started on the engine.

@@ -18,6 +18,7 @@ use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::valid_request::ValidRequest;
 use crate::state::{AppState, Arrival};
+use sluice_common::schema::openai::Usage;
 
 /// What differs between `/v1/chat/completions` and `/v1/completions`.
 pub trait GenerationEndpoint {
@@ -34,11 +35,11 @@ pub trait GenerationEndpoint {
         request: Self::Request,
     ) -> impl Future<Output = Result<ValidRequest, ApiError>> + Send;
 
-    /// The answer from every choice's result, `best_of` already applied.
+    /// The answer from every choice's result, `best_of` already applied, and their usage.
     fn whole(
         header: ResponseHeader,
         results: Vec<ChoiceResult>,
-        prompt_tokens: u32,
+        usage: Usage,
         request: &ValidRequest,
     ) -> Self::Answer;
 
@@ -64,7 +65,8 @@ pub async fn create<E: GenerationEndpoint>(
     } else {
         let header = choices.header.clone();
         let results = best_of::select(choices.collect().await?, request.best_of, request.n);
-        Json(E::whole(header, results, prompt_tokens, &request)).into_response()
+        let usage = fan_out::whole_usage(&results, prompt_tokens, request.n);
+        Json(E::whole(header, results, usage, &request)).into_response()
     };
     Ok(with_ignored_fields(response, &request.ignored_fields))
 }

@@ -13,7 +13,9 @@ use futures::{Stream, StreamExt};
 use serde::Serialize;
 
 use crate::api::error::ApiError;
+use crate::api::fan_out::cached_prompt_tokens;
 use crate::text::choice_stream::ChoiceUpdate;
+use sluice_common::schema::openai::Usage;
 
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 
@@ -67,6 +69,15 @@ where
 pub struct ChoiceTotals {
     pub completion_tokens: HashMap<u32, u32>,
     pub cached_tokens: HashMap<u32, u32>,
+}
+
+impl ChoiceTotals {
+    /// The usage of the whole stream, for `n` choices per prompt.
+    pub fn usage(self, prompt_tokens: u32, n: u32) -> Usage {
+        let completion_tokens = self.completion_tokens.values().sum();
+        let cached = cached_prompt_tokens(self.cached_tokens, n);
+        Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached)
+    }
 }
 
 /// The SSE events of a streamed response: `opening` first, one event per update (framed by

@@ -76,9 +76,11 @@ def test_requests_reach_the_server_on_schedule() -> None:
     planned = arrival_offsets(30, rate=60.0, burstiness=1.0, seed=3)
     with ScriptedServer(Script(ttft=0.01, itl=0.002, output_tokens=2)) as server:
         result = _run(server.url, 30, output_len=2, rate=60.0, seed=3)
-        arrived = np.array(server.arrivals) - server.arrivals[0]
+        lag = np.array(server.arrivals) - np.array(planned)
     assert result["completed"] == 30
-    assert np.abs(arrived - np.array(planned)).max() < 0.03
+    # The schedule is kept if every request lags its planned offset by about the same time; the first request's
+    # connection setup alone (about 30 ms on a loaded CI machine) must not count, so compare with the median lag.
+    assert np.abs(lag - np.median(lag)).max() < 0.03
 
 
 def test_concurrency_cap_is_never_exceeded() -> None:

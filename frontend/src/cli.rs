@@ -9,9 +9,12 @@ use crate::api::routes;
 use crate::engine::client_config::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
+use crate::text::tool_parsers::parser_choices;
+use clap::builder::PossibleValuesParser;
 use clap::Parser;
-use sluice_common::auth::load_api_key;
-use sluice_common::connections::{self, ConnectionLimits};
+use sluice_common::connections;
+use sluice_common::flag_schema;
+use sluice_common::server_args::ServerArgs;
 use sluice_common::text::piecewise_encoder::DEFAULT_PIECE_BYTES;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -36,36 +39,16 @@ struct Args {
     /// The engine core's output socket (it binds PUSH; we connect PULL).
     #[arg(long)]
     engine_output: String,
-    /// Require `Authorization: Bearer KEY` on every route but /health. Prefer SLUICE_API_KEY or
-    /// --api-key-file: a command line is visible to every user of the machine.
-    #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// A file holding the API key (one trailing newline is ignored).
-    #[arg(long)]
-    api_key_file: Option<PathBuf>,
-    /// Serve /metrics without the API key.
-    #[arg(long)]
-    metrics_without_auth: bool,
+    #[command(flatten)]
+    server: ServerArgs,
     /// Engine requests (one per choice: prompts x n) and tokenizer calls that may wait at once;
     /// a request waits until its first token. Beyond it, 429; a request larger than it, 400.
     #[arg(long, default_value_t = 512)]
     max_waiting_requests: usize,
-    /// The largest request body (413 beyond it).
-    #[arg(long, default_value_t = 8_388_608)]
-    max_body_bytes: usize,
     /// Body bytes that all requests being read or handled may hold together; more wait.
     #[arg(long, default_value_t = 134_217_728)]
     max_body_bytes_in_flight: usize,
-    /// Seconds a client may take to send a request's headers; also how long an idle
-    /// keep-alive connection stays open.
-    #[arg(long, default_value_t = 10.0)]
-    header_read_timeout_s: f64,
-    /// Seconds a client may take to send a request's body (408 beyond it).
-    #[arg(long, default_value_t = 60.0)]
-    body_read_timeout_s: f64,
-    /// Seconds requests in flight get to finish after SIGINT or SIGTERM.
-    #[arg(long, default_value_t = 30.0)]
-    drain_timeout_s: f64,
+    /// Threads that tokenize prompts and detokenize outputs.
     #[arg(long, default_value_t = 2)]
     tokenizer_workers: usize,
     /// Texts longer than this are encoded in pieces of this size, with the same ids and a
@@ -91,7 +74,7 @@ struct Args {
     scheduling_policy: SchedulingPolicy,
     /// How `tool_choice: "auto"` finds calls in outputs: hermes, llama3_json or mistral; auto picks
     /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = PossibleValuesParser::new(parser_choices()))]
     tool_call_parser: String,
     /// Let a chat or /tokenize request bring its own `chat_template` (vLLM's flag): a template is
     /// code that runs here, so only for clients that are trusted.
@@ -108,11 +91,11 @@ impl Args {
         Ok(ServerConfig {
             model_dir: self.model_dir.clone(),
             served_model_name: self.served_model_name.clone(),
-            api_key: load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?,
-            metrics_without_auth: self.metrics_without_auth,
+            api_key: self.server.api_key()?,
+            metrics_without_auth: self.server.metrics_without_auth,
             max_waiting_requests: self.max_waiting_requests,
-            max_body_bytes: self.max_body_bytes,
-            body_read_timeout: seconds("--body-read-timeout-s", self.body_read_timeout_s)?,
+            max_body_bytes: self.server.max_body_bytes,
+            body_read_timeout: self.server.body_read_timeout()?,
             max_body_bytes_in_flight: self.max_body_bytes_in_flight,
             tokenizer_workers: self.tokenizer_workers,
             tokenize_piece_bytes: self.tokenize_piece_bytes,
@@ -122,23 +105,6 @@ impl Args {
             trust_request_chat_template: self.trust_request_chat_template,
             cpu_kernels: self.cpu_kernels.clone(),
         })
-    }
-
-    fn connection_limits(&self) -> Result<ConnectionLimits, String> {
-        Ok(ConnectionLimits {
-            header_read_timeout: seconds("--header-read-timeout-s", self.header_read_timeout_s)?,
-            drain_timeout: seconds("--drain-timeout-s", self.drain_timeout_s)?,
-        })
-    }
-}
-
-fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
-    if value.is_finite() && value > 0.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        Err(format!(
-            "{flag} must be a positive number of seconds, got {value}"
-        ))
     }
 }
 
@@ -150,10 +116,13 @@ const EXIT_STARTUP: u8 = 2;
 /// The `sluice-frontend` binary's main.
 #[tokio::main]
 pub async fn main() -> ExitCode {
+    if flag_schema::print_if_asked::<Args>() {
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     let (config, limits) = match args
         .server_config()
-        .and_then(|config| Ok((config, args.connection_limits()?)))
+        .and_then(|config| Ok((config, args.server.connection_limits()?)))
     {
         Ok(both) => both,
         Err(error) => {

@@ -127,13 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if args.command == "router":
-        args.router_args = unknown
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        # serve's options come from the frontend binary's description of its flags.
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if args.command == "router":
+            args.router_args = unknown
+        elif unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.run(args)
     except SluiceError as exc:
         print(f"sluice: error: {exc}", file=sys.stderr)

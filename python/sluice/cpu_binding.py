@@ -21,11 +21,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from sluice.config import DeviceConfig
+from sluice.config import DEFAULT_OMP_SPIN_COUNT, DeviceConfig
 from sluice.errors import InvalidConfigError, SluiceError
 
-# Spins before an idle OpenMP thread of a worker sleeps, unless the environment says otherwise.
-DEFAULT_OMP_SPIN_COUNT = 10_000
 # The environment's own say over OpenMP's waiting, which "auto" leaves alone.
 OMP_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 

@@ -17,8 +17,9 @@ use crate::replica_url::{parse_dns_target, parse_replica_url};
 use crate::replicas::ReplicaSet;
 use crate::state::{AppState, Settings};
 use crate::upstream::Upstream;
-use sluice_common::auth::load_api_key;
 use sluice_common::connections::{self, ConnectionLimits};
+use sluice_common::flag_schema;
+use sluice_common::server_args::{positive_seconds, ServerArgs};
 
 /// Sluice's router: spreads OpenAI requests over Sluice replicas.
 #[derive(Parser, Debug)]
@@ -72,29 +73,8 @@ pub struct Args {
     /// The first retry's delay; each next one doubles, with jitter.
     #[arg(long, default_value_t = 25)]
     retry_backoff_ms: u64,
-    /// Require `Authorization: Bearer KEY` on every route but /health, and send it to the
-    /// replicas. Prefer SLUICE_API_KEY or --api-key-file: a command line is visible to all.
-    #[arg(long, env = "SLUICE_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// A file holding the API key (one trailing newline is ignored).
-    #[arg(long)]
-    api_key_file: Option<PathBuf>,
-    /// Serve /metrics without the API key.
-    #[arg(long)]
-    metrics_without_auth: bool,
-    /// Seconds a client may take to send a request's headers; also how long an idle
-    /// keep-alive connection stays open.
-    #[arg(long, default_value_t = 10.0)]
-    header_read_timeout_s: f64,
-    /// Seconds requests in flight get to finish after SIGINT or SIGTERM.
-    #[arg(long, default_value_t = 30.0)]
-    drain_timeout_s: f64,
-    #[arg(long, default_value_t = 8_388_608)]
-    max_body_bytes: usize,
-    /// Seconds a client may take to send a request's body; slower ones get a 408, so that a
-    /// client that sends half a body cannot hold a connection and its buffer.
-    #[arg(long, default_value_t = 60.0)]
-    body_read_timeout_s: f64,
+    #[command(flatten)]
+    server: ServerArgs,
 }
 
 /// Exit status for bad flags.
@@ -106,21 +86,11 @@ enum ReplicaSource {
     Dns { name: String, port: u16 },
 }
 
-fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
-    if value.is_finite() && value > 0.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        Err(format!(
-            "--{flag} must be a positive number of seconds, got {value}"
-        ))
-    }
-}
-
 fn non_negative_seconds(flag: &str, value: f64) -> Result<Duration, String> {
     if value == 0.0 {
         Ok(Duration::ZERO)
     } else {
-        seconds(flag, value)
+        positive_seconds(flag, value)
             .map_err(|_| format!("--{flag} must be 0 or a positive number of seconds, got {value}"))
     }
 }
@@ -152,24 +122,17 @@ impl Args {
         Ok(ReplicaSource::Static(ids))
     }
 
-    fn connection_limits(&self) -> Result<ConnectionLimits, String> {
-        Ok(ConnectionLimits {
-            header_read_timeout: seconds("header-read-timeout-s", self.header_read_timeout_s)?,
-            drain_timeout: seconds("drain-timeout-s", self.drain_timeout_s)?,
-        })
-    }
-
     fn state(&self) -> Result<AppState, String> {
         let health = HealthConfig {
-            interval: seconds("health-interval-s", self.health_interval_s)?,
+            interval: positive_seconds("health-interval-s", self.health_interval_s)?,
             failures_to_eject: at_least_one("health-failures", self.health_failures)?,
             successes_to_readmit: at_least_one("health-successes", self.health_successes)?,
         };
         let breaker = BreakerConfig {
             failures_to_open: at_least_one("breaker-failures", self.breaker_failures)?,
-            cooldown: seconds("breaker-cooldown-s", self.breaker_cooldown_s)?,
+            cooldown: positive_seconds("breaker-cooldown-s", self.breaker_cooldown_s)?,
         };
-        let api_key = load_api_key(self.api_key.clone(), self.api_key_file.as_deref())?;
+        let api_key = self.server.api_key()?;
         let cache_aware = CacheAwareConfig {
             model_dir: self.model_dir.clone(),
             api_key: api_key.clone(),
@@ -185,15 +148,15 @@ impl Args {
         Ok(AppState {
             settings: Settings {
                 api_key: api_key.clone(),
-                metrics_without_auth: self.metrics_without_auth,
+                metrics_without_auth: self.server.metrics_without_auth,
                 session_header: self.session_header.to_ascii_lowercase(),
                 health,
                 retry: RetryConfig {
                     max_retries: self.max_retries,
                     base: Duration::from_millis(self.retry_backoff_ms),
                 },
-                max_body_bytes: self.max_body_bytes,
-                body_read_timeout: seconds("body-read-timeout-s", self.body_read_timeout_s)?,
+                max_body_bytes: self.server.max_body_bytes,
+                body_read_timeout: self.server.body_read_timeout()?,
                 models_timeout: Duration::from_secs(5),
             },
             replicas: ReplicaSet::new(breaker),
@@ -206,6 +169,9 @@ impl Args {
 
 /// The `sluice-router` binary's main.
 pub fn main() -> ExitCode {
+    if flag_schema::print_if_asked::<Args>() {
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -215,7 +181,7 @@ pub fn main() -> ExitCode {
     runtime.block_on(async {
         let setup = args
             .replica_source()
-            .and_then(|source| Ok((source, args.state()?, args.connection_limits()?)));
+            .and_then(|source| Ok((source, args.state()?, args.server.connection_limits()?)));
         match setup {
             Ok((source, state, limits)) => serve(args, source, Arc::new(state), limits).await,
             Err(error) => {
@@ -235,7 +201,7 @@ async fn serve(
     match source {
         ReplicaSource::Static(ids) => state.set_replicas(ids),
         ReplicaSource::Dns { name, port } => {
-            let interval = match seconds("discover-interval-s", args.discover_interval_s) {
+            let interval = match positive_seconds("discover-interval-s", args.discover_interval_s) {
                 Ok(interval) => interval,
                 Err(error) => {
                     eprintln!("sluice-router: error: {error}");

@@ -12,6 +12,8 @@ from sluice.binaries import FRONTEND, ROUTER, rust_binary
 from sluice.cpu_binding import worker_environment
 from sluice.engine_args import add_engine_arguments, device_config_from_args
 from sluice.kernel_libraries import choose_kernels
+from sluice.serve.child_flags import ChildFlag, child_flags
+from sluice.serve.flags import frontend_options
 
 API_KEY_ENV = "SLUICE_API_KEY"
 
@@ -47,6 +49,18 @@ def engine_core_argv(args: argparse.Namespace, model: Path, socket_dir: Path) ->
     return argv + engine_argv(args, model)
 
 
+def _forwarded(args: argparse.Namespace, flags: Sequence[ChildFlag]) -> list[str]:
+    """The command-line form of each of `flags` given to serve; those read from the environment go there
+    (child_environment), and those not given are left to the child's default."""
+    argv: list[str] = []
+    for flag in flags:
+        value = getattr(args, flag.name)
+        if flag.env is not None or value is None or value is False:
+            continue
+        argv += [flag.flag] if value is True else [flag.flag, str(value)]
+    return argv
+
+
 def frontend_argv(
     args: argparse.Namespace, model_dir: Path, name: str, socket_dir: Path, host: str, port: int
 ) -> list[str]:
@@ -65,38 +79,14 @@ def frontend_argv(
         "--engine-output",
         f"ipc://{socket_dir}/output",
     ]
-    for option in (
-        "api_key_file",
-        "max_waiting_requests",
-        "max_body_bytes",
-        "max_body_bytes_in_flight",
-        "header_read_timeout_s",
-        "body_read_timeout_s",
-        "drain_timeout_s",
-        "tokenizer_workers",
-        "tokenize_piece_bytes",
-        "exit_grace_seconds",
-        "metrics_prefix",
-        "tool_call_parser",
-    ):
-        value = getattr(args, option)
-        if value is not None:
-            argv += ["--" + option.replace("_", "-"), str(value)]
-    # The engine core's policy, so that the frontend refuses a priority that fcfs would ignore (a
-    # parser without the engine's options has none: the frontend's default, fcfs, is the engine's).
-    policy = getattr(args, "scheduling_policy", None)
-    if policy is not None:
-        argv += ["--scheduling-policy", policy]
+    argv += _forwarded(args, frontend_options())
+    # The engine core's policy, so that the frontend refuses a priority that fcfs would ignore.
+    argv += ["--scheduling-policy", args.scheduling_policy]
     if args.restart_engine:
         argv.append("--reconnect-engine")
-    if args.metrics_without_auth:
-        argv.append("--metrics-without-auth")
-    if args.trust_request_chat_template:
-        argv.append("--trust-request-chat-template")
-    # The tier the workers will load (a parser without the engine's options has no --cpu-isa: none).
-    cpu_isa = getattr(args, "cpu_isa", None)
-    if cpu_isa is not None and args.device == "cpu":
-        argv += ["--cpu-kernels", choose_kernels(cpu_isa).tier]
+    # The tier the workers will load.
+    if args.device == "cpu":
+        argv += ["--cpu-kernels", choose_kernels(args.cpu_isa).tier]
     return argv
 
 
@@ -112,12 +102,9 @@ def router_argv(args: argparse.Namespace, model_dir: Path, replica_urls: Sequenc
     argv += ["--policy", "cache-aware", "--model", str(model_dir)]
     for url in replica_urls:
         argv += ["--replica", url]
-    for option in ("api_key_file", "header_read_timeout_s", "body_read_timeout_s", "drain_timeout_s"):
-        value = getattr(args, option)
-        if value is not None:
-            argv += ["--" + option.replace("_", "-"), str(value)]
-    if args.metrics_without_auth:
-        argv.append("--metrics-without-auth")
+    # Every frontend option that the router declares too (the settings of sluice_common's ServerArgs).
+    router_flags = {flag.name for flag in child_flags(ROUTER)}
+    argv += _forwarded(args, [flag for flag in frontend_options() if flag.name in router_flags])
     return argv
 
 

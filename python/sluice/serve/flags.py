@@ -1,13 +1,65 @@
-"""`sluice serve`'s own options (the engine's are engine_args.add_engine_arguments) and the engine
-restart settings they give."""
+"""`sluice serve`'s options: its own address and model name, each frontend flag it forwards (from the
+frontend's own schema), the engine restart settings, and the engine's options (engine_args)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import get_args
+from typing import Any
 
-from sluice.config import EngineRestartConfig, MetricsPrefix
-from sluice.engine_args import add_engine_arguments, at_least, positive_float
+from sluice.binaries import FRONTEND
+from sluice.config import EngineRestartConfig
+from sluice.engine_args import (
+    SERVE_SCOPE,
+    add_engine_arguments,
+    add_section_arguments,
+    number_parser,
+    section_from_args,
+)
+from sluice.serve.child_flags import ChildFlag, child_flags
+
+# The frontend's flags that serve sets itself, from its own options and the replica it starts: it does not offer them.
+WIRED_FRONTEND_FLAGS = frozenset(
+    {
+        "model_dir",
+        "served_model_name",
+        "host",
+        "port",
+        "engine_input",
+        "engine_output",
+        "engine_pid",
+        "reconnect_engine",
+        "scheduling_policy",
+        "cpu_kernels",
+    }
+)
+# The two ways to give the API key, which exclude each other.
+_KEY_FLAGS = ("api_key", "api_key_file")
+
+
+def frontend_options() -> tuple[ChildFlag, ...]:
+    """The frontend's flags that `sluice serve` offers as its own and forwards."""
+    return tuple(flag for flag in child_flags(FRONTEND) if flag.name not in WIRED_FRONTEND_FLAGS)
+
+
+def add_frontend_arguments(group: argparse._ArgumentGroup) -> None:
+    """An option for each of frontend_options(), parsed into its name; None (absent) leaves the child's default."""
+    key = group.add_mutually_exclusive_group()
+    for flag in frontend_options():
+        assert not flag.required and not flag.repeated, f"serve cannot forward {flag.flag}"
+        if flag.env:
+            default = f"${flag.env}, else none"
+        else:
+            default = "off" if flag.kind == "flag" else f"the frontend's, {flag.default or 'none'}"
+        kwargs: dict[str, Any] = {"dest": flag.name, "help": f"{flag.help} (default: {default})"}
+        if flag.kind == "flag":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["default"] = None
+            kwargs["choices"] = flag.choices
+            if flag.kind in ("int", "float"):
+                # The children's numbers are unsigned or checked positive there; refuse a negative one here.
+                kwargs["type"] = number_parser(int if flag.kind == "int" else float, at_least=0)
+        (key if flag.name in _KEY_FLAGS else group).add_argument(flag.flag, **kwargs)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,129 +71,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the model name clients send and /v1/models lists (default: the model folder's name)",
     )
-    key = group.add_mutually_exclusive_group()
-    key.add_argument(
-        "--api-key",
-        default=None,
-        help="require `Authorization: Bearer KEY` on every route but /health (default: $SLUICE_API_KEY, "
-        "else none); prefer $SLUICE_API_KEY or --api-key-file, as a command line is visible to all users",
-    )
-    key.add_argument(
-        "--api-key-file", default=None, help="a file holding the API key (one trailing newline ignored)"
-    )
-    group.add_argument(
-        "--metrics-without-auth", action="store_true", help="serve /metrics without the API key"
-    )
-    group.add_argument(
-        "--trust-request-chat-template",
-        action="store_true",
-        help="let chat and /tokenize requests bring their own chat_template (vLLM's flag); a template "
-        "is code that runs on the server, so only for trusted clients",
-    )
-    group.add_argument(
-        "--max-waiting-requests",
-        type=int,
-        default=None,
-        help="engine requests (one per choice: prompts x n) and tokenizer calls that may wait for the engine "
-        "at once; a request waits until its first token, running ones do not count. Beyond it 429, and a "
-        "request with more choices than it 400 (default: the frontend's, 512)",
-    )
-    group.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=None,
-        help="largest request body, 413 beyond (default: the frontend's)",
-    )
-    group.add_argument(
-        "--max-body-bytes-in-flight",
-        type=int,
-        default=None,
-        help="body bytes all requests being read or handled may hold together; more wait (default: the frontend's)",
-    )
-    group.add_argument(
-        "--header-read-timeout-s",
-        type=float,
-        default=None,
-        help="seconds a client may take to send a request's headers, and an idle keep-alive connection "
-        "stays open (default: the frontend's)",
-    )
-    group.add_argument(
-        "--body-read-timeout-s",
-        type=float,
-        default=None,
-        help="seconds a client may take to send a request's body, 408 beyond (default: the frontend's)",
-    )
-    group.add_argument(
-        "--drain-timeout-s",
-        type=float,
-        default=None,
-        help="seconds requests in flight get to finish on SIGINT or SIGTERM (default: the frontend's)",
-    )
-    group.add_argument(
-        "--tokenizer-workers", type=int, default=None, help="tokenizer threads (default: the frontend's)"
-    )
-    group.add_argument(
-        "--tokenize-piece-bytes",
-        type=int,
-        default=None,
-        help="texts longer than this are encoded in pieces of this size (the same ids, a bounded peak of "
-        "memory) where the tokenizer allows it exactly; 0: every text whole (default: the frontend's, 16384)",
-    )
-    group.add_argument(
-        "--exit-grace-seconds",
-        type=float,
-        default=None,
-        help="how long the frontend keeps answering after the engine core died (default: the frontend's)",
-    )
-    restart = EngineRestartConfig()
-    group.add_argument(
-        "--restart-engine",
-        action=argparse.BooleanOptionalAction,
-        default=restart.enabled,
-        help="restart an engine core that died (or whose worker died), with backoff, while its frontend "
-        "stays up; --no-restart-engine exits with status 3 instead",
-    )
-    group.add_argument(
-        "--max-engine-restarts",
-        type=at_least(0),
-        default=restart.max_restarts,
-        metavar="N",
-        help="give up (exit 3) when an engine core dies after N restarts within --engine-restart-window-s",
-    )
-    group.add_argument(
-        "--engine-restart-window-s",
-        type=positive_float,
-        default=restart.window_s,
-        metavar="S",
-        help="the window, in seconds, over which --max-engine-restarts counts",
-    )
-    group.add_argument(
-        "--metrics-prefix",
-        choices=get_args(MetricsPrefix),
-        default=None,
-        help="the namespace of /metrics' names; vllm renders vLLM's exact names, so that its Grafana "
-        "dashboards work unchanged (default: the frontend's, sluice)",
-    )
-    group.add_argument(
-        "--tool-call-parser",
-        choices=("auto", "hermes", "llama3_json", "mistral"),
-        default=None,
-        help="how tool_choice auto finds calls in outputs; auto picks by the model's vocabulary, and a chat "
-        "template without tools gets a Hermes-style tool prompt, so hermes (default: the frontend's, auto)",
-    )
-    group.add_argument(
-        "--data-parallel-size",
-        "-dp",
-        type=at_least(1),
-        default=1,
-        help="replicas, each pinned to its share of the cores, behind sluice-router on --port (default: 1)",
-    )
-    add_engine_arguments(parser, model_positional=True)
+    add_frontend_arguments(group)
+    add_section_arguments(group, EngineRestartConfig, SERVE_SCOPE)
+    add_engine_arguments(parser, model_positional=True, scopes=SERVE_SCOPE)
 
 
 def restart_config_from_args(args: argparse.Namespace) -> EngineRestartConfig:
-    return EngineRestartConfig(
-        enabled=args.restart_engine,
-        max_restarts=args.max_engine_restarts,
-        window_s=args.engine_restart_window_s,
-    )
+    return section_from_args(EngineRestartConfig, args)

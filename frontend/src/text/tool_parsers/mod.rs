@@ -61,6 +61,13 @@ pub fn parser_by_name(name: &str) -> Option<Arc<dyn ToolCallParser>> {
         .map(|(_, make)| make())
 }
 
+/// What `--tool-call-parser` takes: auto, or a registered parser's name.
+pub fn parser_choices() -> Vec<&'static str> {
+    std::iter::once("auto")
+        .chain(REGISTRY.iter().map(|(name, _)| *name))
+        .collect()
+}
+
 /// The parser a model's vocabulary suggests: Mistral's `[TOOL_CALLS]` token, Llama 3's
 /// `<|python_tag|>`, else Hermes (also the format of the prompt given to templates without tools).
 pub fn default_parser_name(has_token: impl Fn(&str) -> bool) -> &'static str {
@@ -86,10 +93,9 @@ pub fn serving_parser(
         name => name,
     };
     let parser = parser_by_name(name).ok_or_else(|| {
-        let known: Vec<&str> = REGISTRY.iter().map(|(name, _)| *name).collect();
         format!(
-            "--tool-call-parser {name:?} is not one of auto, {}",
-            known.join(", ")
+            "--tool-call-parser {name:?} is not one of {}",
+            parser_choices().join(", ")
         )
     })?;
     Ok(if template_uses_tools {

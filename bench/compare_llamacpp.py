@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from compare_offline import PHASES, System, headline, run_phase
+from compare_offline import System, add_phase_arguments, headline, phase_models, run_phase, write_outputs
 from harness import (
     BENCH_DIR,
     KERNEL_SWITCHES_OFF,
-    LOCK_ENV,
     SWITCHES_OFF,
     Target,
     chosen_switches,
@@ -36,9 +34,8 @@ from harness import (
     offline_workload,
     spread,
 )
-from llamacpp_peer import llamacpp_dir, version
-from make_w4_model import default_w4_dir
-from plot_ratios import RatioBar, plot_ratios
+from llamacpp_peer import add_llamacpp_arguments, required_llamacpp_dir, version
+from plot_ratios import RatioBar
 
 SLUICE = "sluice"
 FORMATS = ("f16", "bf16")
@@ -159,67 +156,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--llamacpp-dir", default=None, help="install_llamacpp.sh's folder (or $SLUICE_BENCH_LLAMACPP_DIR)"
-    )
-    parser.add_argument("--mode", choices=["native", "avx2"], default="native", help="which llama.cpp build")
+    add_llamacpp_arguments(parser)
     parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier (and the FMA roofline's)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workloads", default="W1,W2,W4,W5")
-    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
-    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
+    add_phase_arguments(parser)
     parser.add_argument(
         "--switches", default=None, help="also run Sluice with these optimisations off (comma-separated)"
     )
-    parser.add_argument(
-        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
     args = parser.parse_args()
     make_output_folders(args.json, args.plot)
-    folder = llamacpp_dir(args.llamacpp_dir)
-    if folder is None:
-        raise SystemExit(
-            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
-        )
+    folder = required_llamacpp_dir(args.llamacpp_dir)
 
-    from sluice.default_model import prepare_default_model
     from sluice.kernel_libraries import choose_kernels
 
     tier = choose_kernels(args.cpu_isa).tier
     if tier == "none":
         raise SystemExit("--cpu-isa none has no FMA roofline to hold Sluice to: name a tier")
     log(f"Sluice at the {tier} tier; llama.cpp {version(folder, args.mode)} ({args.mode} build)")
-    wanted = args.workloads.split(",")
-    models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
     switches = chosen_switches(args.switches, SWITCHES_OFF | KERNEL_SWITCHES_OFF)
     every: dict[str, Any] = {"runs": args.runs, "tier": tier, "llamacpp_mode": args.mode, "phases": {}}
     bars: list[RatioBar] = []
-    for phase, phase_workloads in PHASES.items():
-        workloads = [w for w in phase_workloads if w in wanted]
-        if not workloads:
-            continue
-        model = models[phase].resolve()
-        if not (model / "config.json").is_file():
-            raise SystemExit(
-                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
-            )
+    for phase, workloads, model in phase_models(args):
         results = run_phase(
             model, workloads, systems_for(model, folder, args.mode, tier, switches), args, fma_tier=tier
         )
         every["phases"][phase] = {"model": str(model), **results}
         report(results, model, args.runs, bars)
-    if args.json:
-        args.json.write_text(json.dumps(every, indent=1))
-    if args.plot and bars:
-        plot_ratios(
-            bars,
-            args.plot,
-            f"Sluice ({tier}) vs llama.cpp ({args.mode}), offline (medians, same run)",
-            peer="llama.cpp's better format",
-        )
-        print(f"\nplot: {args.plot}")
+    write_outputs(
+        args,
+        every,
+        bars,
+        f"Sluice ({tier}) vs llama.cpp ({args.mode}), offline (medians, same run)",
+        peer="llama.cpp's better format",
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,15 +171,54 @@ def report(results: dict[str, Any], runs: int, bars: list[RatioBar]) -> None:
                 print(f"  {name}: {distance:.2f}x the floor{bound}")
 
 
+def add_phase_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every offline comparison: the runs, the workloads, their two models, the lock, the outputs."""
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workloads", default="W1,W2,W4,W5")
+    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
+    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
+    parser.add_argument(
+        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
+
+
+def phase_models(args: argparse.Namespace) -> Iterator[tuple[str, list[str], Path]]:
+    """Each phase with a workload that --workloads asks for: its name, those workloads, its model folder."""
+    from sluice.default_model import prepare_default_model
+
+    wanted = args.workloads.split(",")
+    for phase, phase_workloads in PHASES.items():
+        workloads = [w for w in phase_workloads if w in wanted]
+        if not workloads:
+            continue
+        named = args.model if phase == "default" else args.w4_model
+        model = (named or (prepare_default_model() if phase == "default" else default_w4_dir())).resolve()
+        if not (model / "config.json").is_file():
+            raise SystemExit(
+                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
+            )
+        yield phase, workloads, model
+
+
+def write_outputs(
+    args: argparse.Namespace, every: dict[str, Any], bars: list[RatioBar], title: str, peer: str = "vLLM"
+) -> None:
+    """Every figure to --json, and the ratios' plot to --plot."""
+    if args.json:
+        args.json.write_text(json.dumps(every, indent=1))
+    if args.plot and bars:
+        plot_ratios(bars, args.plot, title, peer=peer)
+        print(f"\nplot: {args.plot}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--vllm-venv", default=None, help="vLLM's venv (or $SLUICE_BENCH_VLLM_VENV)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workloads", default="W1,W2,W4,W5")
-    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
-    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
+    add_phase_arguments(parser)
     parser.add_argument(
         "--switches",
         nargs="?",
@@ -187,11 +227,6 @@ def main() -> None:
         help="also run Sluice with each optimisation off, or only the named ones (comma-separated)",
     )
     parser.add_argument("--sluice-arg", action="append", default=[], help="extra sluice_driver.py option")
-    parser.add_argument(
-        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
     args = parser.parse_args()
     make_output_folders(args.json, args.plot)
     if args.runs < 3:
@@ -199,35 +234,18 @@ def main() -> None:
     venv = vllm_venv(args.vllm_venv)
     if venv is None:
         log("no vLLM venv given (--vllm-venv or $SLUICE_BENCH_VLLM_VENV): running Sluice alone, no ratios")
-    wanted = args.workloads.split(",")
-    for workload in wanted:
+    for workload in args.workloads.split(","):
         offline_workload(workload)
-
-    from sluice.default_model import prepare_default_model
-
-    models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
     every: dict[str, Any] = {"runs": args.runs, "vllm_venv": str(venv) if venv else None, "phases": {}}
     bars: list[RatioBar] = []
-    for phase, phase_workloads in PHASES.items():
-        workloads = [w for w in phase_workloads if w in wanted]
-        if not workloads:
-            continue
-        model = models[phase].resolve()
-        if not (model / "config.json").is_file():
-            raise SystemExit(
-                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
-            )
+    for phase, workloads, model in phase_models(args):
         systems = systems_for(
             model, venv, chosen_switches(args.switches, SWITCHES_OFF | KERNEL_SWITCHES_OFF), args.sluice_arg
         )
         results = run_phase(model, workloads, systems, args)
         every["phases"][phase] = {"model": str(model), **results}
         report(results, args.runs, bars)
-    if args.json:
-        args.json.write_text(json.dumps(every, indent=1))
-    if args.plot and bars:
-        plot_ratios(bars, args.plot, "Sluice vs vLLM CPU, offline (medians, same run)")
-        print(f"\nplot: {args.plot}")
+    write_outputs(args, every, bars, "Sluice vs vLLM CPU, offline (medians, same run)")
 
 
 if __name__ == "__main__":

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from compare_offline import PHASES, System, headline, run_phase
-from harness import BENCH_DIR, LOCK_ENV, Target, log, make_output_folders, spread
-from llamacpp_peer import llamacpp_dir, quantized_gguf, version
+from compare_offline import System, add_phase_arguments, headline, phase_models, run_phase, write_outputs
+from harness import BENCH_DIR, Target, log, make_output_folders, spread
+from llamacpp_peer import add_llamacpp_arguments, quantized_gguf, required_llamacpp_dir, version
 from make_w4_model import default_w4_dir
 from plot_ratios import RatioBar, plot_ratios
 
@@ -141,28 +140,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--llamacpp-dir", default=None, help="install_llamacpp.sh's folder (or $SLUICE_BENCH_LLAMACPP_DIR)"
-    )
-    parser.add_argument("--mode", choices=["native", "avx2"], default="native", help="which llama.cpp build")
+    add_llamacpp_arguments(parser)
     parser.add_argument("--cpu-isa", default="auto", help="Sluice's kernel tier")
     parser.add_argument("--formats", default="Q8_0,Q4_0,Q4_K_M", help="llama-quantize types, comma-separated")
     parser.add_argument(
         "--at-load", default=None, help="measure --quantization (int8,int4) against bf16 instead"
     )
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workloads", default="W1,W2,W4,W5")
-    parser.add_argument("--model", type=Path, default=None, help="W1/W2 model (default: the default model)")
-    parser.add_argument("--w4-model", type=Path, default=None, help="W4/W5 model (bench/make_w4_model.py)")
-    parser.add_argument(
-        "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG of the ratios against the targets")
+    add_phase_arguments(parser)
     args = parser.parse_args()
     make_output_folders(args.json, args.plot)
 
-    from sluice.default_model import prepare_default_model
     from sluice.kernel_libraries import choose_kernels
 
     tier = choose_kernels(args.cpu_isa).tier
@@ -178,24 +165,10 @@ def main() -> None:
         if args.plot:
             plot_ratios(bars, args.plot, f"Sluice ({tier}): --quantization against bf16", peer="bf16")
         return
-    folder = llamacpp_dir(args.llamacpp_dir)
-    if folder is None:
-        raise SystemExit(
-            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
-        )
+    folder = required_llamacpp_dir(args.llamacpp_dir)
     log(f"Sluice at the {tier} tier; llama.cpp {version(folder, args.mode)} ({args.mode} build)")
-    wanted = args.workloads.split(",")
-    models = {"default": args.model or prepare_default_model(), "w4": args.w4_model or default_w4_dir()}
     every: dict[str, Any] = {"runs": args.runs, "tier": tier, "llamacpp_mode": args.mode, "phases": {}}
-    for phase, phase_workloads in PHASES.items():
-        workloads = [w for w in phase_workloads if w in wanted]
-        if not workloads:
-            continue
-        model = models[phase].resolve()
-        if not (model / "config.json").is_file():
-            raise SystemExit(
-                f"{model} is not a model folder; for W4/W5 build it: python bench/make_w4_model.py"
-            )
+    for phase, workloads, model in phase_models(args):
         tied = bool(json.loads((model / "config.json").read_text()).get("tie_word_embeddings", False))
         for qtype in args.formats.split(","):
             gguf = quantized_gguf(folder, model, qtype)
@@ -204,16 +177,13 @@ def main() -> None:
             floor_bytes = decode_bytes(gguf, tied)
             every["phases"][f"{phase} {qtype}"] = {"gguf": str(gguf), "decode_bytes": floor_bytes, **results}
             report(results, qtype, floor_bytes, args.runs, bars)
-    if args.json:
-        args.json.write_text(json.dumps(every, indent=1))
-    if args.plot and bars:
-        plot_ratios(
-            bars,
-            args.plot,
-            f"Sluice ({tier}) vs llama.cpp ({args.mode}) on the same GGUF files",
-            peer="llama.cpp",
-        )
-        print(f"\nplot: {args.plot}")
+    write_outputs(
+        args,
+        every,
+        bars,
+        f"Sluice ({tier}) vs llama.cpp ({args.mode}) on the same GGUF files",
+        peer="llama.cpp",
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ has torch and transformers), the sources' gguf-py and DIR/gguf-deps, where the c
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -29,6 +30,23 @@ def llamacpp_dir(option: str | None) -> Path | None:
     folder = Path(value).expanduser().resolve()
     if not (folder / "src").is_dir():
         raise SystemExit(f"{folder} has no src/: --llamacpp-dir must name install_llamacpp.sh's folder")
+    return folder
+
+
+def add_llamacpp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--llamacpp-dir", default=None, help="install_llamacpp.sh's folder (or $SLUICE_BENCH_LLAMACPP_DIR)"
+    )
+    parser.add_argument("--mode", choices=["native", "avx2"], default="native", help="which llama.cpp build")
+
+
+def required_llamacpp_dir(option: str | None) -> Path:
+    """llamacpp_dir(option), which this benchmark cannot go without."""
+    folder = llamacpp_dir(option)
+    if folder is None:
+        raise SystemExit(
+            "no llama.cpp: --llamacpp-dir or $SLUICE_BENCH_LLAMACPP_DIR (install_llamacpp.sh's folder)"
+        )
     return folder
 
 

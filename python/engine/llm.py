@@ -11,18 +11,8 @@ from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from engine.engine_core import EngineCore
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from sluice.config import (
-    CacheConfig,
-    DeviceConfig,
-    DType,
-    GraphConfig,
-    KernelConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    SluiceConfig,
-    SpeculativeConfig,
-)
+from sluice.config import SluiceConfig, SpeculativeConfig
+from sluice.engine_args import config_from_options
 from sluice.errors import InvalidRequestError
 from sluice.frontend_seam import EngineOutput
 from sluice.sampling_params import SamplingParams
@@ -67,97 +57,14 @@ class _Child:
 
 class LLM:
     def __init__(
-        self,
-        model: str | None = None,
-        dtype: DType = "bfloat16",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 128,
-        max_num_batched_tokens: int = 2048,
-        enable_prefix_caching: bool = True,
-        kv_cache_memory: float = 2.0,
-        kv_cache_dtype: str = "auto",
-        block_size: int = 16,
-        scheduling_policy: str = "fcfs",
-        device: str = "cpu",
-        num_threads: int | None = None,
-        num_kv_blocks: int | None = None,
-        tensor_parallel_size: int = 1,
-        async_scheduling: bool = True,
-        early_step_output: bool = True,
-        executor: str = "mp",
-        step_timeout_s: float = 300.0,
-        enforce_eager: bool = False,
-        graph_mode: str = "full_and_piecewise",
-        capture_sizes: tuple[int, ...] | None = None,
-        cpu_bind: str = "auto",
-        omp_spin_count: str | int = "auto",
-        cpu_isa: str = "auto",
-        packed_linear: bool = True,
-        gemm_k_blocks: bool = True,
-        fused_gate_up: bool = True,
-        gguf_dequantize: bool = False,
-        quantization: str | None = None,
-        cpu_decode_attention: bool = True,
-        cpu_decode_split_keys: bool = True,
-        native_argmax: bool = True,
-        cuda_attention_backend: str = "auto",
-        kv_events_port: int | None = None,
-        kv_events_host: str = "127.0.0.1",
-        speculative_config: dict[str, Any] | None = None,
+        self, model: str | None = None, speculative_config: dict[str, Any] | None = None, **options: Any
     ) -> None:
-        if model is None:
-            from sluice.default_model import prepare_default_model
-
-            model = str(prepare_default_model())
-        config = SluiceConfig(
-            model=ModelConfig(path=model, dtype=dtype, max_model_len=max_model_len),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                policy=scheduling_policy,  # type: ignore[arg-type]
-                async_scheduling=async_scheduling,
-                early_step_output=early_step_output,
-            ),
-            cache=CacheConfig(
-                block_size=block_size,
-                kv_cache_memory_gib=kv_cache_memory,
-                kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
-                enable_prefix_caching=enable_prefix_caching,
-                num_gpu_blocks_override=num_kv_blocks,
-                kv_events_port=kv_events_port,
-                kv_events_host=kv_events_host,
-            ),
-            parallel=ParallelConfig(
-                tensor_parallel_size=tensor_parallel_size,
-                executor=executor,  # type: ignore[arg-type]
-                step_timeout_s=step_timeout_s,
-            ),
-            graph=GraphConfig(
-                enforce_eager=enforce_eager,
-                mode=graph_mode,  # type: ignore[arg-type]
-                capture_sizes=None if capture_sizes is None else tuple(capture_sizes),
-            ),
-            device=DeviceConfig(
-                device=device,  # type: ignore[arg-type]
-                num_threads=num_threads,
-                cpu_bind=cpu_bind,
-                omp_spin_count=str(omp_spin_count),
-            ),
-            kernel=KernelConfig(
-                cpu_isa=cpu_isa,
-                packed_linear=packed_linear,
-                gemm_k_blocks=gemm_k_blocks,
-                fused_gate_up=fused_gate_up,
-                gguf_dequantize=gguf_dequantize,
-                quantization=quantization,  # type: ignore[arg-type]
-                cpu_decode_attention=cpu_decode_attention,
-                cpu_decode_split_keys=cpu_decode_split_keys,
-                native_argmax=native_argmax,
-                cuda_attention_backend=cuda_attention_backend,  # type: ignore[arg-type]
-            ),
+        """`options` are the engine's command-line options by their names (`max_num_seqs`, `kv_cache_memory`,
+        `num_kv_blocks`, `cpu_isa`, ...: `sluice generate --help`), with the same defaults."""
+        config = config_from_options(model, **options)
+        if speculative_config is not None:
             # vLLM's shape: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, ...}.
-            speculative=SpeculativeConfig(**(speculative_config or {})),
-        )
+            config = replace(config, speculative=SpeculativeConfig(**speculative_config))
         self._start(config)
 
     @classmethod

@@ -179,6 +179,36 @@ def device_config_from_args(args: argparse.Namespace) -> DeviceConfig:
     return section_from_args(DeviceConfig, args)
 
 
+def _coerced(annotation: Any, value: Any) -> Any:
+    """A keyword's value as its field holds it: a list as a tuple, a number given for a string as its text."""
+    kind = _without_none(annotation)
+    if value is None:
+        return None
+    if get_origin(kind) is tuple:
+        return tuple(value)
+    return str(value) if kind is str and isinstance(value, int | float) else value
+
+
+def config_from_options(model: str | None = None, **options: Any) -> SluiceConfig:
+    """The SluiceConfig that keyword options describe, each named as its command line's (`kv_cache_memory`
+    for --kv-cache-memory, `num_kv_blocks`, `graph_mode`): LLM(...)'s keywords. An unknown name is a
+    TypeError, as for any function."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(parser)
+    args = parser.parse_args([])
+    annotations = {
+        dest_of(config_field, option): annotation
+        for section in SECTION_TYPES.values()
+        for config_field, option, annotation in _options(section, ENGINE_SCOPE)
+    }
+    unknown = sorted(set(options) - set(annotations))
+    if unknown:
+        raise TypeError(f"unknown engine options: {', '.join(unknown)}")
+    for name, value in options.items():
+        setattr(args, name, _coerced(annotations[name], value))
+    return config_from_args(args, model_path=model)
+
+
 def config_from_args(args: argparse.Namespace, model_path: str | None = None) -> SluiceConfig:
     """The SluiceConfig that parsed engine options describe; prepares the default model if none is named.
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -142,20 +143,7 @@ async fn completion(State(state): State<Arc<AppState>>, request: Request) -> Res
     } else {
         Expect::Json
     };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let request = Forward {
-        method: parts.method.clone(),
-        path_and_query,
-        headers: &parts.headers,
-        body: bytes,
-        route: RouteRequest {
-            path: parts.uri.path(),
-            body: &json,
-            session_key: session_key(&state, &parts.headers, &json),
-        },
-        expect,
-    };
-    forward(&state, &request).await
+    forward_read(&state, &parts, bytes, &json, expect).await
 }
 
 async fn pass_through(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -164,21 +152,29 @@ async fn pass_through(State(state): State<Arc<AppState>>, request: Request) -> R
         Ok(bytes) => bytes,
         Err(error) => return error.into_response(),
     };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    forward_read(&state, &parts, bytes, &Value::Null, Expect::Anything).await
+}
+
+/// Forwards a request whose body is read: `json` is that body parsed, or Null where it is passed
+/// through unread (then only the session header can key it).
+async fn forward_read(
+    state: &AppState,
+    parts: &Parts,
+    bytes: Bytes,
+    json: &Value,
+    expect: Expect,
+) -> Response {
     let request = Forward {
         method: parts.method.clone(),
-        path_and_query,
+        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
         headers: &parts.headers,
         body: bytes,
         route: RouteRequest {
             path: parts.uri.path(),
-            body: &Value::Null,
-            session_key: parts
-                .headers
-                .get(state.settings.session_header.as_str())
-                .and_then(|value| value.to_str().ok()),
+            body: json,
+            session_key: session_key(state, &parts.headers, json),
         },
-        expect: Expect::Anything,
+        expect,
     };
-    forward(&state, &request).await
+    forward(state, &request).await
 }

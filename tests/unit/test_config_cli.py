@@ -4,6 +4,7 @@ every command that runs an engine, with the field's default, and `sluice serve` 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from sluice.config import (
     SluiceConfig,
 )
 from sluice.config_option import option_of
-from sluice.engine_args import SERVE_SCOPE, add_engine_arguments, config_from_args
+from sluice.engine_args import SERVE_SCOPE, add_engine_arguments, config_from_args, config_from_options
 from sluice.serve.argv import engine_argv
+from sluice.serve.flags import add_serve_arguments
 
 # Every section field and its value when given on the command line: none of these is its default.
 GIVEN = {
@@ -164,3 +166,40 @@ def test_help_shows_each_default_from_the_config() -> None:
     ):
         assert expected in " ".join(text.split()), expected
     assert GraphConfig().mode == "full_and_piecewise"
+
+
+def test_keyword_options_are_named_as_on_the_command_line() -> None:
+    """LLM(...)'s keywords: the same options, by their command-line names, with the same defaults."""
+    config = config_from_options(
+        "/m",
+        kv_cache_memory=0.5,
+        num_kv_blocks=40,
+        graph_mode="none",
+        capture_sizes=[1, 2],
+        omp_spin_count=500,
+    )
+    assert config.model.path == "/m"
+    assert (config.cache.kv_cache_memory_gib, config.cache.num_gpu_blocks_override) == (0.5, 40)
+    assert (config.graph.mode, config.graph.capture_sizes) == ("none", (1, 2))
+    assert config.device.omp_spin_count == "500"
+    assert config.scheduler == config_from_args(_parser().parse_args([]), model_path="/m").scheduler
+    with pytest.raises(TypeError, match="unknown engine options: kv_cache_memory_gib"):
+        config_from_options("/m", kv_cache_memory_gib=1.0)
+    with pytest.raises(TypeError, match="data_parallel_size"):
+        config_from_options("/m", data_parallel_size=2)
+
+
+def test_every_serve_option_is_in_the_readme() -> None:
+    """An option added to the config (or to the frontend) shows in `--help` at once; the README must say it too."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    flags = [
+        action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings and action.option_strings[0].startswith("--") and action.dest != "help"
+    ]
+    assert len(flags) > 60
+    named = set(re.findall(r"(?<![\w-])--[a-z0-9-]+", readme))
+    missing = [flag for flag in flags if flag not in named and f"--no-{flag[2:]}" not in named]
+    assert not missing, f"undocumented in README.md: {missing}"

@@ -193,6 +193,24 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
+impl ChatMessage {
+    /// A message with no name and no tool calls.
+    pub fn new(role: &str, content: Option<MessageContent>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content,
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// A message whose content is `text`.
+    pub fn text(role: &str, text: impl Into<String>) -> Self {
+        Self::new(role, Some(MessageContent::Text(text.into())))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: String,

@@ -413,16 +413,6 @@ mod tests {
     use crate::schema::openai::ContentPart;
     use crate::text::default_model::default_model_dir;
 
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: Some(MessageContent::Text(content.into())),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        }
-    }
-
     fn golden_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden_chat")
     }
@@ -466,7 +456,10 @@ mod tests {
         .unwrap();
         let source = config["chat_template"].as_str().unwrap().to_owned();
         let from_config = ChatTemplate::from_source(source, None, None).unwrap();
-        let messages = [message("user", "Hi"), message("assistant", "Hello!")];
+        let messages = [
+            ChatMessage::text("user", "Hi"),
+            ChatMessage::text("assistant", "Hello!"),
+        ];
         assert_eq!(
             from_folder.render(&messages, true).unwrap(),
             from_config.render(&messages, true).unwrap()
@@ -489,7 +482,9 @@ mod tests {
         let template = ChatTemplate::from_model_dir(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(
-            template.render(&[message("user", "x")], false).unwrap(),
+            template
+                .render(&[ChatMessage::text("user", "x")], false)
+                .unwrap(),
             "<s>x</s>"
         );
     }
@@ -501,49 +496,40 @@ mod tests {
             kind: "text".into(),
             text: Some(text.into()),
         };
-        let with_parts = ChatMessage {
-            role: "user".into(),
-            content: Some(MessageContent::Parts(vec![
+        let with_parts = ChatMessage::new(
+            "user",
+            Some(MessageContent::Parts(vec![
                 text_part("Hello"),
                 text_part("world"),
             ])),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        );
         assert_eq!(
             template.render(&[with_parts], true).unwrap(),
             template
-                .render(&[message("user", "Hello\nworld")], true)
+                .render(&[ChatMessage::text("user", "Hello\nworld")], true)
                 .unwrap()
         );
 
-        let image = ChatMessage {
-            role: "user".into(),
-            content: Some(MessageContent::Parts(vec![ContentPart {
+        let image = ChatMessage::new(
+            "user",
+            Some(MessageContent::Parts(vec![ContentPart {
                 kind: "image_url".into(),
                 text: None,
             }])),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        );
         let error = template.render(&[image], true).unwrap_err();
         assert!(
             matches!(error, ChatTemplateError::UnsupportedContentPart(ref kind) if kind == "image_url")
         );
         assert!(error.is_request_error());
 
-        let no_text = ChatMessage {
-            role: "user".into(),
-            content: Some(MessageContent::Parts(vec![ContentPart {
+        let no_text = ChatMessage::new(
+            "user",
+            Some(MessageContent::Parts(vec![ContentPart {
                 kind: "text".into(),
                 text: None,
             }])),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        );
         let error = template.render(&[no_text], true).unwrap_err();
         assert!(
             matches!(error, ChatTemplateError::MissingPartText),
@@ -556,13 +542,16 @@ mod tests {
     #[test]
     fn the_developer_role_renders_as_system() {
         let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
-        let user = message("user", "Hi");
+        let user = ChatMessage::text("user", "Hi");
         assert_eq!(
             template
-                .render(&[message("developer", "Be brief."), user.clone()], true)
+                .render(
+                    &[ChatMessage::text("developer", "Be brief."), user.clone()],
+                    true
+                )
                 .unwrap(),
             template
-                .render(&[message("system", "Be brief."), user], true)
+                .render(&[ChatMessage::text("system", "Be brief."), user], true)
                 .unwrap()
         );
     }
@@ -574,7 +563,7 @@ mod tests {
             {{ m.content }}{% endfor %}";
         let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
         let error = template
-            .render(&[message("assistant", "hi")], false)
+            .render(&[ChatMessage::text("assistant", "hi")], false)
             .unwrap_err();
         match &error {
             ChatTemplateError::Raised(text) => {
@@ -584,7 +573,9 @@ mod tests {
         }
         assert!(error.is_request_error());
         assert_eq!(
-            template.render(&[message("user", "ok")], false).unwrap(),
+            template
+                .render(&[ChatMessage::text("user", "ok")], false)
+                .unwrap(),
             "ok"
         );
     }
@@ -599,13 +590,7 @@ mod tests {
         let template =
             ChatTemplate::from_source("{{ messages[0].content.nope() }}".into(), None, None)
                 .unwrap();
-        let message = ChatMessage {
-            role: "user".into(),
-            content: None,
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        let message = ChatMessage::new("user", None);
         let error = template.render(&[message], false).unwrap_err();
         assert!(matches!(error, ChatTemplateError::Render(_)), "{error:?}");
         assert!(error.is_request_error());
@@ -614,13 +599,7 @@ mod tests {
     #[test]
     fn no_content_renders_as_the_empty_string_as_in_vllm() {
         let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
-        let no_content = ChatMessage {
-            role: "user".into(),
-            content: None,
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        let no_content = ChatMessage::new("user", None);
         let empty = ChatMessage {
             content: Some(MessageContent::Text(String::new())),
             ..no_content.clone()
@@ -647,11 +626,11 @@ mod tests {
             ChatTemplate::from_source(source.into(), Some("<s>".into()), Some("</s>".into()))
                 .unwrap();
         let messages = [
-            message("system", "hidden"),
-            message("user", "  Héllo \"you\"  "),
-            message("assistant", "ok"),
-            message("user", " STOP here"),
-            message("assistant", "never"),
+            ChatMessage::text("system", "hidden"),
+            ChatMessage::text("user", "  Héllo \"you\"  "),
+            ChatMessage::text("assistant", "ok"),
+            ChatMessage::text("user", " STOP here"),
+            ChatMessage::text("assistant", "never"),
         ];
         // What transformers' own Jinja2 environment renders for the same input.
         let expected = "\
@@ -675,7 +654,7 @@ title CASE<s></s>";
         let source = "{{ messages | length }}{% if add_generation_prompt %}+gen{% endif %}\
             {% if enable_thinking is defined and not enable_thinking %} no-thinking{% endif %}";
         let template = ChatTemplate::from_source(source.into(), None, None).unwrap();
-        let messages = [message("user", "a")];
+        let messages = [ChatMessage::text("user", "a")];
         assert_eq!(template.render(&messages, true).unwrap(), "1+gen");
         assert_eq!(template.render(&messages, false).unwrap(), "1");
         let mut kwargs = serde_json::Map::new();
@@ -723,8 +702,8 @@ title CASE<s></s>";
     fn continue_final_message_cuts_after_the_final_text() {
         let template = ChatTemplate::from_model_dir(&default_model_dir()).unwrap();
         let messages = [
-            message("user", "Name a colour."),
-            message("assistant", "The colour is "),
+            ChatMessage::text("user", "Name a colour."),
+            ChatMessage::text("assistant", "The colour is "),
         ];
         let rendered = template.render(&messages, false).unwrap();
         assert!(
@@ -748,7 +727,10 @@ title CASE<s></s>";
             continue_final_message(rendered, &messages).unwrap(),
             "[Name a colour.][The colour is"
         );
-        let empty = [message("user", "Hi"), message("assistant", "  ")];
+        let empty = [
+            ChatMessage::text("user", "Hi"),
+            ChatMessage::text("assistant", "  "),
+        ];
         let rendered = template.render(&empty, false).unwrap();
         assert!(matches!(
             continue_final_message(rendered, &empty),

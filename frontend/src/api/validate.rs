@@ -449,7 +449,6 @@ pub fn chat_ending(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use sluice_common::schema::openai::MessageContent;
 
     /// The parameter a 400 names.
     pub(crate) fn param_of(result: Result<impl std::fmt::Debug, ApiError>) -> &'static str {
@@ -602,13 +601,7 @@ pub(crate) mod tests {
 
     #[test]
     fn messages_are_non_empty_with_known_roles() {
-        let message = |role: &str| ChatMessage {
-            role: role.into(),
-            content: Some(MessageContent::Text("hi".into())),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
+        let message = |role: &str| ChatMessage::text(role, "hi");
         assert_eq!(check_messages(&[]), Err(ApiError::EmptyMessages));
         assert!(check_messages(&[message("system"), message("user")]).is_ok());
         assert!(check_messages(&[message("developer"), message("user")]).is_ok());

@@ -289,6 +289,23 @@ pub struct Logprobs {
     pub sampled_rank: u32,
 }
 
+impl Logprobs {
+    /// The logprob of the position's own token (the first entry); NaN when the engine sent none.
+    pub fn own_logprob(&self) -> f64 {
+        self.logprobs.first().copied().unwrap_or(f64::NAN)
+    }
+
+    /// The alternatives after the position's own token, each with its text from `text`.
+    pub fn alternatives(&self, text: impl Fn(u32) -> String) -> Vec<(u32, String, f64)> {
+        self.token_ids
+            .iter()
+            .zip(&self.logprobs)
+            .skip(1)
+            .map(|(&id, &logprob)| (id, text(id), logprob))
+            .collect()
+    }
+}
+
 /// The engine's counters after a step, the one declaration of them on the Rust side: /metrics
 /// renders this type directly. All but the first three are running totals.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -309,14 +309,8 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
                     .map(|entry| TokenLogprob {
                         token_id: entry.token_ids[0],
                         token: text(entry.token_ids[0]),
-                        logprob: entry.logprobs.first().copied().unwrap_or(f64::NAN),
-                        top: entry
-                            .token_ids
-                            .iter()
-                            .zip(&entry.logprobs)
-                            .skip(1)
-                            .map(|(&id, &logprob)| (id, text(id), logprob))
-                            .collect(),
+                        logprob: entry.own_logprob(),
+                        top: entry.alternatives(text),
                     })
                     .collect()
             })

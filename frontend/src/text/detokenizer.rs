@@ -164,14 +164,15 @@ mod tests {
         }
     }
 
+    fn unicode_text_ids(tokenizer: &Tokenizer) -> Vec<u32> {
+        let encoding = tokenizer.encode(UNICODE_TEXT, false).unwrap();
+        encoding.get_ids().to_vec()
+    }
+
     #[test]
     fn unicode_text_streams_equal_to_full_decode_at_every_split() {
         let tokenizer = default_tokenizer();
-        let ids = tokenizer
-            .encode(UNICODE_TEXT, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
+        let ids = unicode_text_ids(&tokenizer);
         assert_eq!(tokenizer.decode(&ids, true).unwrap(), UNICODE_TEXT);
         // The test only means something if some tokens carry partial characters.
         let partial_tokens = ids
@@ -203,11 +204,7 @@ mod tests {
     #[test]
     fn random_chunk_sizes_stream_equal_to_full_decode() {
         let tokenizer = default_tokenizer();
-        let ids = tokenizer
-            .encode(UNICODE_TEXT, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
+        let ids = unicode_text_ids(&tokenizer);
         let full = tokenizer.decode(&ids, true).unwrap();
         // A fixed linear congruential generator keeps the chunkings reproducible.
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -49,15 +49,9 @@ pub fn prompt_token_logprobs(
             .checked_sub(1)
             .and_then(|index| entries.get(index))
             .map(|entry| PromptLogprob {
-                logprob: entry.logprobs.first().copied().unwrap_or(f64::NAN),
+                logprob: entry.own_logprob(),
                 rank: entry.sampled_rank,
-                top: entry
-                    .token_ids
-                    .iter()
-                    .zip(&entry.logprobs)
-                    .skip(1)
-                    .map(|(&id, &logprob)| (id, text(id), logprob))
-                    .collect(),
+                top: entry.alternatives(text),
             });
         tokens.push(PromptToken {
             token_id,

@@ -97,16 +97,7 @@ pub fn plain_template_messages(
                     content => appended(content, prompt),
                 });
             }
-            _ => plain.insert(
-                0,
-                ChatMessage {
-                    role: "system".into(),
-                    content: Some(MessageContent::Text(prompt)),
-                    name: None,
-                    tool_calls: None,
-                    tool_call_id: None,
-                },
-            ),
+            _ => plain.insert(0, ChatMessage::text("system", prompt)),
         }
     }
     plain
@@ -116,16 +107,6 @@ pub fn plain_template_messages(
 mod tests {
     use super::*;
     use sluice_common::schema::openai_tools::{FunctionCall, FunctionDefinition};
-
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: Some(MessageContent::Text(content.into())),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        }
-    }
 
     fn weather_tool() -> Tool {
         Tool {
@@ -142,7 +123,8 @@ mod tests {
     #[test]
     fn tools_are_described_in_a_new_system_message_or_after_the_given_one() {
         let tools = [weather_tool()];
-        let messages = plain_template_messages(&[message("user", "Weather?")], Some(&tools));
+        let messages =
+            plain_template_messages(&[ChatMessage::text("user", "Weather?")], Some(&tools));
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].role, "system");
         let Some(MessageContent::Text(prompt)) = &messages[0].content else {
@@ -153,7 +135,10 @@ mod tests {
         assert!(prompt.contains("<tool_call>"));
 
         let messages = plain_template_messages(
-            &[message("system", "Be brief."), message("user", "?")],
+            &[
+                ChatMessage::text("system", "Be brief."),
+                ChatMessage::text("user", "?"),
+            ],
             Some(&tools),
         );
         assert_eq!(messages.len(), 2);
@@ -175,13 +160,14 @@ mod tests {
                     arguments: "{\"city\": \"Paris\"}".into(),
                 },
             }]),
-            ..message("assistant", "")
+            ..ChatMessage::text("assistant", "")
         };
         let result = ChatMessage {
             tool_call_id: Some("call_1".into()),
-            ..message("tool", "18 C")
+            ..ChatMessage::text("tool", "18 C")
         };
-        let plain = plain_template_messages(&[message("user", "?"), assistant, result], None);
+        let plain =
+            plain_template_messages(&[ChatMessage::text("user", "?"), assistant, result], None);
         assert_eq!(plain.len(), 3);
         assert_eq!(
             plain[1].content,

@@ -168,13 +168,6 @@ pub fn scan_call_array(
 mod tests {
     use super::*;
 
-    fn call(name: &str, arguments: &str) -> CallText {
-        CallText {
-            name: Some(name.into()),
-            arguments: arguments.into(),
-        }
-    }
-
     #[test]
     fn value_ends_follow_brackets_outside_strings() {
         let text = r#"{"a": "}\"]", "b": [1, {"c": 2}]} tail"#;
@@ -191,7 +184,7 @@ mod tests {
         let scanned = scan_call(text, 0);
         assert_eq!(
             scanned.call,
-            call("get_weather", r#"{"city": "Paris", "days": [1, 2]}"#)
+            CallText::named("get_weather", r#"{"city": "Paris", "days": [1, 2]}"#)
         );
         assert_eq!(scanned.end, Some(text.len()));
         assert!(scanned.valid);
@@ -218,9 +211,9 @@ mod tests {
     #[test]
     fn arguments_given_as_a_string_are_its_text_and_absent_ones_are_empty() {
         let scanned = scan_call(r#"{"name": "f", "arguments": "{\"a\": 1}"}"#, 0);
-        assert_eq!(scanned.call, call("f", r#"{"a": 1}"#));
+        assert_eq!(scanned.call, CallText::named("f", r#"{"a": 1}"#));
         let scanned = scan_call(r#"{"name": "f"}"#, 0);
-        assert_eq!(scanned.call, call("f", "{}"));
+        assert_eq!(scanned.call, CallText::named("f", "{}"));
         assert!(scanned.valid);
     }
 
@@ -235,7 +228,13 @@ mod tests {
     fn arrays_hold_calls_and_only_whole_ones_count_when_finished() {
         let text = r#"[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}] "#;
         let (calls, end) = scan_call_array(text, 0, true).unwrap();
-        assert_eq!(calls, vec![call("a", r#"{"x": 1}"#), call("b", "{}")]);
+        assert_eq!(
+            calls,
+            vec![
+                CallText::named("a", r#"{"x": 1}"#),
+                CallText::named("b", "{}")
+            ]
+        );
         assert_eq!(end, Some(text.len() - 1));
         let (calls, end) = scan_call_array(&text[..51], 0, false).unwrap();
         assert_eq!(calls.len(), 2);

@@ -77,13 +77,6 @@ impl ToolCallParser for Hermes {
 mod tests {
     use super::*;
 
-    fn call(name: &str, arguments: &str) -> CallText {
-        CallText {
-            name: Some(name.into()),
-            arguments: arguments.into(),
-        }
-    }
-
     #[test]
     fn blocks_are_calls_and_the_rest_is_content() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>";
@@ -92,8 +85,8 @@ mod tests {
         assert_eq!(
             parse.calls,
             vec![
-                call("get_weather", "{\"city\": \"Paris\"}"),
-                call("now", "{}")
+                CallText::named("get_weather", "{\"city\": \"Paris\"}"),
+                CallText::named("now", "{}")
             ]
         );
     }
@@ -110,7 +103,7 @@ mod tests {
         let text = "<tool_call>not json</tool_call> and <tool_call>{\"name\": \"f\"}</tool_call>";
         let parse = Hermes.parse(text, true);
         assert_eq!(parse.content, "<tool_call>not json</tool_call> and ");
-        assert_eq!(parse.calls, vec![call("f", "{}")]);
+        assert_eq!(parse.calls, vec![CallText::named("f", "{}")]);
     }
 
     #[test]
@@ -118,7 +111,7 @@ mod tests {
         let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n";
         assert_eq!(
             Hermes.parse(text, true).calls,
-            vec![call("f", "{\"a\": 1}")]
+            vec![CallText::named("f", "{\"a\": 1}")]
         );
         let truncated = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1";
         let parse = Hermes.parse(truncated, true);

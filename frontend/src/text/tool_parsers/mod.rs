@@ -26,6 +26,16 @@ pub struct CallText {
     pub arguments: String,
 }
 
+impl CallText {
+    /// A call whose name is known.
+    pub fn named(name: &str, arguments: &str) -> Self {
+        CallText {
+            name: Some(name.into()),
+            arguments: arguments.into(),
+        }
+    }
+}
+
 /// What a parser reads in an output so far.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutputParse {

@@ -51,9 +51,6 @@ def hf_config_from_metadata(metadata: dict[str, Any], tensor_names: set[str]) ->
         raise UnsupportedArchitectureError(
             f"GGUF architecture {arch!r} is not supported; Sluice loads {', '.join(ARCHITECTURES)}"
         )
-    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} is not supported")
 
     def value(key: str, default: Any = None) -> Any:
         found = metadata.get(f"{arch}.{key}", default)
@@ -80,6 +77,16 @@ def hf_config_from_metadata(metadata: dict[str, Any], tensor_names: set[str]) ->
         "hidden_act": "silu",
         "attention_bias": "blk.0.attn_output.bias" in tensor_names,
     }
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if scaling in ("linear", "yarn"):
+        config["rope_scaling"] = {"rope_type": scaling, "factor": float(value("rope.scaling.factor"))}
+        if scaling == "yarn":
+            original = int(value("rope.scaling.original_context_length"))
+            config["rope_scaling"]["original_max_position_embeddings"] = original
+    elif scaling != "none":
+        raise UnsupportedArchitectureError(
+            f"GGUF rope scaling {scaling!r} ({arch}.rope.scaling.type) is not supported; Sluice reads linear and yarn"
+        )
     for key in ("bos", "eos", "padding"):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from sluice.errors import InvalidRequestError, ModelNotFoundError, UnsupportedArchitectureError
 from sluice.gguf_model import gguf_model_folder, is_gguf_file
+from sluice.rope_parameters import rope_parameters_of
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -23,7 +24,8 @@ class ModelSpec:
     path: Path
     architecture: str
     hf_config: dict[str, Any]
-    max_position_embeddings: int
+    # The longest context it serves: max_position_embeddings, stretched by linear, dynamic or YaRN RoPE.
+    max_context: int
     eos_token_ids: tuple[int, ...]
     # The GGUF file that holds the weights; `path` is then the folder of its config and tokenizer.
     gguf_file: Path | None = None
@@ -72,7 +74,7 @@ def read_model_spec(path: str | Path) -> ModelSpec:
         path=folder,
         architecture=supported[0],
         hf_config=hf_config,
-        max_position_embeddings=int(hf_config.get("max_position_embeddings", 2048)),
+        max_context=rope_parameters_of(hf_config).max_context(),
         eos_token_ids=eos_ids,
         gguf_file=gguf_file,
     )
@@ -81,11 +83,11 @@ def read_model_spec(path: str | Path) -> ModelSpec:
 def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
     """The context length to serve: the model's own unless a smaller one is asked for."""
     if requested is None:
-        return spec.max_position_embeddings
-    if not 0 < requested <= spec.max_position_embeddings:
+        return spec.max_context
+    if not 0 < requested <= spec.max_context:
         raise InvalidRequestError(
-            f"max_model_len {requested} must be in [1, {spec.max_position_embeddings}], "
-            "the model's max_position_embeddings",
+            f"max_model_len {requested} must be in [1, {spec.max_context}], the model's max_position_embeddings "
+            "(times its RoPE scaling factor for linear, dynamic and yarn)",
             param="max_model_len",
         )
     return requested

@@ -22,7 +22,6 @@ from tiny_models import tiny_model_dir
 from worker.attention.torch_backend import TorchAttentionBackend
 from worker.model_loader import WeightLoadError, load_model
 from worker.models.llama import LlamaForCausalLM
-from worker.models.rotary import inverse_frequencies, rope_parameters_of
 from worker.native_ops import use_cpu_isa
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
@@ -132,20 +131,3 @@ def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) ->
     spec = read_model_spec(tmp_path)
     model = load_model(spec, torch.float32, torch.device("cpu"), TorchAttentionBackend(), max_model_len=128)
     assert model.architecture == "MistralForCausalLM"
-
-
-def test_rope_settings_read_from_either_config_layout() -> None:
-    scaling = {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    new = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **scaling}}
-    old = {"rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **scaling}}
-    a = inverse_frequencies(rope_parameters_of(new), 64, 256)
-    b = inverse_frequencies(rope_parameters_of(old), 64, 256)
-    plain = inverse_frequencies(rope_parameters_of({"rope_theta": 500000.0}), 64, 256)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, plain)
-    assert torch.equal(a[:3], plain[:3])

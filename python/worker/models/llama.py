@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
+from sluice.rope_parameters import rope_parameters_of
 from worker.attention.backend import AttentionBackend, AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
-from worker.models.rotary import RotaryEmbedding, inverse_frequencies, rope_parameters_of
+from worker.models.rotary import RotaryEmbedding, rotary_frequencies
 from worker.models.vocab_parallel import VocabParallelEmbedding
 from worker.quantized_weights import QuantizedParts, QuantizedRows, covering_parts
 
@@ -310,8 +311,12 @@ class LlamaForCausalLM(nn.Module):
         # This rank's share of the KV cache's shape: [num_blocks, block_size, num_kv_heads, head_dim].
         self.num_kv_heads = self.layers[0].self_attn.num_kv_heads
         self.head_dim = self.layers[0].self_attn.head_dim
-        inv_freq = inverse_frequencies(rope_parameters_of(hf_config), self.head_dim, max_positions)
-        self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype)
+        # The frequencies for the context served (dynamic and longrope depend on it); the table covers
+        # max_position_embeddings at least.
+        inv_freq, attention_factor = rotary_frequencies(
+            rope_parameters_of(hf_config), self.head_dim, max_model_len
+        )
+        self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype, attention_factor)
 
     def prepare_linear_weights(
         self, fused_gate_up: bool = True, gemm_k_blocks: bool = True, quantized: QuantizedParts | None = None

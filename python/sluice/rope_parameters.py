@@ -1,0 +1,69 @@
+"""A model's RoPE settings as its config.json gives them, and the longest context they serve.
+
+The frequencies themselves are the worker's (worker/models/rotary.py); the engine core reads these
+settings too, for the context length it may serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import UnsupportedArchitectureError
+
+# Every rope_type of transformers' that changes the frequencies of a text model, each written in
+# worker/models/rotary.py from its definition and checked against transformers' own rotary
+# (tests/engine/test_rope_scaling.py).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeParameters:
+    theta: float
+    rope_type: str
+    scaling: dict[str, Any]
+    # The config's max_position_embeddings, and the context the model was pretrained at (the same,
+    # unless the config names an original_max_position_embeddings).
+    max_position_embeddings: int
+    original_max_position_embeddings: int
+
+    def max_context(self) -> int:
+        """The longest context the scaling serves, as vLLM derives it: linear and dynamic stretch
+        max_position_embeddings by their factor, YaRN the original context; llama3's and LongRoPE's
+        max_position_embeddings is already the extended one."""
+        factor = self.scaling.get("factor")
+        if self.rope_type in ("linear", "dynamic") and factor:
+            return int(self.max_position_embeddings * factor)
+        if self.rope_type == "yarn" and factor:
+            return max(self.max_position_embeddings, int(self.original_max_position_embeddings * factor))
+        return self.max_position_embeddings
+
+
+def rope_parameters_of(hf_config: dict[str, Any]) -> RopeParameters:
+    """Read rope settings from either layout: transformers 5's `rope_parameters` or the older
+    top-level `rope_theta` plus `rope_scaling`. A setting that changes the maths and is not
+    implemented is refused, by name."""
+    params = dict(hf_config.get("rope_parameters") or {})
+    params.update(hf_config.get("rope_scaling") or {})
+    theta = params.get("rope_theta", hf_config.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedArchitectureError(
+            f"rope_type {rope_type!r} is not supported; Sluice implements {', '.join(ROPE_TYPES)}"
+        )
+    partial = params.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise UnsupportedArchitectureError(
+            f"partial_rotary_factor {partial} is not supported; Sluice rotates every dimension of a head"
+        )
+    max_positions = int(hf_config.get("max_position_embeddings", 2048))
+    original = params.get(
+        "original_max_position_embeddings", hf_config.get("original_max_position_embeddings")
+    )
+    return RopeParameters(
+        theta=float(theta),
+        rope_type=rope_type,
+        scaling=params,
+        max_position_embeddings=max_positions,
+        original_max_position_embeddings=int(original or max_positions),
+    )

@@ -16,6 +16,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
+    # Llama's layers with q, k and v in one qkv_proj and gate and up in one gate_up_proj (Phi-3 and 3.5).
+    "Phi3ForCausalLM",
 )
 
 

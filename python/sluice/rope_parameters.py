@@ -47,6 +47,8 @@ def rope_parameters_of(hf_config: dict[str, Any]) -> RopeParameters:
     params.update(hf_config.get("rope_scaling") or {})
     theta = params.get("rope_theta", hf_config.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type")) or "default"
+    # Phi-3's first long-context configs name LongRoPE "su".
+    rope_type = "longrope" if rope_type == "su" else rope_type
     if rope_type not in ROPE_TYPES:
         raise UnsupportedArchitectureError(
             f"rope_type {rope_type!r} is not supported; Sluice implements {', '.join(ROPE_TYPES)}"

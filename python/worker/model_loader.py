@@ -97,13 +97,14 @@ def load_model(
             continue
         if name == "lm_head.weight" and model.tie_word_embeddings:
             continue
-        if name not in targets:
-            raise WeightLoadError(
-                f"{file.name} holds tensor {name!r}, which {spec.architecture} with this "
-                "config.json does not have"
-            )
-        _copy_into(targets[name], checkpoint, name)
-        loaded.add(name)
+        for part_name, part in _checkpoint_parts(name, checkpoint, targets):
+            if part_name not in targets:
+                raise WeightLoadError(
+                    f"{file.name} holds tensor {name!r}, which {spec.architecture} with this "
+                    "config.json does not have"
+                )
+            _copy_into(targets[part_name], part, part_name)
+            loaded.add(part_name)
     if quantization is not None:
         quantized = _quantize_linear_weights(model, quantization)
     if quantized:
@@ -167,6 +168,32 @@ class _Target:
     # The dimension split over the ranks (None: every rank holds all of it), and this rank's offset on it.
     dim: int | None = None
     start: int = 0
+
+
+def _checkpoint_parts(
+    name: str, checkpoint: Checkpoint, targets: dict[str, _Target]
+) -> Iterator[tuple[str, Checkpoint]]:
+    """The checkpoint tensor, or, where the checkpoint fuses what the targets name apart (Phi-3's
+    qkv_proj and gate_up_proj), each part's rows under its own name, for sharding like the rest."""
+    fused = next((f for f in _FUSED if f".{f}." in name), None)
+    if name in targets or fused is None:
+        yield name, checkpoint
+        return
+    names = [name.replace(f".{fused}.", f".{part}.") for part in _FUSED[fused]]
+    if not all(part_name in targets for part_name in names):
+        yield name, checkpoint
+        return
+    rows = [targets[part_name].full_shape[0] for part_name in names]
+    shape = tuple(checkpoint.shape if isinstance(checkpoint, torch.Tensor) else checkpoint.get_shape())
+    if not shape or shape[0] != sum(rows):
+        raise WeightLoadError(
+            f"tensor {name!r} has shape {shape}, but config.json implies {sum(rows)} rows "
+            f"({' + '.join(map(str, rows))} for {', '.join(_FUSED[fused])})"
+        )
+    start = 0
+    for part_name, count in zip(names, rows, strict=True):
+        yield part_name, checkpoint[start : start + count]
+        start += count
 
 
 def _checkpoint_targets(model: LlamaForCausalLM) -> dict[str, _Target]:

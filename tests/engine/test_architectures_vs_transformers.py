@@ -1,4 +1,4 @@
-"""Tiny random-init Qwen2, Qwen3, Mistral and Llama models generate what transformers generates, at every
+"""Tiny random-init Qwen2, Qwen3, Mistral, Llama and Phi-3 models generate what transformers generates, at every
 CPU kernel tier this machine runs and at none."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def random_prompts(count: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("cpu_isa", ALL_TIERS)
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral", "llama", "phi3"])
 def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
     folder = tiny_model_dir(arch)
     prompts = random_prompts(6)

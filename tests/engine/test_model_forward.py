@@ -24,7 +24,7 @@ from worker.model_loader import WeightLoadError, load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import use_cpu_isa
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "default"]
 
 
 def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
@@ -118,6 +118,19 @@ def test_missing_tensor_is_named(tmp_path: Path) -> None:
     del tensors["model.layers.1.self_attn.k_proj.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
+        _ours(tmp_path)
+
+
+def test_a_misshapen_fused_tensor_is_named_with_its_parts(tmp_path: Path) -> None:
+    shutil.copytree(tiny_model_dir("phi3"), tmp_path, dirs_exist_ok=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    tensors[name] = tensors[name][:-16].contiguous()
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    # 4 heads of 16, and 2 KV heads for k and v: 128 rows, of which 112 remain.
+    with pytest.raises(
+        WeightLoadError, match=r"qkv_proj\.weight' has shape \(112, 64\).* 128 rows \(64 \+ 32 \+ 32"
+    ):
         _ours(tmp_path)
 
 

@@ -154,15 +154,16 @@ def test_settings_read_from_either_config_layout() -> None:
     assert not torch.equal(a, plain)
     assert torch.equal(a[:3], plain[:3])
     # Phi-3 keeps the original context at the top level of its config.
-    phi = {"original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope"}}
+    phi = {"original_max_position_embeddings": 4096, "rope_scaling": {"type": "su"}}
     assert rope_parameters_of(phi).original_max_position_embeddings == 4096
+    assert rope_parameters_of(phi).rope_type == "longrope"
 
 
 @pytest.mark.parametrize(
     ("config", "field"),
     [
         ({"rope_scaling": {"rope_type": "mrope"}}, "rope_type 'mrope'"),
-        ({"rope_scaling": {"type": "su"}}, "rope_type 'su'"),
+        ({"rope_scaling": {"type": "2d"}}, "rope_type '2d'"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
         (
             {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}},

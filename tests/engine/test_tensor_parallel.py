@@ -7,6 +7,7 @@ sequence is then not compared, since its context differs.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -32,10 +33,11 @@ from worker.sampling_state import SamplingState
 
 NEAR_TIE = 1e-3
 MAX_NEW_TOKENS = 8
-# The tiny models: Llama (tied embeddings), Qwen2 (qkv bias), Qwen3 (q/k norms, head_dim 32), a Llama
+# The tiny models: Llama (tied embeddings), Qwen2 (qkv bias), Qwen3 (q/k norms, head_dim 32), Phi-3 (q, k
+# and v fused in the checkpoint, and gate and up), a Llama
 # with biases on every projection (row-parallel ones included), and a Llama whose vocab (321) does not
 # divide by 2, so the last rank's vocab shard is padded.
-TINY = ["llama", "qwen2", "qwen3", "llama-biases", "llama-odd-vocab"]
+TINY = ["llama", "qwen2", "qwen3", "phi3", "llama-biases", "llama-odd-vocab"]
 # Layer 0's weights of the default model, checked slice by slice on each of the three ranks.
 DEFAULT_MODEL_PARAMS = (
     "embed_tokens.weight",
@@ -80,7 +82,7 @@ def _run_on_rank(
 
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folders = {arch: tiny_model_dir(arch) for arch in ("llama", "qwen2", "qwen3")}
+    folders = {arch: tiny_model_dir(arch) for arch in ("llama", "qwen2", "qwen3", "phi3")}
     variants = {
         "llama-biases": {"attention_bias": True, "mlp_bias": True},
         "llama-odd-vocab": {"vocab_size": 321},
@@ -162,6 +164,15 @@ def _checkpoint(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _part_rows(folder: Path, module: str) -> list[int]:
+    config = json.loads((folder / "config.json").read_text())
+    if module == "gate_up_proj":
+        return [config["intermediate_size"]] * 2
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_rows = config["num_key_value_heads"] * head_dim
+    return [config["num_attention_heads"] * head_dim, kv_rows, kv_rows]
+
+
 def _expected_shard(folder: Path, name: str, rank: int, size: int) -> torch.Tensor:
     """Our parameter `name` on `rank` of `size`, cut from the checkpoint by Megatron's layout."""
     prefix, _, kind = name.rpartition(".")
@@ -170,6 +181,10 @@ def _expected_shard(folder: Path, name: str, rank: int, size: int) -> torch.Tens
     if module in fused:
         parts = [f"model.{prefix.removesuffix(module)}{part}.{kind}" for part in fused[module]]
         tensors = _checkpoint(folder, parts)
+        if not tensors:
+            # Phi-3 keeps them fused in the checkpoint: cut the fused tensor into its parts.
+            whole = _checkpoint(folder, [f"model.{name}"])[f"model.{name}"]
+            tensors = dict(zip(parts, whole.split(_part_rows(folder, module)), strict=True))
         return torch.cat([tensors[part].chunk(size)[rank] for part in parts])
     hf_name = name if name.startswith("lm_head.") else f"model.{name}"
     tensor = _checkpoint(folder, [hf_name])[hf_name]

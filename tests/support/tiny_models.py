@@ -1,4 +1,4 @@
-"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral) written with transformers.
+"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral, Phi-3) written with transformers.
 
 Biases and norm weights are randomised too, so a model that ignores them cannot pass, and the
 weights are large enough that logits have clear winners. Each folder carries a byte-level
@@ -54,6 +54,8 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
     "qwen3": {"head_dim": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
     "mistral": {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    # Fused qkv_proj and gate_up_proj in the checkpoint; transformers' own pad id (32000) is past this vocab.
+    "phi3": {"pad_token_id": EOS_ID, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
 }
 
 _CHAT_TEMPLATE = (
@@ -65,7 +67,7 @@ _CHAT_TEMPLATE = (
 def write_tiny_model(
     arch: str, folder: Path, dtype: str = "float32", seed: int = 0, overrides: dict[str, Any] | None = None
 ) -> Path:
-    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral") into `folder`; returns it.
+    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral", "phi3") into `folder`; returns it.
 
     `overrides` replaces config values (head counts, vocab size, ...).
     """

@@ -263,7 +263,7 @@ class _LayerTensors:
 
 def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
     """The attention window the model was trained with, or None when it attends to everything."""
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return hf_config.get("sliding_window")
     if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf_config.get("use_sliding_window"):
         return hf_config.get("sliding_window")

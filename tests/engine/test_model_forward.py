@@ -134,6 +134,21 @@ def test_a_misshapen_fused_tensor_is_named_with_its_parts(tmp_path: Path) -> Non
         _ours(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0), ("logits_scaling", 8.0)],
+)
+def test_a_field_that_changes_the_maths_unimplemented_is_refused_by_name(
+    field: str, value: float, tmp_path: Path
+) -> None:
+    shutil.copytree(tiny_model_dir("qwen2"), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=f"sets {field} = {value}"):
+        _ours(tmp_path)
+
+
 def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) -> None:
     shutil.copytree(tiny_model_dir("mistral"), tmp_path, dirs_exist_ok=True)
     config = json.loads((tmp_path / "config.json").read_text())

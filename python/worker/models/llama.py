@@ -261,6 +261,19 @@ class _LayerTensors:
     scale: float
 
 
+# Config fields of other families (Gemma's soft-capping and query scaling, Granite's multipliers) that a
+# Llama-shaped model would silently ignore: a config that sets one is refused instead.
+_UNIMPLEMENTED_FIELDS = (
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+    "embedding_multiplier",
+    "logits_scaling",
+    "residual_multiplier",
+    "attention_multiplier",
+)
+
+
 def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
     """The attention window the model was trained with, or None when it attends to everything."""
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
@@ -284,6 +297,12 @@ class LlamaForCausalLM(nn.Module):
         architecture = (hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
         max_positions = int(hf_config.get("max_position_embeddings", 2048))
         max_model_len = max_model_len or max_positions
+        for field in _UNIMPLEMENTED_FIELDS:
+            if hf_config.get(field) is not None:
+                raise UnsupportedArchitectureError(
+                    f"{architecture}'s config sets {field} = {hf_config[field]!r}, which changes the maths and "
+                    "which Sluice does not implement for this family"
+                )
         window = sliding_window_of(hf_config, architecture)
         if window is not None and window < max_model_len:
             raise UnsupportedArchitectureError(

@@ -35,6 +35,24 @@ def is_gguf_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() == GGUF_SUFFIX
 
 
+# llama.cpp's converter writes Llama 3's rope scaling as this tensor: one divisor per frequency.
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+
+
+def read_rope_divisors(gguf_file: Path) -> list[float] | None:
+    """The values of the GGUF's rope_freqs tensor, or None when it has none."""
+    from gguf import GGUFReader
+
+    for tensor in GGUFReader(str(gguf_file)).tensors:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            if tensor.tensor_type.name != "F32":
+                raise UnsupportedArchitectureError(
+                    f"the GGUF's {ROPE_FREQS_TENSOR} is {tensor.tensor_type.name}; llama.cpp writes it as F32"
+                )
+            return [float(value) for value in tensor.data.reshape(-1)]
+    return None
+
+
 def read_metadata(gguf_file: Path) -> tuple[dict[str, Any], set[str]]:
     """The GGUF's metadata (key -> value) and the names of its tensors."""
     from gguf import GGUFReader
@@ -44,8 +62,11 @@ def read_metadata(gguf_file: Path) -> tuple[dict[str, Any], set[str]]:
     return metadata, {tensor.name for tensor in reader.tensors}
 
 
-def hf_config_from_metadata(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """config.json for the architecture that `metadata` describes."""
+def hf_config_from_metadata(
+    metadata: dict[str, Any], tensor_names: set[str], rope_divisors: list[float] | None = None
+) -> dict[str, Any]:
+    """config.json for the architecture that `metadata` describes; `rope_divisors` are its rope_freqs
+    tensor's values (read_rope_divisors)."""
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -87,6 +108,26 @@ def hf_config_from_metadata(metadata: dict[str, Any], tensor_names: set[str]) ->
         raise UnsupportedArchitectureError(
             f"GGUF rope scaling {scaling!r} ({arch}.rope.scaling.type) is not supported; Sluice reads linear and yarn"
         )
+    if rope_divisors is not None:
+        if "rope_scaling" in config:
+            raise UnsupportedArchitectureError(
+                f"the GGUF has both {arch}.rope.scaling.type {scaling!r} and {ROPE_FREQS_TENSOR}; Sluice reads one"
+            )
+        head_dim = config["head_dim"]
+        if len(rope_divisors) != head_dim // 2:
+            raise UnsupportedArchitectureError(
+                f"the GGUF's {ROPE_FREQS_TENSOR} has {len(rope_divisors)} values; a head of {head_dim} needs "
+                f"{head_dim // 2}"
+            )
+        # Each frequency divided by its own factor and cos/sin unscaled: LongRoPE's maths with one set of
+        # factors for every length (and what llama.cpp computes from the tensor).
+        config["rope_scaling"] = {
+            "rope_type": "longrope",
+            "short_factor": rope_divisors,
+            "long_factor": rope_divisors,
+            "attention_factor": 1.0,
+            "original_max_position_embeddings": config["max_position_embeddings"],
+        }
     for key in ("bos", "eos", "padding"):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:
@@ -123,7 +164,7 @@ def _write_folder(source: Path, out: Path) -> None:
     from sluice.gguf_tokenizer import tokenizer_from_gguf
 
     metadata, tensor_names = read_metadata(source)
-    config = hf_config_from_metadata(metadata, tensor_names)
+    config = hf_config_from_metadata(metadata, tensor_names, read_rope_divisors(source))
     tokenizer = tokenizer_from_gguf(metadata)
     tokenizer.tokenizer.save(str(out / "tokenizer.json"))
     tokenizer_config = {

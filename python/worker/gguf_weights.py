@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from sluice.errors import SluiceError
+from sluice.gguf_model import ROPE_FREQS_TENSOR
 from worker.gguf_dequantize import dequantize
 from worker.quantized_weights import QUANTIZED_TYPES, QuantizedRows, from_gguf
 
@@ -116,6 +117,9 @@ def gguf_tensors(
     )
     tied = bool(hf_config.get("tie_word_embeddings", False))
     for tensor in bar:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            # Read into config.json's rope scaling (sluice/gguf_model.py), not a weight.
+            continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         type_name = tensor.tensor_type.name
         part = tensor.name.split(".")[-2]

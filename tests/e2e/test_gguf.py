@@ -5,6 +5,7 @@ against `sluice serve FOLDER`, through the official openai client."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from gguf_blocks import FLOAT16_OFFSETS, random_blocks
 from serve_fixtures import Server, running_server
 from sluice.default_model import gguf_path
 from sluice.errors import ModelNotFoundError
-from sluice.gguf_model import gguf_model_folder
+from sluice.gguf_model import ROPE_FREQS_TENSOR, gguf_model_folder
 from sluice.model_spec import read_model_spec
 from worker.gguf_dequantize import UnsupportedQuantizationError, dequantize
 from worker.gguf_weights import GGUFTensorError, gguf_tensors, hf_tensor_name, unpermute_rotary_rows
@@ -250,6 +251,29 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{parts[module]}.{kind}"
 
 
+def _llama3_rope_divisors(rope: dict, config: dict) -> np.ndarray:
+    """What llama.cpp's converter writes for Llama 3's rope scaling: each frequency's divisor, 1 for short
+    wavelengths, the factor for long ones, a smooth blend between."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    inv_freq = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    original, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low_wavelength = original / rope["low_freq_factor"]
+    high_wavelength = original / rope["high_freq_factor"]
+    divisors = []
+    for frequency in inv_freq:
+        wavelength = 2 * math.pi / frequency
+        if wavelength < high_wavelength:
+            divisors.append(1.0)
+        elif wavelength > low_wavelength:
+            divisors.append(factor)
+        else:
+            smooth = (original / wavelength - rope["low_freq_factor"]) / (
+                rope["high_freq_factor"] - rope["low_freq_factor"]
+            )
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, dtype=np.float32)
+
+
 def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tensor]:
     """A GGUF of the tiny `arch` folder's weights, 2-D ones cycling through the six types, as
     llama.cpp's converter writes them; returns what each tensor should load as (float32)."""
@@ -265,6 +289,9 @@ def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tens
         writer.add_uint32(f"{arch}.attention.key_length", config["head_dim"])
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_divisors(rope, config))
     vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
     tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
@@ -322,6 +349,29 @@ def test_tiny_gguf_of_each_architecture_and_type_loads_as_written(arch: str, tmp
         assert torch.equal(tensor, expected[name]), name
 
 
+def test_a_llama3_gguf_rotates_as_its_folder(tmp_path: Path) -> None:
+    """llama.cpp keeps Llama 3's rope scaling as the rope_freqs tensor; served, it gives the folder's tables."""
+    from tiny_models import tiny_model_dir
+    from worker.attention.torch_backend import TorchAttentionBackend
+    from worker.model_loader import load_model
+
+    folder = tiny_model_dir("llama")
+    path = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf("llama", folder, path)
+    assert json.loads((folder / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
+    config = json.loads((gguf_model_folder(path, cache_dir=tmp_path) / "config.json").read_text())
+    assert config["rope_scaling"]["rope_type"] == "longrope"
+
+    def rotary(model_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        model = load_model(
+            read_model_spec(model_path), torch.float32, torch.device("cpu"), TorchAttentionBackend()
+        )
+        return model.rotary.cos, model.rotary.sin_signed
+
+    for ours, reference in zip(rotary(path), rotary(folder), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=2e-5)
+
+
 # Each fused weight of the tiny models and the checkpoint tensors it stacks, top to bottom.
 FUSED_PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -347,7 +397,8 @@ def test_tiny_gguf_runs_its_quantized_weights_quantized(
     monkeypatch.setenv("SLUICE_CACHE", str(tmp_path))
     path = tmp_path / f"tiny-{arch}.gguf"
     expected = write_tiny_gguf(arch, tiny_model_dir(arch), path)
-    types = {hf_tensor_name(t.name): t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    tensors = gguf.GGUFReader(str(path)).tensors
+    types = {hf_tensor_name(t.name): t.tensor_type.name for t in tensors if t.name != ROPE_FREQS_TENSOR}
     spec = read_model_spec(path)
     cpu = torch.device("cpu")
     quantized = load_model(spec, torch.float32, cpu, CpuAttentionBackend(native))

@@ -270,3 +270,20 @@ def test_a_served_context_within_the_original_one_runs_longrope_on_its_short_fac
     short = served_logits(ORIGINAL)
     assert (short - reference).abs().max().item() <= 2e-5 * max(reference.abs().max().item(), 1.0)
     assert (served_logits(SERVED) - reference).abs().max().item() > 1e-3
+
+
+def test_a_gguf_rope_freqs_tensor_becomes_per_frequency_divisors() -> None:
+    divisors = [1.0, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0]
+    rope = rope_parameters_of(hf_config_from_metadata(_gguf_metadata(), set(), divisors))
+    inv_freq, attention_factor = rotary_frequencies(rope, HEAD_DIM, SERVED)
+    plain = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+    torch.testing.assert_close(inv_freq, plain / torch.tensor(divisors))
+    assert attention_factor == 1.0
+    with pytest.raises(
+        UnsupportedArchitectureError, match="both llama.rope.scaling.type 'linear' and rope_freqs"
+    ):
+        hf_config_from_metadata(_gguf_metadata(type="linear", factor=2.0), set(), divisors)
+    with pytest.raises(
+        UnsupportedArchitectureError, match="rope_freqs.weight has 3 values; a head of 16 needs 8"
+    ):
+        hf_config_from_metadata(_gguf_metadata(), set(), [1.0, 2.0, 3.0])

@@ -39,34 +39,29 @@ def is_gguf_file(path: str | Path) -> bool:
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 
 
-def read_rope_divisors(gguf_file: Path) -> list[float] | None:
-    """The values of the GGUF's rope_freqs tensor, or None when it has none."""
+def read_metadata(gguf_file: Path) -> tuple[dict[str, Any], set[str], list[float] | None]:
+    """The GGUF's metadata (key -> value), the names of its tensors, and its rope_freqs tensor's values
+    (None when it has none)."""
     from gguf import GGUFReader
 
-    for tensor in GGUFReader(str(gguf_file)).tensors:
+    reader = GGUFReader(str(gguf_file))
+    metadata = {name: field.contents() for name, field in reader.fields.items()}
+    rope_divisors = None
+    for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS_TENSOR:
             if tensor.tensor_type.name != "F32":
                 raise UnsupportedArchitectureError(
                     f"the GGUF's {ROPE_FREQS_TENSOR} is {tensor.tensor_type.name}; llama.cpp writes it as F32"
                 )
-            return [float(value) for value in tensor.data.reshape(-1)]
-    return None
-
-
-def read_metadata(gguf_file: Path) -> tuple[dict[str, Any], set[str]]:
-    """The GGUF's metadata (key -> value) and the names of its tensors."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_file))
-    metadata = {name: field.contents() for name, field in reader.fields.items()}
-    return metadata, {tensor.name for tensor in reader.tensors}
+            rope_divisors = [float(value) for value in tensor.data.reshape(-1)]
+    return metadata, {tensor.name for tensor in reader.tensors}, rope_divisors
 
 
 def hf_config_from_metadata(
     metadata: dict[str, Any], tensor_names: set[str], rope_divisors: list[float] | None = None
 ) -> dict[str, Any]:
     """config.json for the architecture that `metadata` describes; `rope_divisors` are its rope_freqs
-    tensor's values (read_rope_divisors)."""
+    tensor's values (read_metadata)."""
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -163,8 +158,8 @@ def _is_complete(folder: Path) -> bool:
 def _write_folder(source: Path, out: Path) -> None:
     from sluice.gguf_tokenizer import tokenizer_from_gguf
 
-    metadata, tensor_names = read_metadata(source)
-    config = hf_config_from_metadata(metadata, tensor_names, read_rope_divisors(source))
+    metadata, tensor_names, rope_divisors = read_metadata(source)
+    config = hf_config_from_metadata(metadata, tensor_names, rope_divisors)
     tokenizer = tokenizer_from_gguf(metadata)
     tokenizer.tokenizer.save(str(out / "tokenizer.json"))
     tokenizer_config = {

@@ -27,15 +27,21 @@ class RopeParameters:
     max_position_embeddings: int
     original_max_position_embeddings: int
 
+    @property
+    def factor(self) -> float:
+        """The scaling's factor: the config's, else the extended context over the original one."""
+        return (
+            self.scaling.get("factor") or self.max_position_embeddings / self.original_max_position_embeddings
+        )
+
     def max_context(self) -> int:
         """The longest context the scaling serves, as vLLM derives it: linear and dynamic stretch
         max_position_embeddings by their factor, YaRN the original context; llama3's and LongRoPE's
         max_position_embeddings is already the extended one."""
-        factor = self.scaling.get("factor")
-        if self.rope_type in ("linear", "dynamic") and factor:
-            return int(self.max_position_embeddings * factor)
-        if self.rope_type == "yarn" and factor:
-            return max(self.max_position_embeddings, int(self.original_max_position_embeddings * factor))
+        if self.rope_type in ("linear", "dynamic"):
+            return int(self.max_position_embeddings * self.factor)
+        if self.rope_type == "yarn":
+            return max(self.max_position_embeddings, int(self.original_max_position_embeddings * self.factor))
         return self.max_position_embeddings
 
 

@@ -29,7 +29,7 @@ def rotary_frequencies(rope: RopeParameters, head_dim: int, served_len: int) -> 
     scaling = rope.scaling
     inv_freq = 1.0 / (rope.theta ** _exponents(head_dim))
     if rope.rope_type == "linear":
-        return inv_freq / scaling["factor"], 1.0
+        return inv_freq / rope.factor, 1.0
     if rope.rope_type == "llama3":
         return _llama3_inverse_frequencies(inv_freq, scaling, rope.original_max_position_embeddings), 1.0
     if rope.rope_type == "dynamic":
@@ -60,7 +60,7 @@ def _llama3_inverse_frequencies(
 def _dynamic_inverse_frequencies(rope: RopeParameters, head_dim: int, served_len: int) -> torch.Tensor:
     """NTK-aware scaling: the base grows with the context past max_position_embeddings, so the
     lowest frequencies stretch over it while the highest barely move."""
-    factor = rope.scaling["factor"]
+    factor = rope.factor
     trained = rope.max_position_embeddings
     length = max(served_len, trained)
     base = rope.theta * ((factor * length / trained) - (factor - 1)) ** (head_dim / (head_dim - 2))
@@ -77,7 +77,7 @@ def _yarn(rope: RopeParameters, head_dim: int) -> tuple[torch.Tensor, float]:
     cos and sin are scaled by 0.1 ln(factor) + 1 (or the config's attention_factor or mscales)."""
     scaling = rope.scaling
     original = rope.original_max_position_embeddings
-    factor = scaling.get("factor") or rope.max_position_embeddings / original
+    factor = rope.factor
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
@@ -109,7 +109,7 @@ def _longrope(rope: RopeParameters, head_dim: int, served_len: int) -> tuple[tor
     set within it; cos and sin scaled by sqrt(1 + ln(factor) / ln(original context))."""
     scaling = rope.scaling
     original = rope.original_max_position_embeddings
-    factor = scaling.get("factor") or rope.max_position_embeddings / original
+    factor = rope.factor
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig
 
 from sluice.config import sluice_cache_dir
 from sluice.default_model import prepare_default_model
@@ -59,36 +59,51 @@ def default_w4_dir() -> Path:
     return sluice_cache_dir() / "models" / "w4-llama-1.1b-random"
 
 
+def attention_shapes(config: PretrainedConfig, layer: str) -> dict[str, tuple[int, ...]]:
+    """A layer's norms and attention projections, as the Hugging Face checkpoint names them."""
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    return {
+        f"{layer}.input_layernorm.weight": (hidden,),
+        f"{layer}.self_attn.q_proj.weight": (q, hidden),
+        f"{layer}.self_attn.k_proj.weight": (kv, hidden),
+        f"{layer}.self_attn.v_proj.weight": (kv, hidden),
+        f"{layer}.self_attn.o_proj.weight": (hidden, q),
+        f"{layer}.post_attention_layernorm.weight": (hidden,),
+    }
+
+
+def mlp_shapes(prefix: str, hidden: int, inner: int) -> dict[str, tuple[int, ...]]:
+    return {
+        f"{prefix}.gate_proj.weight": (inner, hidden),
+        f"{prefix}.up_proj.weight": (inner, hidden),
+        f"{prefix}.down_proj.weight": (hidden, inner),
+    }
+
+
 def tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every weight of a tied-embedding Llama, as the Hugging Face checkpoint names it."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    head_dim = hidden // config.num_attention_heads
-    kv = config.num_key_value_heads * head_dim
+    hidden = config.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
     for i in range(config.num_hidden_layers):
         layer = f"model.layers.{i}"
-        shapes[f"{layer}.input_layernorm.weight"] = (hidden,)
-        shapes[f"{layer}.self_attn.q_proj.weight"] = (hidden, hidden)
-        shapes[f"{layer}.self_attn.k_proj.weight"] = (kv, hidden)
-        shapes[f"{layer}.self_attn.v_proj.weight"] = (kv, hidden)
-        shapes[f"{layer}.self_attn.o_proj.weight"] = (hidden, hidden)
-        shapes[f"{layer}.post_attention_layernorm.weight"] = (hidden,)
-        shapes[f"{layer}.mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[f"{layer}.mlp.up_proj.weight"] = (inter, hidden)
-        shapes[f"{layer}.mlp.down_proj.weight"] = (hidden, inter)
+        shapes |= attention_shapes(config, layer) | mlp_shapes(
+            f"{layer}.mlp", hidden, config.intermediate_size
+        )
     shapes["model.norm.weight"] = (hidden,)
     return shapes
 
 
-def random_weights(config: LlamaConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Norms at one, every matrix N(0, initializer_range), drawn in name order from one generator."""
+def random_weights(shapes: dict[str, tuple[int, ...]], std: float, seed: int) -> dict[str, torch.Tensor]:
+    """Norms at one, every matrix N(0, std), drawn in name order from one generator."""
     generator = torch.Generator().manual_seed(seed)
     weights = {}
-    for name, shape in tensor_shapes(config).items():
+    for name, shape in shapes.items():
         if len(shape) == 1:
             weights[name] = torch.ones(shape, dtype=torch.bfloat16)
         else:
-            values = torch.randn(shape, generator=generator) * config.initializer_range
+            values = torch.randn(shape, generator=generator) * std
             weights[name] = values.to(torch.bfloat16)
     return weights
 
@@ -98,8 +113,10 @@ def is_built(out: Path, stamp: dict[str, object]) -> bool:
     return path.is_file() and json.loads(path.read_text()) == stamp
 
 
-def build(out: Path, tokenizer_dir: Path) -> Path:
-    config = w4_config()
+def build(
+    out: Path, tokenizer_dir: Path, config: PretrainedConfig, shapes: dict[str, tuple[int, ...]]
+) -> Path:
+    """A folder of `config` with seeded random weights of `shapes` (checkpoint names) and the tokenizer."""
     # Through JSON, so it compares equal to the stamp read back from disk.
     stamp = json.loads(json.dumps({"config": config.to_dict(), "seed": SEED}))
     if is_built(out, stamp):
@@ -113,7 +130,7 @@ def build(out: Path, tokenizer_dir: Path) -> Path:
         staging = Path(tmp)
         # mkdtemp makes the folder private; a model folder is as readable as any other.
         staging.chmod(0o755)
-        weights = random_weights(config, SEED)
+        weights = random_weights(shapes, config.initializer_range, SEED)
         params = sum(t.numel() for t in weights.values())
         print(f"{params / 1e9:.2f}B parameters, {2 * params / 1e9:.2f} GB in bf16", file=sys.stderr)
         save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
@@ -128,9 +145,12 @@ def build(out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
-def main() -> None:
+def build_from_command_line(
+    description: str, default_out: Path, config: PretrainedConfig, shapes: dict[str, tuple[int, ...]]
+) -> None:
+    """A model script's main: [OUT_DIR] and --tokenizer-from, then build."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("out", nargs="?", type=Path, default=None, help="output folder")
     parser.add_argument(
@@ -138,7 +158,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     tokenizer_dir = args.tokenizer_from or prepare_default_model()
-    print(build(args.out or default_w4_dir(), tokenizer_dir))
+    print(build(args.out or default_out, tokenizer_dir, config, shapes))
+
+
+def main() -> None:
+    config = w4_config()
+    build_from_command_line(__doc__ or "", default_w4_dir(), config, tensor_shapes(config))
 
 
 if __name__ == "__main__":

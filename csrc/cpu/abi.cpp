@@ -25,7 +25,7 @@ namespace {
 using namespace sluice::cpu;
 
 // Bumped whenever a signature or a struct below changes; worker/native_ops.py expects the same number.
-constexpr int32_t kAbiVersion = 3;
+constexpr int32_t kAbiVersion = 4;
 
 thread_local std::string last_error;
 
@@ -77,7 +77,7 @@ SLUICE_API const char* sluice_last_error() { return last_error.c_str(); }
 SLUICE_API void sluice_struct_sizes(int64_t* sizes) {
   const int64_t all[] = {sizeof(Matrix),    sizeof(Heads),        sizeof(KvCache),   sizeof(Slots),
                          sizeof(Batch),     sizeof(PackedInfo),   sizeof(PackedRef), sizeof(LayerWeights),
-                         sizeof(Workspace), sizeof(ModelShape)};
+                         sizeof(Workspace), sizeof(ModelShape), sizeof(MoeWeights)};
   std::memcpy(sizes, all, sizeof all);
 }
 
@@ -141,6 +141,10 @@ SLUICE_API int32_t sluice_advise_huge_pages(void* p, int64_t bytes) {
 SLUICE_API int32_t sluice_linear(const Matrix* x, const int32_t* packed, int64_t ints, const void* bias,
                                  const Matrix* out) {
   return guarded([&] { linear(*x, packed, ints, bias, *out); });
+}
+
+SLUICE_API int32_t sluice_moe(const Matrix* x, const MoeWeights* weights, const Matrix* out) {
+  return guarded([&] { moe(*x, *weights, *out); });
 }
 
 SLUICE_API int32_t sluice_rms_norm(const Matrix* out, const Matrix* x, const void* weight, double eps) {

@@ -32,7 +32,12 @@ ModelStep::ModelStep(std::vector<LayerWeights> layers, ModelShape shape, const v
     SK_CHECK((w.q_norm == nullptr) == (w.k_norm == nullptr), "q_norm and k_norm come together");
     SK_CHECK(w.head_dim == head_dim_, "every layer must share head_dim");
     // Each weight's header is checked here, once, rather than found wanting in the middle of a step.
-    for (const PackedRef* p : {&w.qkv, &w.o, &w.gate_up, &w.down}) packed_gated(p->data, p->ints);
+    for (const PackedRef* p : {&w.qkv, &w.o}) packed_gated(p->data, p->ints);
+    if (w.moe == nullptr) {
+      for (const PackedRef* p : {&w.gate_up, &w.down}) packed_gated(p->data, p->ints);
+    } else {
+      SK_CHECK(w.gate_up.data == nullptr && w.down.data == nullptr, "a MoE layer has no dense gate_up or down");
+    }
   }
 }
 
@@ -76,6 +81,10 @@ void ModelStep::feed_forward(int64_t l, const Matrix& delta, const Matrix& resid
   const LayerWeights& w = layer(l, n);
   const Matrix x = rows(ws_.normed, n, shape_.hidden);
   add_rms_norm(x, residual, delta, w.post_norm, w.eps);
+  if (w.moe != nullptr) {
+    moe(x, *w.moe, rows(ws_.mlp_out, n, shape_.hidden));
+    return;
+  }
   const Matrix act = rows(ws_.act, n, w.intermediate_size);
   if (packed_gated(w.gate_up.data, w.gate_up.ints)) {
     linear(x, w.gate_up.data, w.gate_up.ints, w.gate_up_bias, act);

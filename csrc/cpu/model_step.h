@@ -11,12 +11,6 @@
 
 namespace sluice::cpu {
 
-// A packed weight (packed_weight.h) of `ints` words.
-struct PackedRef {
-  const int32_t* data;
-  int64_t ints;
-};
-
 // One decoder layer's tensors as the Python model holds them (worker/models/llama.py, _LayerTensors); with
 // tensor parallelism they are this rank's shards and the head counts are this rank's. Norms and biases
 // are in the model dtype; a null bias or q/k norm is absent.
@@ -32,6 +26,8 @@ struct LayerWeights {
   const void* gate_up_bias;
   PackedRef down;
   const void* down_bias;
+  // A mixture-of-experts layer's feed-forward, in place of gate_up and down (then null); null for a dense one.
+  const MoeWeights* moe;
   // Qwen3 normalises each head of q and k before the rotation.
   const void* q_norm;
   const void* k_norm;

@@ -56,6 +56,31 @@ struct Batch {
   int64_t block_table_rows, block_table_stride;
 };
 
+// A packed weight (packed_weight.h) of `ints` words.
+struct PackedRef {
+  const int32_t* data;
+  int64_t ints;
+};
+
+// A mixture-of-experts feed-forward (Qwen2-MoE, Qwen3-MoE, Mixtral). The router's logits (in x's dtype, as
+// transformers rounds them) go through a float32 softmax; each token takes its top_k experts, with those
+// probabilities as weights (divided by their sum where `renormalize`: norm_topk_prob, and always in
+// Mixtral). Expert e is an MLP of gate_up[e] (packed gated, or plain [2 inner, hidden]) and down[e]. Qwen2-MoE
+// adds a shared expert to every token, weighted by sigmoid(shared_gate x); its refs are null elsewhere.
+struct MoeWeights {
+  PackedRef router;  // plain [num_experts, hidden]
+  const PackedRef* gate_up;
+  const PackedRef* down;
+  int64_t num_experts, top_k, inner, renormalize;
+  PackedRef shared_gate_up, shared_down, shared_gate;  // shared_gate: plain [1, hidden]
+  int64_t shared_inner;
+};
+
+// out = the MoE feed-forward of x [rows, hidden], in x's dtype. Each expert's weights are read once for all
+// the tokens that chose it (one GEMM over its gathered rows); the weighted expert outputs are summed per
+// token in float32, in ascending expert order as transformers adds them, then the shared expert's.
+void moe(const Matrix& x, const MoeWeights& w, const Matrix& out);
+
 // out = x @ W^T + bias for a packed weight (packed_weight.h) of packed_ints words: out [rows, N] in x's
 // dtype or float32; for a gated weight out [rows, N / 2] = silu(gate) * up in x's dtype. bias (N entries
 // of x's dtype) may be null.

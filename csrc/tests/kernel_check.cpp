@@ -41,6 +41,7 @@ struct Library {
   int32_t (*argmax_rows)(const Matrix*, int64_t*);
   int32_t (*write_kv_cache)(const Heads*, const Heads*, const KvCache*, const Slots*);
   int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int32_t, int32_t);
+  int32_t (*moe)(const Matrix*, const MoeWeights*, const Matrix*);
 };
 
 template <typename F>
@@ -326,6 +327,83 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype) {
 
 }  // namespace
 
+// A float32 mixture of experts (top 2 of 6, renormalised, with a shared expert) against float64 sums, token
+// by token; a token whose second and third logits lie within 0.05 of each other is left out, since
+// rounding may pick either.
+void check_moe(const Library& lib, int64_t m) {
+  constexpr int64_t kExperts = 6, kTopK = 2, kHidden = 32, kInner = 24;
+  std::vector<float> x(m * kHidden), router(kExperts * kHidden), shared_gate(kHidden);
+  for (float& v : x) v = random_value();
+  for (float& v : router) v = random_value();
+  for (float& v : shared_gate) v = 0.3f * random_value();
+  // Experts 0 .. 5, then the shared one: [gate; up] and down.
+  std::vector<std::vector<float>> gate_up(kExperts + 1, std::vector<float>(2 * kInner * kHidden)),
+      down(kExperts + 1, std::vector<float>(kHidden * kInner));
+  std::vector<std::vector<int32_t>> packed_gate_up, packed_down;
+  std::vector<PackedRef> gate_up_refs, down_refs;
+  for (int64_t e = 0; e <= kExperts; ++e) {
+    for (float& v : gate_up[e]) v = 0.2f * random_value();
+    for (float& v : down[e]) v = 0.2f * random_value();
+    packed_gate_up.push_back(pack(lib, gate_up[e], 2 * kInner, kHidden, 1));
+    packed_down.push_back(pack(lib, down[e], kHidden, kInner, 0));
+  }
+  for (int64_t e = 0; e <= kExperts; ++e) {
+    gate_up_refs.push_back({packed_gate_up[e].data(), int64_t(packed_gate_up[e].size())});
+    down_refs.push_back({packed_down[e].data(), int64_t(packed_down[e].size())});
+  }
+  const std::vector<int32_t> packed_router = pack(lib, router, kExperts, kHidden, 0);
+  const std::vector<int32_t> packed_shared_gate = pack(lib, shared_gate, 1, kHidden, 0);
+  const MoeWeights w{{packed_router.data(), int64_t(packed_router.size())},
+                     gate_up_refs.data(),
+                     down_refs.data(),
+                     kExperts,
+                     kTopK,
+                     kInner,
+                     1,
+                     gate_up_refs[kExperts],
+                     down_refs[kExperts],
+                     {packed_shared_gate.data(), int64_t(packed_shared_gate.size())},
+                     kInner};
+  std::vector<float> out(m * kHidden);
+  const Matrix xm{x.data(), DType::kFloat32, m, kHidden, kHidden}, om{out.data(), DType::kFloat32, m, kHidden, kHidden};
+  ok_or_die(lib, lib.moe(&xm, &w, &om), "moe");
+  const auto expert = [&](int64_t e, const float* xt, double* y) {
+    for (int64_t i = 0; i < kInner; ++i) {
+      double g = 0, u = 0;
+      for (int64_t j = 0; j < kHidden; ++j) {
+        g += double(gate_up[e][i * kHidden + j]) * xt[j];
+        u += double(gate_up[e][(kInner + i) * kHidden + j]) * xt[j];
+      }
+      const double act = g / (1 + std::exp(-g)) * u;
+      for (int64_t h = 0; h < kHidden; ++h) y[h] += act * down[e][h * kInner + i];
+    }
+  };
+  for (int64_t t = 0; t < m; ++t) {
+    const float* xt = &x[t * kHidden];
+    std::vector<double> logits(kExperts), y(kHidden, 0.0);
+    for (int64_t e = 0; e < kExperts; ++e)
+      for (int64_t j = 0; j < kHidden; ++j) logits[e] += double(router[e * kHidden + j]) * xt[j];
+    std::vector<int64_t> order(kExperts);
+    for (int64_t e = 0; e < kExperts; ++e) order[e] = e;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+    if (logits[order[kTopK - 1]] - logits[order[kTopK]] < 0.05) continue;
+    // Renormalised over the chosen two, the softmax's denominator cancels.
+    const double e0 = 1.0, e1 = std::exp(logits[order[1]] - logits[order[0]]);
+    std::vector<double> y0(kHidden, 0.0), y1(kHidden, 0.0), shared(kHidden, 0.0);
+    expert(order[0], xt, y0.data());
+    expert(order[1], xt, y1.data());
+    expert(kExperts, xt, shared.data());
+    double gate_logit = 0;
+    for (int64_t j = 0; j < kHidden; ++j) gate_logit += double(shared_gate[j]) * xt[j];
+    const double gate = 1 / (1 + std::exp(-gate_logit));
+    for (int64_t h = 0; h < kHidden; ++h) {
+      const double exact = (e0 * y0[h] + e1 * y1[h]) / (e0 + e1) + gate * shared[h];
+      expect(std::fabs(out[t * kHidden + h] - exact) <= 1e-4 * (1 + std::fabs(exact)),
+             "moe [" + std::to_string(m) + " tokens] at (" + std::to_string(t) + "," + std::to_string(h) + ")");
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: kernel_check LIBRARY\n");
@@ -348,6 +426,7 @@ int main(int argc, char** argv) {
   bind(lib.handle, "sluice_argmax_rows", lib.argmax_rows);
   bind(lib.handle, "sluice_write_kv_cache", lib.write_kv_cache);
   bind(lib.handle, "sluice_paged_attention", lib.paged_attention);
+  bind(lib.handle, "sluice_moe", lib.moe);
   for (int64_t m : {1, 3, 7, 13, 40}) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{17, 3}, {64, 64}, {130, 257}}) {
       check_linear<float>(lib, m, n, k);
@@ -363,6 +442,8 @@ int main(int argc, char** argv) {
     for (int64_t m : {1, 3, 7})
       for (int64_t k : {96, 288}) check_quantized(lib, kind, m, 13, k);
   std::printf("quantized linear: done\n");
+  for (int64_t m : {1, 5, 40}) check_moe(lib, m);
+  std::printf("moe: done\n");
   check_rms_norm(lib);
   check_argmax(lib);
   for (DType cache : {DType::kFloat32, DType::kInt8, DType::kFp8E4M3}) {

@@ -208,6 +208,12 @@ class KernelConfig:
         "CPU: pack each MLP's gate_up weight so that its GEMM writes silu(gate) * up from the epilogue; "
         "--no-fused-gate-up writes gate and up, then applies the activation over them",
     )
+    fused_moe: bool = setting(
+        True,
+        "CPU, a mixture-of-experts model: run each MoE layer in one kernel call that groups the tokens by expert "
+        "(csrc/cpu/moe.cpp), inside the C++ model step; --no-fused-moe runs the same GEMMs one expert at a time "
+        "from Python, eagerly",
+    )
     # The quantized path is worker/quantized_weights.py.
     gguf_dequantize: bool = setting(
         False,

@@ -68,6 +68,13 @@ def hf_config_from_metadata(
             f"GGUF architecture {arch!r} is not supported; Sluice loads {', '.join(ARCHITECTURES)}"
         )
 
+    if metadata.get(f"{arch}.expert_count"):
+        # Mixtral's GGUF files say "llama" and hold their experts stacked; Sluice reads experts from folders.
+        raise UnsupportedArchitectureError(
+            f"this GGUF file holds a mixture of experts ({arch}.expert_count = {metadata[f'{arch}.expert_count']}); "
+            "Sluice loads mixture-of-experts models from their Hugging Face folder, not yet from GGUF"
+        )
+
     def value(key: str, default: Any = None) -> Any:
         found = metadata.get(f"{arch}.{key}", default)
         if found is None:

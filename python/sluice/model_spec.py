@@ -18,6 +18,10 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     # Llama's layers with q, k and v in one qkv_proj and gate and up in one gate_up_proj (Phi-3 and 3.5).
     "Phi3ForCausalLM",
+    # Mixture-of-experts feed-forwards (worker/models/moe.py) in Qwen2's, Qwen3's and Mistral's layers.
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
 )
 
 

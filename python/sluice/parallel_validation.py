@@ -12,7 +12,8 @@ from sluice.model_spec import ModelSpec
 def check_tensor_parallel(spec: ModelSpec, tp_size: int, device: str = "cpu") -> None:
     """Raise TensorParallelSizeError or DeviceUnavailableError, naming the counts, unless `tp_size` ranks fit.
 
-    Each rank holds an equal share of the query heads, the KV heads and the MLP's intermediate width;
+    Each rank holds an equal share of the query heads, the KV heads and the MLP's (and each expert's)
+    intermediate width;
     the vocab need not divide (the last rank's shard is padded). On CUDA each rank needs its own GPU.
     """
     if tp_size < 1:
@@ -24,6 +25,10 @@ def check_tensor_parallel(spec: ModelSpec, tp_size: int, device: str = "cpu") ->
         "KV heads (num_key_value_heads)": int(hf.get("num_key_value_heads") or num_heads),
         "intermediate_size": int(hf["intermediate_size"]),
     }
+    # A mixture of experts splits every expert's (and the shared expert's) intermediate width as well.
+    for field in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if hf.get(field):
+            counts[field] = int(hf[field])
     for what, count in counts.items():
         if count % tp_size:
             fitting = [n for n in range(1, num_heads + 1) if all(c % n == 0 for c in counts.values())]

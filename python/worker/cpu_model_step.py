@@ -8,8 +8,8 @@ The graph dispatcher's modes map onto it as follows:
   replaced by one call each; attention, and under tensor parallelism the all-reduces, stay in
   Python between them.
 - NONE: the model's eager forward; `cpu_model_step_for` returns None for --enforce-eager, at the
-  "none" tier (no kernels), and where the weights were left unpacked (--no-packed-linear: the step
-  multiplies packed weights only).
+  "none" tier (no kernels), where the weights were left unpacked (--no-packed-linear: the step
+  multiplies packed weights only), and for a mixture of experts under --no-fused-moe.
 Each is bitwise the eager forward. Any batch from 1 to max_num_tokens tokens runs unpadded; the
 hidden states returned are a view of a buffer that the next step overwrites.
 """
@@ -28,7 +28,16 @@ from worker.graphs.dispatcher import BatchDescriptor, GraphMode
 from worker.graphs.graph_runner import eager_forward
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.models.llama import DecoderLayer, LlamaForCausalLM
-from worker.native_ops import NativeOps, batch, cpu_kernels, is_packed_weight, kv_cache, matrix, slots
+from worker.native_ops import (
+    NativeOps,
+    batch,
+    cpu_kernels,
+    is_packed_weight,
+    kv_cache,
+    matrix,
+    packed_ref,
+    slots,
+)
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -68,7 +77,9 @@ class ModelStep:
         # written only where the weight is not packed gated, so otherwise its pages stay untouched.
         self.buffers = {name: torch.empty(max_tokens * width, dtype=dtype) for name, width in widths.items()}
         self.widths = widths
-        self._layer_structs = (abi.LayerWeights * len(layers))(*(_layer_weights(layer) for layer in layers))
+        self._layer_structs = (abi.LayerWeights * len(layers))(
+            *(_layer_weights(ops, layer) for layer in layers)
+        )
         shape = abi.ModelShape(
             abi.DTYPE_OF[dtype],
             self.hidden,
@@ -246,8 +257,11 @@ def cpu_model_step_for(
     model: LlamaForCausalLM, graph: GraphConfig, max_num_tokens: int, tensor_parallel_size: int
 ) -> CpuModelStep | None:
     """The fast path for a CPU model, or None where every step is to run eagerly: --enforce-eager, the
-    "none" tier, or weights left unpacked (--no-packed-linear)."""
+    "none" tier, weights left unpacked (--no-packed-linear), or experts run one by one (--no-fused-moe:
+    the step runs MoE layers in the kernels' one call only)."""
     if graph.enforce_eager or graph.mode == "none" or model.embed_tokens.weight.device.type != "cpu":
+        return None
+    if model.has_experts and not model.fused_moe:
         return None
     ops = cpu_kernels()
     if ops is None or not is_packed_weight(model.layers[0].tensors.qkv_weight):
@@ -284,34 +298,32 @@ def _tensors(layers: torch.nn.ModuleList) -> list:
     return [layer.tensors for layer in layers]
 
 
-def _packed_ref(weight: torch.Tensor) -> abi.PackedRef:
-    return abi.PackedRef(weight.data_ptr(), weight.numel())
-
-
 def _pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _layer_weights(layer: DecoderLayer) -> abi.LayerWeights:
+def _layer_weights(ops: NativeOps, layer: DecoderLayer) -> abi.LayerWeights:
     t = layer.tensors
     return abi.LayerWeights(
         input_norm=t.input_norm.data_ptr(),
         post_norm=t.post_norm.data_ptr(),
         eps=t.eps,
-        qkv=_packed_ref(t.qkv_weight),
+        qkv=packed_ref(t.qkv_weight),
         qkv_bias=_pointer(t.qkv_bias),
-        o=_packed_ref(t.o_weight),
+        o=packed_ref(t.o_weight),
         o_bias=_pointer(t.o_bias),
-        gate_up=_packed_ref(t.gate_up_weight),
+        gate_up=packed_ref(t.gate_up_weight),
         gate_up_bias=_pointer(t.gate_up_bias),
-        down=_packed_ref(t.down_weight),
+        down=packed_ref(t.down_weight),
         down_bias=_pointer(t.down_bias),
+        # ops holds the MoeWeights (and its arrays) as long as the layer's tensors live.
+        moe=None if t.moe is None else ctypes.pointer(ops.moe_weights(t.moe)),
         q_norm=_pointer(t.q_norm),
         k_norm=_pointer(t.k_norm),
         num_heads=t.num_heads,
         num_kv_heads=t.num_kv_heads,
         head_dim=t.head_dim,
         # From the module, not a weight's shape: a packed weight's shape is its layout's, not [out, in].
-        intermediate_size=layer.mlp.inner,
+        intermediate_size=0 if t.moe is not None else layer.mlp.inner,
         scale=t.scale,
     )

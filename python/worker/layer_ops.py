@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from worker.moe_tensors import MoeTensors, torch_moe
 from worker.quantized_weights import QuantizedRows
 
 
@@ -49,6 +50,10 @@ class LayerOps(Protocol):
         """An MLP's [gate; up] weight in the form gated_linear reads fastest (on CPU: bf16 packed so
         that the GEMM's epilogue applies the activation; KernelConfig.fused_gate_up); k_blocks as for
         prepare_linear_weight."""
+        ...
+
+    def moe(self, x: torch.Tensor, moe: MoeTensors) -> torch.Tensor:
+        """A mixture-of-experts feed-forward of x [tokens, hidden] (worker/moe_tensors.py)."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
@@ -99,6 +104,9 @@ class TorchLayerOps:
 
     def prepare_gated_linear_weight(self, weight: torch.Tensor, k_blocks: bool = True) -> torch.Tensor:
         return weight
+
+    def moe(self, x: torch.Tensor, moe: MoeTensors) -> torch.Tensor:
+        return torch_moe(x, moe, self.linear, self.gated_linear)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.float()

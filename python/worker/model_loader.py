@@ -26,7 +26,8 @@ from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
 from worker.distributed import TensorParallelGroup
 from worker.gguf_weights import gguf_tensors
-from worker.models.llama import LlamaForCausalLM, Projection, Split
+from worker.models.layers import Projection, Split
+from worker.models.llama import LlamaForCausalLM
 from worker.models.vocab_parallel import VocabParallelEmbedding
 from worker.quantized_weights import (
     REQUANTIZED_TYPES,
@@ -41,6 +42,13 @@ logger = logging.getLogger("sluice.worker")
 # Which checkpoint tensors are stacked, in order, into one fused parameter.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Mixtral's names for its MoE block and its experts' projections, and the names the model uses (Qwen's).
+_MIXTRAL_NAMES = (
+    (".block_sparse_moe.", ".mlp."),
+    (".w1.", ".gate_proj."),
+    (".w3.", ".up_proj."),
+    (".w2.", ".down_proj."),
+)
 # A checkpoint tensor: a safetensors slice (PySafeSlice, read lazily) or a tensor in memory.
 Checkpoint = Any
 
@@ -61,6 +69,7 @@ def load_model(
     gemm_k_blocks: bool = True,
     gguf_dequantize: bool = False,
     quantization: Quantization | None = None,
+    fused_moe: bool = True,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
@@ -71,9 +80,12 @@ def load_model(
     A GGUF file's quantized linear weights stay quantized for the integer GEMM where the ops run it,
     unless gguf_dequantize (KernelConfig.gguf_dequantize) widens them to `dtype` as they load. quantization
     (KernelConfig.quantization) quantizes a folder's linear weights and LM head for it once they are loaded
-    (sluice/config_checks.py has checked that the model and the tier allow it)."""
+    (sluice/config_checks.py has checked that the model and the tier allow it). fused_moe
+    (KernelConfig.fused_moe) runs each MoE layer in the ops' one call rather than expert by expert."""
     with torch.device(device):
-        model = LlamaForCausalLM(spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp)
+        model = LlamaForCausalLM(
+            spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp, fused_moe=fused_moe
+        )
     targets = _checkpoint_targets(model)
     loaded: set[str] = set()
     # Quantized GGUF weights stay quantized where packed_linear packs for Sluice's integer GEMM.
@@ -82,9 +94,10 @@ def load_model(
     )
     quantized: QuantizedParts = {}
     tensors = _checkpoint_tensors(spec, show_progress=model.tp.rank == 0, keep_quantized=keep_quantized)
-    for file, name, checkpoint in tensors:
-        if name.endswith(_IGNORED_SUFFIXES):
+    for file, checkpoint_name, checkpoint in tensors:
+        if checkpoint_name.endswith(_IGNORED_SUFFIXES):
             continue
+        name = _model_name(checkpoint_name)
         if isinstance(checkpoint, QuantizedRows):
             # A tied LM head shares the embedding's shard of vocab rows.
             tied_head = name == "lm_head.weight" and model.tie_word_embeddings
@@ -118,6 +131,16 @@ def load_model(
     del quantized
     _return_freed_memory()
     return model.eval()
+
+
+def _model_name(checkpoint_name: str) -> str:
+    """The name the model gives a checkpoint tensor: the same, except for Mixtral's experts."""
+    if ".block_sparse_moe." not in checkpoint_name:
+        return checkpoint_name
+    name = checkpoint_name
+    for theirs, ours in _MIXTRAL_NAMES:
+        name = name.replace(theirs, ours)
+    return name
 
 
 def _return_freed_memory() -> None:
@@ -270,7 +293,7 @@ def _quantize_linear_weights(model: LlamaForCausalLM, quantization: Quantization
     parts: QuantizedParts = {}
     for name, param in model.named_parameters():
         module = model.get_submodule(name.rpartition(".")[0])
-        if isinstance(module, Projection) and name.endswith(".weight"):
+        if isinstance(module, Projection) and module.quantizable and name.endswith(".weight"):
             parts[name] = [(0, quantize(param.data, quantization))]
     parts["lm_head.weight"] = [(0, quantize(model.lm_head.weight.data, quantization))]
     return parts

@@ -9,6 +9,8 @@ already queued can be launched before this one's tokens reach the host.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +40,8 @@ from worker.request_state import RequestState
 from worker.sampler import Sampler, SamplerOutput, native_argmax, torch_argmax
 from worker.sampling_state import SamplingState
 from worker.step_inputs import StepInputBuilder
+
+logger = logging.getLogger("sluice.worker")
 
 # Waits for the GrammarBitmask of the step with this id (it follows the step on the worker's input).
 ReceiveBitmask = Callable[[int], GrammarBitmask]
@@ -113,6 +117,7 @@ class ModelRunner:
             gemm_k_blocks=kernel.gemm_k_blocks,
             gguf_dequantize=kernel.gguf_dequantize,
             quantization=kernel.quantization,
+            fused_moe=kernel.fused_moe,
         )
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
@@ -140,7 +145,14 @@ class ModelRunner:
             if device.type == "cpu"
             else attention.supports_full_graph
         )
-        self.dispatcher = build_dispatcher(config.graph, scheduler, device.type, supports_full)
+        graph = config.graph
+        if device.type == "cuda" and self.model.has_experts:
+            # torch_moe picks its experts on the host, per step: no CUDA graph can hold that.
+            logger.warning(
+                "a mixture-of-experts model runs eagerly on CUDA: its MoE path is not graph-capturable"
+            )
+            graph = dataclasses.replace(graph, enforce_eager=True)
+        self.dispatcher = build_dispatcher(graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.
         kernels = cpu_kernels() if device.type == "cpu" else None
         argmax = native_argmax(kernels) if kernels is not None and kernel.native_argmax else torch_argmax

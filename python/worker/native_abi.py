@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 # csrc/cpu/abi.cpp kAbiVersion.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # csrc/cpu/dtypes.h DType.
 FLOAT32, BFLOAT16, FLOAT16, INT8, FP8_E4M3 = 0, 1, 2, 3, 4
@@ -89,6 +89,22 @@ class PackedRef(ctypes.Structure):
     _fields_ = [("data", _ptr), ("ints", _i64)]
 
 
+class MoeWeights(ctypes.Structure):
+    _fields_ = [
+        ("router", PackedRef),
+        ("gate_up", ctypes.POINTER(PackedRef)),
+        ("down", ctypes.POINTER(PackedRef)),
+        ("num_experts", _i64),
+        ("top_k", _i64),
+        ("inner", _i64),
+        ("renormalize", _i64),
+        ("shared_gate_up", PackedRef),
+        ("shared_down", PackedRef),
+        ("shared_gate", PackedRef),
+        ("shared_inner", _i64),
+    ]
+
+
 class LayerWeights(ctypes.Structure):
     _fields_ = [
         ("input_norm", _ptr),
@@ -102,6 +118,7 @@ class LayerWeights(ctypes.Structure):
         ("gate_up_bias", _ptr),
         ("down", PackedRef),
         ("down_bias", _ptr),
+        ("moe", ctypes.POINTER(MoeWeights)),
         ("q_norm", _ptr),
         ("k_norm", _ptr),
         ("num_heads", _i64),
@@ -142,7 +159,19 @@ class ModelShape(ctypes.Structure):
 
 
 # In sluice_struct_sizes' order.
-STRUCTS = (Matrix, Heads, KvCache, Slots, Batch, PackedInfo, PackedRef, LayerWeights, Workspace, ModelShape)
+STRUCTS = (
+    Matrix,
+    Heads,
+    KvCache,
+    Slots,
+    Batch,
+    PackedInfo,
+    PackedRef,
+    LayerWeights,
+    Workspace,
+    ModelShape,
+    MoeWeights,
+)
 
 _P = ctypes.POINTER
 _SIGNATURES: dict[str, tuple[type | None, list]] = {
@@ -159,6 +188,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     ),
     "sluice_advise_huge_pages": (_i32, [_ptr, _i64]),
     "sluice_linear": (_i32, [_P(Matrix), _ptr, _i64, _ptr, _P(Matrix)]),
+    "sluice_moe": (_i32, [_P(Matrix), _P(MoeWeights), _P(Matrix)]),
     "sluice_rms_norm": (_i32, [_P(Matrix), _P(Matrix), _ptr, ctypes.c_double]),
     "sluice_add_rms_norm": (_i32, [_P(Matrix), _P(Matrix), _P(Matrix), _ptr, ctypes.c_double]),
     "sluice_silu_and_mul": (_i32, [_P(Matrix), _P(Matrix)]),

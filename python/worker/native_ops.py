@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from sluice.errors import SluiceError
 from sluice.kernel_libraries import KernelLibraryError, choose_kernels, rebuild_command
 from worker import native_abi as abi
 from worker.attention.kv_cache_format import head_dim_of, token_major
-from worker.native_abi import Batch, Heads, KvCache, Matrix, PackedInfo, Slots
+from worker.moe_tensors import MoeTensors, torch_moe
+from worker.native_abi import Batch, Heads, KvCache, Matrix, MoeWeights, PackedInfo, Slots
 from worker.quantized_weights import QuantizedRows
 
 logger = logging.getLogger("sluice.worker")
@@ -124,6 +126,11 @@ def _pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def packed_ref(weight: torch.Tensor | None) -> abi.PackedRef:
+    """A packed weight as the kernels' PackedRef; a null one for None."""
+    return abi.PackedRef() if weight is None else abi.PackedRef(weight.data_ptr(), weight.numel())
+
+
 def is_packed_weight(w: torch.Tensor) -> bool:
     """Whether w is a weight that prepare_linear_weight packed (packed_weight.h): a 1-d int32 tensor, which
     no loaded weight is; the kernel checks its header (magic, version, shape) on every use."""
@@ -137,6 +144,11 @@ class NativeOps:
     def __init__(self, tier: str, path: Path) -> None:
         self.tier = tier
         self.path = path
+        # Each MoE layer's MoeWeights (and the arrays it points into), built on its first use.
+        self._moe_weights: weakref.WeakKeyDictionary[
+            MoeTensors, tuple[MoeWeights, ctypes.Array, ctypes.Array]
+        ]
+        self._moe_weights = weakref.WeakKeyDictionary()
         try:
             self.library = abi.open_library(path)
         except (OSError, ValueError) as exc:
@@ -314,6 +326,41 @@ class NativeOps:
             if info.gated:
                 return self._packed_linear(x, weight, bias, x.dtype, info)
         return self.silu_and_mul(self.linear(x, weight, bias))
+
+    def moe_weights(self, moe: MoeTensors) -> MoeWeights:
+        """The kernels' MoeWeights over a MoE layer's packed weights, kept while the tensors live."""
+        held = self._moe_weights.get(moe)
+        if held is None:
+            gate_up = (abi.PackedRef * moe.num_experts)(*map(packed_ref, moe.gate_up))
+            down = (abi.PackedRef * moe.num_experts)(*map(packed_ref, moe.down))
+            weights = MoeWeights(
+                router=packed_ref(moe.router),
+                gate_up=gate_up,
+                down=down,
+                num_experts=moe.num_experts,
+                top_k=moe.top_k,
+                inner=moe.inner,
+                renormalize=int(moe.renormalize),
+                shared_gate_up=packed_ref(moe.shared_gate_up),
+                shared_down=packed_ref(moe.shared_down),
+                shared_gate=packed_ref(moe.shared_gate),
+                shared_inner=moe.shared_inner,
+            )
+            held = self._moe_weights[moe] = (weights, gate_up, down)
+        return held[0]
+
+    def moe(self, x: torch.Tensor, moe: MoeTensors) -> torch.Tensor:
+        """The MoE feed-forward in one kernel call over packed weights (csrc/cpu/moe.cpp), else in torch."""
+        if not is_packed_weight(moe.router):
+            return torch_moe(x, moe, self.linear, self.gated_linear)
+        rows = x if x.stride(-1) == 1 else x.contiguous()
+        out = torch.empty_like(rows)
+        self.check(
+            self.library.sluice_moe(
+                ctypes.byref(matrix(rows)), ctypes.byref(self.moe_weights(moe)), ctypes.byref(matrix(out))
+            )
+        )
+        return out
 
     # The elementwise ops of a decoder layer.
 

@@ -198,3 +198,8 @@ def covering_parts(parts: list[tuple[int, QuantizedRows]], dense: torch.Tensor) 
     if row < dense.shape[0]:
         covered.append(quantize_q8(dense[row:], "float"))
     return covered
+
+
+def parts_under(quantized: QuantizedParts, prefix: str) -> QuantizedParts:
+    """The parts of the parameters under a module's prefix (ending in "."), named within that module."""
+    return {name.removeprefix(prefix): parts for name, parts in quantized.items() if name.startswith(prefix)}

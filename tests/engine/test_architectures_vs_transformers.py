@@ -1,5 +1,6 @@
-"""Tiny random-init Qwen2, Qwen3, Mistral, Llama and Phi-3 models generate what transformers generates, at every
-CPU kernel tier this machine runs and at none."""
+"""Tiny random-init Qwen2, Qwen3, Mistral, Llama and Phi-3 models, and the mixtures of experts Qwen3-MoE,
+Qwen2-MoE and Mixtral, generate what transformers generates, at every CPU kernel tier this machine runs and
+at none."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def random_prompts(count: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("cpu_isa", ALL_TIERS)
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral", "llama", "phi3"])
+@pytest.mark.parametrize(
+    "arch", ["qwen2", "qwen3", "mistral", "llama", "phi3", "qwen3_moe", "qwen2_moe", "mixtral"]
+)
 def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
     folder = tiny_model_dir(arch)
     prompts = random_prompts(6)
@@ -36,3 +39,16 @@ def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [r.outputs[0].token_ids for r in results] == reference
     assert llm.engine.stats().num_preemptions > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+def test_experts_run_one_by_one_with_fused_moe_off(arch):
+    """--no-fused-moe (the off switch of the MoE kernel) runs the same experts through torch_moe."""
+    folder = tiny_model_dir(arch)
+    prompts = random_prompts(3)
+    model = load_hf_model(folder, torch.float32)
+    reference = [hf_greedy(model, p, NEW_TOKENS).token_ids for p in prompts]
+    llm = LLM(model=str(folder), dtype="float32", fused_moe=False)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [r.outputs[0].token_ids for r in results] == reference

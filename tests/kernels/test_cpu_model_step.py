@@ -28,7 +28,8 @@ from worker.model_loader import load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import NativeOps
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "default"]
+# With experts: Qwen3-MoE (a dense layer between two MoE ones) and Qwen2-MoE (the shared expert).
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "qwen2_moe", "default"]
 DTYPES = [torch.float32, torch.bfloat16]
 MAX_TOKENS = 64
 # A prefill chunk of every sequence, a pure decode, a mixed step (decodes around a 4-token chunk), a decode.
@@ -142,6 +143,12 @@ def test_full_needs_a_single_rank_and_enforce_eager_turns_the_step_off(
     # The step multiplies packed weights only: --no-packed-linear runs every step eagerly.
     unpacked = _load(ops, folders["llama"], torch.float32, packed_linear=False)
     assert cpu_model_step_for(unpacked, GraphConfig(), MAX_TOKENS, 1) is None
+    # The step runs MoE layers in the kernels' one call: --no-fused-moe runs them expert by expert, eagerly.
+    assert isinstance(
+        cpu_model_step_for(_load(ops, folders["qwen3_moe"], torch.float32), GraphConfig(), 8, 1), CpuModelStep
+    )
+    unfused = _load(ops, folders["qwen3_moe"], torch.float32, fused_moe=False)
+    assert cpu_model_step_for(unfused, GraphConfig(), MAX_TOKENS, 1) is None
 
 
 def test_bind_threads_pins_each_thread_of_torchs_pool_to_its_core(ops: NativeOps) -> None:

@@ -1,4 +1,5 @@
-"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral, Phi-3) written with transformers.
+"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral, Phi-3, and the mixtures of experts
+Qwen3-MoE, Qwen2-MoE and Mixtral) written with transformers.
 
 Biases and norm weights are randomised too, so a model that ignores them cannot pass, and the
 weights are large enough that logits have clear winners. Each folder carries a byte-level
@@ -56,6 +57,33 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
     # Fused qkv_proj and gate_up_proj in the checkpoint; transformers' own pad id (32000) is past this vocab.
     "phi3": {"pad_token_id": EOS_ID, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    # Experts in layers 0 and 2, a dense MLP in layer 1 (mlp_only_layers); top-2 of 8, renormalised.
+    "qwen3_moe": {
+        "head_dim": 32,
+        "num_hidden_layers": 3,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [1],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # Experts every second layer (decoder_sparse_step), each with the shared expert; top-3 of 6, not renormalised.
+    "qwen2_moe": {
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        "decoder_sparse_step": 2,
+        "norm_topk_prob": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    "mixtral": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
 }
 
 _CHAT_TEMPLATE = (
@@ -67,7 +95,7 @@ _CHAT_TEMPLATE = (
 def write_tiny_model(
     arch: str, folder: Path, dtype: str = "float32", seed: int = 0, overrides: dict[str, Any] | None = None
 ) -> Path:
-    """Write a tiny `arch` model ("llama", "qwen2", "qwen3", "mistral", "phi3") into `folder`; returns it.
+    """Write a tiny `arch` model (a key of _ARCHITECTURES: "llama", "qwen3_moe", ...) into `folder`; returns it.
 
     `overrides` replaces config values (head counts, vocab size, ...).
     """
@@ -83,6 +111,9 @@ def write_tiny_model(
             noise = torch.randn(param.shape, generator=generator)
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("mlp.gate.weight"):
+                # A MoE router: logits far apart, so that no rounding can change which experts are chosen.
+                param.copy_(noise)
             elif name.endswith("bias"):
                 param.copy_(0.2 * noise)
             else:

@@ -55,6 +55,7 @@ GIVEN = {
     "--no-packed-linear": ("kernel", "packed_linear", None, False),
     "--no-gemm-k-blocks": ("kernel", "gemm_k_blocks", None, False),
     "--no-fused-gate-up": ("kernel", "fused_gate_up", None, False),
+    "--no-fused-moe": ("kernel", "fused_moe", None, False),
     "--gguf-dequantize": ("kernel", "gguf_dequantize", None, True),
     "--quantization": ("kernel", "quantization", "int4", "int4"),
     "--no-cpu-decode-attention": ("kernel", "cpu_decode_attention", None, False),

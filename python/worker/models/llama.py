@@ -1,4 +1,5 @@
-"""The Llama family (Llama, Qwen2, Qwen3, Mistral) as one model over a paged KV cache.
+"""The Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3, and with experts Qwen2-MoE, Qwen3-MoE and
+Mixtral) as one model over a paged KV cache; a MoE layer's feed-forward is models/moe.py's.
 
 q/k/v and gate/up are fused into one weight each at load time, so a layer runs few, large
 matmuls. Every op mirrors transformers' order of float operations, so float32 outputs are
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,62 +27,12 @@ from sluice.rope_parameters import rope_parameters_of
 from worker.attention.backend import AttentionBackend, AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
+from worker.models.layers import MLP, Projection, RMSNorm
+from worker.models.moe import SparseMoe, is_sparse_layer
 from worker.models.rotary import RotaryEmbedding, rotary_frequencies
 from worker.models.vocab_parallel import VocabParallelEmbedding
-from worker.quantized_weights import QuantizedParts, QuantizedRows, covering_parts
-
-# How a projection's checkpoint weight is split over the ranks: whole on each, by output rows
-# (the bias too), or by input columns (the bias whole on each, added by rank 0 alone).
-Split = Literal["replicated", "column", "row"]
-
-
-def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-    # Left uninitialised: the loader overwrites every parameter and checks that it did.
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
-
-
-class RMSNorm(nn.Module):
-    """An RMSNorm's weight and epsilon; the layer ops apply it."""
-
-    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = _weight(size, dtype=dtype)
-        self.eps = eps
-
-
-class Projection(nn.Module):
-    """A linear layer's weight (and optional bias); callers apply it through LayerOps.linear, skipping hooks.
-
-    The features are this rank's: the output rows of a column split, the input columns of a row split.
-    """
-
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, split: Split
-    ) -> None:
-        super().__init__()
-        self.split = split
-        self.weight = _weight(out_features, in_features, dtype=dtype)
-        self.bias = _weight(out_features, dtype=dtype) if bias else None
-
-    def prepare(
-        self,
-        ops: LayerOps,
-        gated: bool = False,
-        k_blocks: bool = True,
-        quantized: list[tuple[int, QuantizedRows]] | None = None,
-    ) -> None:
-        """Replaces the loaded weight by the form ops.linear reads fastest (a packed copy on CPU), or
-        with `gated`, for an MLP's [gate; up], the form ops.gated_linear reads fastest; k_blocks as
-        LayerOps.prepare_linear_weight takes it. With quantized parts (a GGUF file's), the weight is
-        packed from them instead, never widened (and never gated: gated_linear then applies the
-        activation after the GEMM)."""
-        if quantized:
-            parts = covering_parts(quantized, self.weight.data)
-            prepared = ops.prepare_quantized_linear_weight(parts, self.weight.dtype)
-        else:
-            prepare = ops.prepare_gated_linear_weight if gated else ops.prepare_linear_weight
-            prepared = prepare(self.weight.data, k_blocks)
-        self.weight = nn.Parameter(prepared, requires_grad=False)
+from worker.moe_tensors import MoeTensors, torch_moe
+from worker.quantized_weights import QuantizedParts, parts_under
 
 
 class SelfAttention(nn.Module):
@@ -100,33 +51,19 @@ class SelfAttention(nn.Module):
         self.head_dim = cfg.get("head_dim") or hidden // total_heads
         self.scale = self.head_dim**-0.5
         attention_bias = bool(cfg.get("attention_bias", False))
-        qkv_bias = attention_bias or architecture == "Qwen2ForCausalLM"
-        o_bias = attention_bias and architecture != "Qwen2ForCausalLM"
+        # Qwen2 always has q, k and v biases; Qwen2-MoE's config can turn them off (qkv_bias).
+        qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+        qkv_bias = attention_bias or (qwen2 and bool(cfg.get("qkv_bias", True)))
+        o_bias = attention_bias and not qwen2
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         self.qkv_shards = (q_size, kv_size, kv_size)
         self.qkv_proj = Projection(hidden, q_size + 2 * kv_size, qkv_bias, dtype, "column")
         self.o_proj = Projection(q_size, hidden, o_bias, dtype, "row")
-        self.qk_norm = architecture == "Qwen3ForCausalLM"
+        self.qk_norm = architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
             self.k_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any], dtype: torch.dtype, tp: TensorParallelGroup) -> None:
-        super().__init__()
-        hidden = cfg["hidden_size"]
-        assert cfg["intermediate_size"] % tp.size == 0, cfg["intermediate_size"]
-        inner = cfg["intermediate_size"] // tp.size
-        bias = bool(cfg.get("mlp_bias", False))
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise UnsupportedArchitectureError(f"hidden_act {act!r} is not supported; Sluice implements silu")
-        self.inner = inner
-        self.gate_up_shards = (inner, inner)
-        self.gate_up_proj = Projection(hidden, 2 * inner, bias, dtype, "column")
-        self.down_proj = Projection(inner, hidden, bias, dtype, "row")
 
 
 class DenseStages(Protocol):
@@ -149,12 +86,20 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         ops: LayerOps,
         tp: TensorParallelGroup,
+        sparse: bool,
+        fused_moe: bool,
     ) -> None:
         super().__init__()
+        # KernelConfig.fused_moe: the ops' one-call MoE, or torch_moe over the ops' GEMMs.
+        self.fused_moe = fused_moe
         self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
         self.self_attn = SelfAttention(cfg, architecture, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"], dtype)
-        self.mlp = MLP(cfg, dtype, tp)
+        self.mlp: MLP | SparseMoe = (
+            SparseMoe(cfg, architecture, dtype, tp)
+            if sparse
+            else MLP(cfg, cfg["intermediate_size"], dtype, tp)
+        )
         self.ops = ops
         # The ranks' row-parallel partial sums are added up afterwards: one of them adds the bias.
         adds_row_bias = tp.rank == 0
@@ -169,10 +114,11 @@ class DecoderLayer(nn.Module):
             qkv_bias=attn.qkv_proj.bias,
             o_weight=attn.o_proj.weight,
             o_bias=attn.o_proj.bias if adds_row_bias else None,
-            gate_up_weight=mlp.gate_up_proj.weight,
-            gate_up_bias=mlp.gate_up_proj.bias,
-            down_weight=mlp.down_proj.weight,
-            down_bias=mlp.down_proj.bias if adds_row_bias else None,
+            gate_up_weight=None if sparse else mlp.gate_up_proj.weight,
+            gate_up_bias=None if sparse else mlp.gate_up_proj.bias,
+            down_weight=None if sparse else mlp.down_proj.weight,
+            down_bias=mlp.down_proj.bias if adds_row_bias and not sparse else None,
+            moe=mlp.tensors() if sparse else None,
             q_norm=attn.q_norm.weight if attn.qk_norm else None,
             k_norm=attn.k_norm.weight if attn.qk_norm else None,
             num_heads=attn.num_heads,
@@ -186,24 +132,17 @@ class DecoderLayer(nn.Module):
     ) -> None:
         """quantized: this layer's parts, by parameter name within the layer."""
         attn, mlp = self.self_attn, self.mlp
-        for name, projection in (
-            ("self_attn.qkv_proj", attn.qkv_proj),
-            ("self_attn.o_proj", attn.o_proj),
-            ("mlp.down_proj", mlp.down_proj),
-        ):
+        for name, projection in (("self_attn.qkv_proj", attn.qkv_proj), ("self_attn.o_proj", attn.o_proj)):
             projection.prepare(self.ops, k_blocks=gemm_k_blocks, quantized=quantized.get(f"{name}.weight"))
-        mlp.gate_up_proj.prepare(
-            self.ops,
-            gated=fused_gate_up,
-            k_blocks=gemm_k_blocks,
-            quantized=quantized.get("mlp.gate_up_proj.weight"),
-        )
+        mlp.prepare(self.ops, fused_gate_up, gemm_k_blocks, parts_under(quantized, "mlp."))
+        dense = isinstance(mlp, MLP)
         self.tensors = dataclasses.replace(
             self.tensors,
             qkv_weight=attn.qkv_proj.weight,
             o_weight=attn.o_proj.weight,
-            gate_up_weight=mlp.gate_up_proj.weight,
-            down_weight=mlp.down_proj.weight,
+            gate_up_weight=mlp.gate_up_proj.weight if dense else None,
+            down_weight=mlp.down_proj.weight if dense else None,
+            moe=None if dense else mlp.tensors(),
         )
 
     # A layer runs as three dense stages with attention between the first two. The stages are the
@@ -236,6 +175,9 @@ class DecoderLayer(nn.Module):
         """Adds the attention's `delta` into `residual` (in place); returns the MLP's output (a partial sum under TP)."""
         t, ops = self.tensors, self.ops
         x = ops.add_rms_norm(residual, delta, t.post_norm, t.eps)
+        if t.moe is not None:
+            return ops.moe(x, t.moe) if self.fused_moe else torch_moe(x, t.moe, ops.linear, ops.gated_linear)
+        assert t.gate_up_weight is not None and t.down_weight is not None
         activation = ops.gated_linear(x, t.gate_up_weight, t.gate_up_bias)
         return ops.linear(activation, t.down_weight, t.down_bias)
 
@@ -249,10 +191,12 @@ class _LayerTensors:
     qkv_bias: torch.Tensor | None
     o_weight: torch.Tensor
     o_bias: torch.Tensor | None
-    gate_up_weight: torch.Tensor
+    # A dense layer's MLP, or a MoE layer's experts (then the MLP's are None).
+    gate_up_weight: torch.Tensor | None
     gate_up_bias: torch.Tensor | None
-    down_weight: torch.Tensor
+    down_weight: torch.Tensor | None
     down_bias: torch.Tensor | None
+    moe: MoeTensors | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     num_heads: int
@@ -276,9 +220,9 @@ _UNIMPLEMENTED_FIELDS = (
 
 def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
     """The attention window the model was trained with, or None when it attends to everything."""
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         return hf_config.get("sliding_window")
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf_config.get("use_sliding_window"):
+    if "Qwen" in architecture and hf_config.get("use_sliding_window"):
         return hf_config.get("sliding_window")
     return None
 
@@ -291,9 +235,11 @@ class LlamaForCausalLM(nn.Module):
         attention: AttentionBackend,
         max_model_len: int | None = None,
         tp: TensorParallelGroup | None = None,
+        fused_moe: bool = True,
     ) -> None:
         super().__init__()
         tp = tp or tensor_parallel_group()
+        self.fused_moe = fused_moe
         architecture = (hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
         max_positions = int(hf_config.get("max_position_embeddings", 2048))
         max_model_len = max_model_len or max_positions
@@ -317,8 +263,16 @@ class LlamaForCausalLM(nn.Module):
         self.ops = layer_ops_for(torch.get_default_device())
         self.embed_tokens = VocabParallelEmbedding(vocab, hidden, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, architecture, dtype, self.ops, tp)
-            for _ in range(hf_config["num_hidden_layers"])
+            DecoderLayer(
+                hf_config,
+                architecture,
+                dtype,
+                self.ops,
+                tp,
+                is_sparse_layer(hf_config, architecture, i),
+                fused_moe,
+            )
+            for i in range(hf_config["num_hidden_layers"])
         )
         self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
         self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
@@ -337,6 +291,10 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype, attention_factor)
 
+    @property
+    def has_experts(self) -> bool:
+        return any(isinstance(layer.mlp, SparseMoe) for layer in self.layers)
+
     def prepare_linear_weights(
         self, fused_gate_up: bool = True, gemm_k_blocks: bool = True, quantized: QuantizedParts | None = None
     ) -> None:
@@ -348,13 +306,9 @@ class LlamaForCausalLM(nn.Module):
         by parameter name, from which those weights are packed instead."""
         quantized = quantized or {}
         for index, layer in enumerate(self.layers):
-            prefix = f"layers.{index}."
-            layer_parts = {
-                name.removeprefix(prefix): parts
-                for name, parts in quantized.items()
-                if name.startswith(prefix)
-            }
-            layer.prepare_linear_weights(fused_gate_up, gemm_k_blocks, layer_parts)
+            layer.prepare_linear_weights(
+                fused_gate_up, gemm_k_blocks, parts_under(quantized, f"layers.{index}.")
+            )
         self.lm_head.prepare(self.ops, gemm_k_blocks, quantized.get("lm_head.weight"))
 
     def forward(

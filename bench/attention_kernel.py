@@ -76,7 +76,7 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
     ops.write_kv_cache(key, value, key_cache, value_cache, slots)
     kernel = median_ms(
         lambda: ops.paged_attention(
-            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path, True
+            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, decode_path, True
         ),
         repeats,
     )
@@ -135,7 +135,17 @@ def report_from_dram(
     def forward(split_keys: bool) -> None:
         for query, _, _, key_cache, value_cache, block_table, qsl, seq_lens, _ in batches:
             ops.paged_attention(
-                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, decode_path, split_keys
+                out,
+                query,
+                key_cache,
+                value_cache,
+                block_table,
+                qsl,
+                seq_lens,
+                SCALE,
+                0,
+                decode_path,
+                split_keys,
             )
 
     if not split:
@@ -175,7 +185,7 @@ def report_cache_dtypes(
             batches, caches[cache_dtype], strict=True
         ):
             ops.paged_attention(
-                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, True, True
+                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, True, True
             )
 
     times: dict[str, list[float]] = {dtype: [] for dtype in caches}

@@ -179,9 +179,10 @@ SLUICE_API int32_t sluice_write_kv_cache(const Heads* key, const Heads* value, c
 }
 
 SLUICE_API int32_t sluice_paged_attention(const Heads* out, const Heads* query, const KvCache* cache,
-                                          const Batch* batch, double scale, int32_t decode_path,
+                                          const Batch* batch, double scale, int64_t window, int32_t decode_path,
                                           int32_t split_keys) {
-  return guarded([&] { paged_attention(*out, *query, *cache, *batch, scale, decode_path != 0, split_keys != 0); });
+  return guarded(
+      [&] { paged_attention(*out, *query, *cache, *batch, scale, window, decode_path != 0, split_keys != 0); });
 }
 
 SLUICE_API int32_t sluice_bind_threads(const int64_t* cpu_ids, int64_t count, int64_t* bound) {

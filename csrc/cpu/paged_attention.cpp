@@ -79,6 +79,8 @@ struct Problem {
   int64_t bt_stride;
   int block_size, head_dim, group;
   float scale_log2;
+  // A sliding window: a query at position i sees keys i - window + 1 .. i; 0 sees every earlier key.
+  int window;
   bool decode_path;
   // Partial sums of split decode items: per part, per row, its max score, its sum of exponentials and its
   // unnormalised output row (dim floats).
@@ -88,8 +90,9 @@ struct Problem {
 struct Tile {
   int32_t seq, kv_head, q_row, t0, t1, prefix;
   int64_t cost;
-  // Decode items attend keys [key_lo, key_hi) of the context. A part of a split item (part >= 0) writes
-  // its partial sums to that slot of the parts buffer instead of the output.
+  // Decode items attend keys [key_lo, key_hi) of the context; a tile's rows start from key_lo (its first row's
+  // window) and end at their own positions. A part of a split item (part >= 0) writes its partial sums to
+  // that slot of the parts buffer instead of the output.
   int32_t key_lo, key_hi, part;
 };
 
@@ -257,7 +260,7 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   // Row pointers for this chunk and the next: the next chunk's rows are prefetched while this one
   // is computed, since blocks are scattered and the hardware prefetcher cannot follow the table.
   const C* rows_buf[2][2][kChunk];
-  int block = 0, offset = 0;
+  int block = w.key_lo / p.block_size, offset = w.key_lo % p.block_size;
   auto locate = [&](const C** k_rows, const C** v_rows, int count) {
     for (int i = 0; i < count; ++i) {
       const int64_t at = blocks[block] * p.at.block + offset * p.at.token;
@@ -274,9 +277,9 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   const int row_bytes = cache_row_bytes<C>(dim);
   float* kscale = s.kscale.data();
   float* vscale = s.vscale.data();
-  locate(rows_buf[0][0], rows_buf[0][1], std::min(kChunk, n_keys));
+  locate(rows_buf[0][0], rows_buf[0][1], std::min(kChunk, n_keys - w.key_lo));
 
-  for (int k0 = 0, buf = 0; k0 < n_keys; k0 += kChunk, buf ^= 1) {
+  for (int k0 = w.key_lo, buf = 0; k0 < n_keys; k0 += kChunk, buf ^= 1) {
     const int nk = std::min(kChunk, n_keys - k0);
     const C* const* k_rows = rows_buf[buf][0];
     const C* const* v_rows = rows_buf[buf][1];
@@ -296,8 +299,12 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
         vscale[i] = i < nk ? row_scale(v_rows[i], dim) : 0.0f;
       }
     }
-    // Rows of tokens before k0 see none of this chunk; rows are in token order, so skip a prefix.
+    // Rows of tokens before k0 see none of this chunk; rows are in token order, so skip a prefix. Under a
+    // window, rows whose first visible key lies past the chunk see none of it either: skip a suffix.
     const int m0 = std::max(0, k0 - w.prefix - w.t0) * group;
+    const int m1 =
+        p.window > 0 ? std::clamp((k0 + nk + p.window - 1 - w.prefix - w.t0) * group, m0, rows) : rows;
+    if (m1 == m0) continue;
     const uint16_t* k_bits[kChunk];
     const uint16_t* v_bits[kChunk];
     if constexpr (Dot) {
@@ -307,7 +314,7 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
       }
       auto* kp = reinterpret_cast<uint32_t*>(kt);
       bf16dot::pack_keys(k_bits, dim, kp);
-      bf16dot::qk(reinterpret_cast<const uint32_t*>(qs) + m0 * dim / 2, dim, kp, rows - m0, sc + m0 * kChunk);
+      bf16dot::qk(reinterpret_cast<const uint32_t*>(qs) + m0 * dim / 2, dim, kp, m1 - m0, sc + m0 * kChunk);
     } else {
       for (int d0 = 0; d0 < dim; d0 += 16) {
         v16 r[kChunk];
@@ -315,14 +322,18 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
         transpose16(r);
         for (int j = 0; j < kChunk; ++j) store(kt + (d0 + j) * kChunk, r[j]);
       }
-      qk(qs + m0 * dim, dim, kt, rows - m0, sc + m0 * kChunk);
+      qk(qs + m0 * dim, dim, kt, m1 - m0, sc + m0 * kChunk);
     }
-    for (int m = m0; m < rows; ++m) {
+    for (int m = m0; m < m1; ++m) {
       v16 x = load(sc + m * kChunk);
       if constexpr (Dot) x = x * p.scale_log2;
       if constexpr (kQuantizedRows<C>) x = x * load(kscale);
-      const int visible = std::min(nk, w.prefix + w.t0 + m / group - k0 + 1);
+      const int position = w.prefix + w.t0 + m / group;
+      const int visible = std::min(nk, position - k0 + 1);
       if (visible < kChunk) x = lane < visible ? x : neg_inf;
+      // Keys that left the window: at least one key of the chunk stays visible (m < m1, m >= m0).
+      const int below = p.window > 0 ? position - p.window + 1 - k0 : 0;
+      if (below > 0) x = lane < below ? neg_inf : x;
       const float old = mrow[m];
       const float top = std::max(old, hmax(x));
       const float a = top > old ? std::exp2(old - top) : 1.0f;
@@ -340,9 +351,9 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
     }
     if constexpr (Dot) {
       bf16dot::pv(acc + m0 * dim, dim, reinterpret_cast<const uint32_t*>(s.probs.data()) + m0 * kChunk / 2,
-                  alpha + m0, v_bits, nk, rows - m0);
+                  alpha + m0, v_bits, nk, m1 - m0);
     } else {
-      pv<C>(acc + m0 * dim, dim, sc + m0 * kChunk, alpha + m0, v_rows, nk, rows - m0);
+      pv<C>(acc + m0 * dim, dim, sc + m0 * kChunk, alpha + m0, v_rows, nk, m1 - m0);
     }
   }
 
@@ -752,7 +763,8 @@ Kernels pick_kernels(DType query, DType cache, int dim) {
 // decode items (of sequences with one query token) are too few to share evenly among the threads, each
 // is split into parts of its keys, as many as make the items a multiple of the threads (split_parts).
 int64_t plan_tiles(std::vector<Tile>& tiles, std::vector<SplitItem>& splits, const int32_t* qsl,
-                   const int32_t* seq_lens, int num_seqs, int num_kv_heads, int group, int split_parts) {
+                   const int32_t* seq_lens, int num_seqs, int num_kv_heads, int group, int split_parts,
+                   int window) {
   tiles.clear();
   splits.clear();
   const int tile_tokens = std::max(1, kTileRows / group);
@@ -763,15 +775,18 @@ int64_t plan_tiles(std::vector<Tile>& tiles, std::vector<SplitItem>& splits, con
     if (q_len <= 0) continue;
     const int prefix = seq_lens[s] - q_len;
     SK_CHECK(prefix >= 0, "paged_attention: sequence ", s, " has more query tokens than context");
-    const int parts = q_len == 1 ? std::min(split_parts, seq_lens[s] / kMinPartKeys) : 1;
+    // The first key that the window lets a row at `position` see.
+    const auto first_key = [&](int position) { return window > 0 ? std::max(0, position - window + 1) : 0; };
+    const int keys = seq_lens[s], lowest = first_key(keys - 1);
+    const int parts = q_len == 1 ? std::min(split_parts, (keys - lowest) / kMinPartKeys) : 1;
     if (parts > 1) {
-      const int keys = seq_lens[s];
       for (int g = 0; g < num_kv_heads; ++g) {
         splits.push_back({g, qsl[s], parts_used, parts});
         for (int i = 0; i < parts; ++i) {
-          // Boundaries on 16-key chunks, so that only the last part pads its final chunk.
-          const int lo = int(int64_t(keys) * i / parts) / kChunk * kChunk;
-          const int hi = i + 1 == parts ? keys : int(int64_t(keys) * (i + 1) / parts) / kChunk * kChunk;
+          // Boundaries on 16-key chunks past the first key, so that only the last part pads its final chunk.
+          const int64_t span = keys - lowest;
+          const int lo = lowest + int(span * i / parts) / kChunk * kChunk;
+          const int hi = i + 1 == parts ? keys : lowest + int(span * (i + 1) / parts) / kChunk * kChunk;
           const int64_t cost = int64_t(hi - lo) * (group + 8);
           tiles.push_back({s, g, qsl[s], 0, 1, prefix, cost, lo, hi, parts_used++});
           total += cost;
@@ -781,10 +796,11 @@ int64_t plan_tiles(std::vector<Tile>& tiles, std::vector<SplitItem>& splits, con
     }
     for (int t0 = 0; t0 < q_len; t0 += tile_tokens) {
       const int t1 = std::min(q_len, t0 + tile_tokens);
+      const int lo = first_key(prefix + t0);
       // Widening and transposing K costs about as much as eight rows of dot products.
-      const int64_t cost = int64_t(prefix + t1) * ((t1 - t0) * group + 8);
+      const int64_t cost = int64_t(prefix + t1 - lo) * ((t1 - t0) * group + 8);
       for (int g = 0; g < num_kv_heads; ++g)
-        tiles.push_back({s, g, qsl[s], t0, t1, prefix, cost, 0, prefix + t1, -1});
+        tiles.push_back({s, g, qsl[s], t0, t1, prefix, cost, lo, prefix + t1, -1});
       total += cost * num_kv_heads;
     }
   }
@@ -806,7 +822,8 @@ int decode_split_parts(int decode_items, int threads) {
 }  // namespace
 
 void paged_attention(const Heads& out, const Heads& query, const KvCache& cache, const Batch& batch, double scale,
-                     bool decode_path, bool split_keys) {
+                     int64_t window, bool decode_path, bool split_keys) {
+  SK_CHECK(window >= 0 && window <= std::numeric_limits<int32_t>::max(), "window must be 0 (none) or positive");
   SK_CHECK(out.tokens == query.tokens && out.heads == query.heads && out.dim == query.dim &&
                out.dtype == query.dtype,
            "out must match query's shape and dtype");
@@ -835,6 +852,7 @@ void paged_attention(const Heads& out, const Heads& query, const KvCache& cache,
       head_dim,
       num_heads / num_kv_heads,
       float(scale * M_LOG2E),
+      int(window),
       decode_path,
       nullptr,
   };
@@ -853,7 +871,7 @@ void paged_attention(const Heads& out, const Heads& query, const KvCache& cache,
   static thread_local std::vector<SplitItem> splits;
   static thread_local std::vector<float> parts;
   const int64_t work =
-      plan_tiles(tiles, splits, qsl, batch.seq_lens, num_seqs, num_kv_heads, problem.group, split_parts);
+      plan_tiles(tiles, splits, qsl, batch.seq_lens, num_seqs, num_kv_heads, problem.group, split_parts, int(window));
   if (!splits.empty()) {
     const SplitItem& last = splits.back();
     parts.resize(size_t(last.first_part + last.parts) * problem.group * (head_dim + 2));

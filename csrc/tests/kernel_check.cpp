@@ -40,7 +40,8 @@ struct Library {
   int32_t (*silu_and_mul)(const Matrix*, const Matrix*);
   int32_t (*argmax_rows)(const Matrix*, int64_t*);
   int32_t (*write_kv_cache)(const Heads*, const Heads*, const KvCache*, const Slots*);
-  int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int32_t, int32_t);
+  int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int64_t, int32_t,
+                             int32_t);
   int32_t (*moe)(const Matrix*, const MoeWeights*, const Matrix*);
 };
 
@@ -257,9 +258,10 @@ double cached_value(DType dtype, const uint8_t* row, int d, int dim) {
 }
 
 // Two sequences in a paged cache (block size 4): a 7-token prefill chunk after 5 cached tokens, and a
-// decode at 23 tokens, against softmax attention written out. A float32 cache is filled directly; an int8
-// or fp8 one (head-major) through write_kv_cache, and the reference reads back what it holds.
-void check_attention(const Library& lib, bool decode_path, DType cache_dtype) {
+// decode at 23 tokens, against softmax attention written out, over every earlier key or a sliding window of
+// them (window > 0). A float32 cache is filled directly; an int8 or fp8 one (head-major) through
+// write_kv_cache, and the reference reads back what it holds.
+void check_attention(const Library& lib, bool decode_path, DType cache_dtype, int64_t window) {
   const int64_t heads = 4, kv_heads = 2, dim = 32, block = 4, blocks = 16;
   const bool quantized = cache_dtype != DType::kFloat32;
   const int64_t row_bytes = quantized ? dim + 4 : dim * 4;
@@ -296,29 +298,31 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype) {
   const Heads oh{out.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
   const Batch batch{qsl.data(), lens.data(), 2, table.data(), 2, 6};
   const double scale = 1 / std::sqrt(double(dim));
-  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, decode_path, 1), "paged_attention");
+  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, window, decode_path, 1), "paged_attention");
   for (int s = 0; s < 2; ++s) {
     for (int t = 0; t < q_lens[s]; ++t) {
       const int row = qsl[s] + t, pos = lens[s] - q_lens[s] + t;
       for (int h = 0; h < heads; ++h) {
         const int g = h / (heads / kv_heads);
-        std::vector<double> scores(pos + 1);
+        const int first = window > 0 ? std::max<int>(0, pos - int(window) + 1) : 0;
+        std::vector<double> scores(pos + 1, 0.0);
         double top = -1e300, sum = 0;
-        for (int key = 0; key <= pos; ++key) {
+        for (int key = first; key <= pos; ++key) {
           const int64_t slot = table[s * 6 + key / block] * block + key % block;
           double dot = 0;
           for (int d = 0; d < dim; ++d) dot += double(q[(row * heads + h) * dim + d]) * value(k_cache, slot, g, d);
           scores[key] = dot * scale;
           top = std::max(top, scores[key]);
         }
-        for (double& v : scores) sum += (v = std::exp(v - top));
+        for (int key = first; key <= pos; ++key) sum += (scores[key] = std::exp(scores[key] - top));
         for (int d = 0; d < dim; ++d) {
           double want = 0;
-          for (int key = 0; key <= pos; ++key)
+          for (int key = first; key <= pos; ++key)
             want += scores[key] / sum * value(v_cache, table[s * 6 + key / block] * block + key % block, g, d);
           expect(std::fabs(out[(row * heads + h) * dim + d] - want) <= 2e-5,
                  std::string("attention over a ") + dtype_name(cache_dtype) + " cache (decode path " +
-                     (decode_path ? "on" : "off") + ") row " + std::to_string(row) + " head " + std::to_string(h));
+                     (decode_path ? "on" : "off") + ", window " + std::to_string(window) + ") row " +
+                     std::to_string(row) + " head " + std::to_string(h));
         }
       }
     }
@@ -447,8 +451,10 @@ int main(int argc, char** argv) {
   check_rms_norm(lib);
   check_argmax(lib);
   for (DType cache : {DType::kFloat32, DType::kInt8, DType::kFp8E4M3}) {
-    check_attention(lib, true, cache);
-    check_attention(lib, false, cache);
+    for (int64_t window : {0, 1, 5}) {
+      check_attention(lib, true, cache, window);
+      check_attention(lib, false, cache, window);
+    }
   }
   std::printf("kernel_check: %s tier: %s\n", lib.tier(), failures == 0 ? "every check passed" : "FAILED");
   return failures == 0 ? 0 : 1;

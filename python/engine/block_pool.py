@@ -156,14 +156,16 @@ class BlockPool:
         return self.cached_block_hash_to_block.get(block_hash)
 
     def cache_full_blocks(
-        self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash], start: int, end: int
+        self, blocks: Sequence[KVCacheBlock | None], block_hashes: Sequence[BlockHash], start: int, end: int
     ) -> None:
-        """Register blocks[start:end], full of the tokens block_hashes[start:end] name."""
+        """Register blocks[start:end], full of the tokens block_hashes[start:end] name (none of them released:
+        a block is cached when it fills, before it can leave a window)."""
         if not self.enable_caching:
             return
         assert end <= len(blocks) and end <= len(block_hashes)
         for i in range(start, end):
             block, block_hash = blocks[i], block_hashes[i]
+            assert block is not None, f"block {i} was released before it was cached"
             if block.block_hash is not None:
                 # A prefix-cache hit: the block is registered already.
                 assert block.block_hash == block_hash

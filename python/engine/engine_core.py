@@ -23,6 +23,7 @@ from sluice.errors import WorkerDiedError
 from sluice.frontend_seam import EngineOutput, EngineStats
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.sampling_params import SamplingParams
+from sluice.sliding_windows import uniform_window
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, SchedulerOutput
 
@@ -42,7 +43,12 @@ class EngineCore:
             self.executor.shutdown()
             raise
         self.scheduler = Scheduler(
-            config.scheduler, config.cache, self.num_kv_blocks, self.max_model_len, config.speculative
+            config.scheduler,
+            config.cache,
+            self.num_kv_blocks,
+            self.max_model_len,
+            config.speculative,
+            uniform_window(self.spec.hf_config, self.spec.architecture, self.max_model_len),
         )
         self.kv_events: KVEventPublisher | None = None
         if config.cache.kv_events_port is not None:

@@ -1,18 +1,35 @@
-"""Which KV blocks each request holds, and the prefix cache lookups that let requests share them."""
+"""Which KV blocks each request holds, and the prefix cache lookups that let requests share them.
+
+Under a sliding window that every layer shares (sluice/sliding_windows.py), a running request releases the
+blocks that no query of its can see any more, as vLLM's sliding-window manager does: a query at position p
+sees keys p - window + 1 .. p, and the request's next query is at its computed length at least. A released
+block stays in the request's table as RELEASED_BLOCK_ID (the attention kernels start at the window and never
+read it); it goes back to the pool as any freed block does, its cached hash kept until it is evicted.
+"""
 
 from __future__ import annotations
 
 from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, cache_salt_root, hash_block_tokens
 from engine.request import Request
 
+# What a released block's place in a request's table holds (the workers' block tables too).
+RELEASED_BLOCK_ID = -1
+
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
-        assert block_size > 0
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool, sliding_window: int = 0
+    ) -> None:
+        assert block_size > 0 and sliding_window >= 0
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # uniform_window's: 0 where some layer sees the whole context, and no block is ever released early.
+        self.sliding_window = sliding_window
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # A request's blocks in order; None where a block was released (out of every query's window).
+        self.req_to_blocks: dict[str, list[KVCacheBlock | None]] = {}
+        # How many leading blocks of each request were released.
+        self.num_released_blocks: dict[str, int] = {}
         # How many leading blocks of each request went through cache_full_blocks already.
         self.num_cached_blocks: dict[str, int] = {}
         # In tokens, as vLLM counts them: a query is a scheduled lookup, a hit a token it served.
@@ -28,7 +45,10 @@ class KVCacheManager:
         return self.block_pool.num_free_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+        return [
+            RELEASED_BLOCK_ID if block is None else block.block_id
+            for block in self.req_to_blocks.get(request_id, ())
+        ]
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and how many tokens it covers."""
@@ -86,9 +106,28 @@ class KVCacheManager:
             self.prefix_cache_hits += len(computed) * self.block_size
         if self.enable_caching:
             self._cache_full_blocks(request, blocks, num_tokens_after)
+        if self.sliding_window:
+            self._release_out_of_window(request_id, blocks, num_tokens_after - num_new_tokens)
         return [block.block_id for block in new_blocks]
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens_after: int) -> None:
+    def _release_out_of_window(
+        self, request_id: str, blocks: list[KVCacheBlock | None], computed: int
+    ) -> None:
+        """Frees the leading blocks whose every key lies before the window of a query at `computed`."""
+        first_visible = computed - self.sliding_window + 1
+        start = self.num_released_blocks.get(request_id, 0)
+        end = max(start, first_visible // self.block_size)
+        if end == start:
+            return
+        released = blocks[start:end]
+        blocks[start:end] = [None] * (end - start)
+        self.num_released_blocks[request_id] = end
+        # Oldest first to the free queue's tail, so the newest of them are evicted last.
+        self.block_pool.free_blocks(block for block in released if block is not None)
+
+    def _cache_full_blocks(
+        self, request: Request, blocks: list[KVCacheBlock | None], num_tokens_after: int
+    ) -> None:
         # Cached now, before the step runs: every layer writes the step's KV before attention reads
         # it, so a request admitted later in this same step may already share these blocks.
         # Only tokens whose ids are known can be hashed.
@@ -118,7 +157,8 @@ class KVCacheManager:
         """Release every block the request holds; its tail blocks become the first to be evicted."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        self.num_released_blocks.pop(request.request_id, None)
+        self.block_pool.free_blocks(block for block in reversed(blocks) if block is not None)
 
     def reset_prefix_cache(self) -> None:
         self.block_pool.reset_prefix_cache()

@@ -96,7 +96,10 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         speculative_config: SpeculativeConfig | None = None,
+        sliding_window: int = 0,
     ) -> None:
+        """sliding_window: the window every layer of the model shares (sluice/sliding_windows.py's
+        uniform_window), or 0; requests then release the blocks their queries can no longer see."""
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         self.policy = scheduler_config.policy
@@ -105,7 +108,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, sliding_window
         )
         self.requests: dict[str, Request] = {}
         self.waiting: FcfsQueue | PriorityQueue = (

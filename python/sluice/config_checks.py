@@ -112,6 +112,10 @@ def _check_quantization(config: SluiceConfig, spec: ModelSpec) -> None:
         // tp,
         "intermediate_size per rank": int(hf["intermediate_size"]) // tp,
     }
+    # A mixture of experts: each expert's down projection (and the shared expert's) reads its own width.
+    for field in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if hf.get(field):
+            widths[f"{field} per rank"] = int(hf[field]) // tp
     for name, width in widths.items():
         if width % QUANTIZATION_BLOCK:
             raise InvalidConfigError(

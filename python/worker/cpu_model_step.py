@@ -325,5 +325,6 @@ def _layer_weights(ops: NativeOps, layer: DecoderLayer) -> abi.LayerWeights:
         head_dim=t.head_dim,
         # From the module, not a weight's shape: a packed weight's shape is its layout's, not [out, in].
         intermediate_size=0 if t.moe is not None else layer.mlp.inner,
+        sliding_window=t.sliding_window,
         scale=t.scale,
     )

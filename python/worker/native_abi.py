@@ -125,6 +125,7 @@ class LayerWeights(ctypes.Structure):
         ("num_kv_heads", _i64),
         ("head_dim", _i64),
         ("intermediate_size", _i64),
+        ("sliding_window", _i64),
         ("scale", ctypes.c_double),
     ]
 
@@ -198,7 +199,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sluice_write_kv_cache": (_i32, [_P(Heads), _P(Heads), _P(KvCache), _P(Slots)]),
     "sluice_paged_attention": (
         _i32,
-        [_P(Heads), _P(Heads), _P(KvCache), _P(Batch), ctypes.c_double, _i32, _i32],
+        [_P(Heads), _P(Heads), _P(KvCache), _P(Batch), ctypes.c_double, _i64, _i32, _i32],
     ),
     "sluice_bind_threads": (_i32, [_P(_i64), _i64, _P(_i64)]),
     "sluice_model_step_new": (

@@ -463,10 +463,12 @@ class NativeOps:
         query_start_loc: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        window: int,
         decode_path: bool,
         split_keys: bool,
     ) -> None:
-        """Causal attention of each sequence's new query rows over its paged context, into out."""
+        """Causal attention of each sequence's new query rows over its paged context (its last `window`
+        keys up to each row's position where window > 0), into out."""
         self.check(
             self.library.sluice_paged_attention(
                 ctypes.byref(heads(out)),
@@ -474,6 +476,7 @@ class NativeOps:
                 ctypes.byref(kv_cache(key_cache, value_cache)),
                 ctypes.byref(batch(block_table, query_start_loc, seq_lens)),
                 scale,
+                window,
                 int(decode_path),
                 int(split_keys),
             )

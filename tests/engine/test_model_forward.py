@@ -149,13 +149,45 @@ def test_a_field_that_changes_the_maths_unimplemented_is_refused_by_name(
         _ours(tmp_path)
 
 
-def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) -> None:
-    shutil.copytree(tiny_model_dir("mistral"), tmp_path, dirs_exist_ok=True)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["sliding_window"] = 128
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match="sliding"):
-        _ours(tmp_path)
-    spec = read_model_spec(tmp_path)
-    model = load_model(spec, torch.float32, torch.device("cpu"), TorchAttentionBackend(), max_model_len=128)
-    assert model.architecture == "MistralForCausalLM"
+@pytest.mark.parametrize(
+    ("architecture", "fields", "max_model_len", "windows"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 64}, 256, [64, 64, 64, 64]),
+        # A window as long as the context served is no window.
+        ("MistralForCausalLM", {"sliding_window": 256}, 256, [0, 0, 0, 0]),
+        ("Phi3ForCausalLM", {"sliding_window": 47}, 256, [47, 47, 47, 47]),
+        # Qwen's window is off unless use_sliding_window; then layers from max_window_layers on.
+        ("Qwen2ForCausalLM", {"sliding_window": 64, "max_window_layers": 2}, 256, [0, 0, 0, 0]),
+        (
+            "Qwen2ForCausalLM",
+            {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2},
+            256,
+            [0, 0, 64, 64],
+        ),
+        (
+            "Qwen2MoeForCausalLM",
+            {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 3},
+            256,
+            [64, 0, 64, 0],
+        ),
+        # A config's own layer_types win.
+        (
+            "Qwen3ForCausalLM",
+            {
+                "sliding_window": 8,
+                "use_sliding_window": True,
+                "layer_types": ["full_attention", "sliding_attention"] * 2,
+            },
+            256,
+            [0, 8, 0, 8],
+        ),
+        # Llama's layers attend to everything, whatever the config says.
+        ("LlamaForCausalLM", {"sliding_window": 64}, 256, [0, 0, 0, 0]),
+    ],
+)
+def test_each_layer_gets_the_window_its_family_trains_it_with(
+    architecture: str, fields: dict, max_model_len: int, windows: list[int]
+) -> None:
+    from sluice.sliding_windows import sliding_windows
+
+    assert sliding_windows({"num_hidden_layers": 4, **fields}, architecture, max_model_len) == windows

@@ -18,7 +18,7 @@ def ops(native):
 
 
 def run_both(
-    ops, case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True
+    ops, case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True, window: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     ours = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
@@ -27,10 +27,10 @@ def run_both(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
     got = CpuAttentionBackend(ops, decode_path=decode_path, split_keys=split_keys).forward(
-        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale
+        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale, window
     )
     want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window
     )
     return got, want, ours, ref
 
@@ -196,3 +196,21 @@ def test_single_token_tail_of_a_prefill_chunk_is_causal(ops) -> None:
     )
     got, want, _, _ = run_both(ops, case)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+# Windows of one key, narrower than a 16-key chunk, than a prefill chunk and than most contexts; with
+# decodes long enough that their windowed keys still split among the threads.
+@pytest.mark.parametrize("threads", [2], indirect=True)
+@pytest.mark.parametrize("window", [1, 7, 16, 50, 1100])
+@pytest.mark.parametrize("decode_path", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_windows_match_reference(ops, threads: int, window: int, decode_path: bool, dtype) -> None:
+    seqs = [*MIXED, (3000, 1), (1500, 1), (800, 200)]
+    case = make_case(seqs, num_kv_heads=1, group=3, head_dim=64, dtype=dtype, seed=9, fill=float("nan"))
+    got, want, _, _ = run_both(ops, case, decode_path=decode_path, window=window)
+    assert torch.isfinite(got.float()).all()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    whole, _, _, _ = run_both(ops, case, decode_path=decode_path)
+    # The window changed what the rows with more keys than it see.
+    assert not torch.allclose(got.float(), whole.float(), atol=tol, rtol=tol)

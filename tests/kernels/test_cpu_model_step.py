@@ -21,15 +21,16 @@ import torch
 from paged_sequences import PagedSequences
 from sluice.config import GraphConfig
 from sluice.model_spec import read_model_spec
-from tiny_models import tiny_model_dir
+from tiny_models import tiny_model_dir, write_tiny_model
 from worker.attention.cpu_backend import CpuAttentionBackend
 from worker.cpu_model_step import CpuModelStep, cpu_model_step_for
 from worker.model_loader import load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import NativeOps
 
-# With experts: Qwen3-MoE (a dense layer between two MoE ones) and Qwen2-MoE (the shared expert).
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "qwen2_moe", "default"]
+# With experts: Qwen3-MoE (a dense layer between two MoE ones) and Qwen2-MoE (the shared expert); Mistral
+# with a 16-key sliding window under sequences of 12 to 40 tokens.
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "mistral-window", "qwen3_moe", "qwen2_moe", "default"]
 DTYPES = [torch.float32, torch.bfloat16]
 MAX_TOKENS = 64
 # A prefill chunk of every sequence, a pure decode, a mixed step (decodes around a 4-token chunk), a decode.
@@ -37,8 +38,12 @@ SCHEDULE = [[32, 15, 5], [1, 1, 1], [1, 1, 4], [1, 1, 1]]
 
 
 @pytest.fixture(scope="module")
-def folders(default_model_path: Path) -> dict[str, Path]:
-    return {arch: default_model_path if arch == "default" else tiny_model_dir(arch) for arch in ARCHS}
+def folders(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    named = {"default": default_model_path}
+    named["mistral-window"] = write_tiny_model(
+        "mistral", tmp_path_factory.mktemp("mistral-window"), overrides={"sliding_window": 16}
+    )
+    return {arch: named.get(arch) or tiny_model_dir(arch) for arch in ARCHS}
 
 
 @pytest.fixture(scope="module")

@@ -79,14 +79,14 @@ def _on_cuda(case: Case) -> Case:
     return Case(**moved, metadata=metadata)
 
 
-def _assert_matches_reference(case: Case, tol: float) -> None:
+def _assert_matches_reference(case: Case, tol: float, window: int = 0) -> None:
     ours = _on_cuda(case)
     got = FlashAttentionBackend(256, case.query.dtype).forward(
-        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, 0.125
+        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, 0.125, window
     )
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
     want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125, window
     )
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(ours.key_cache.cpu(), ref.key_cache, atol=0, rtol=0, equal_nan=True)
@@ -100,6 +100,16 @@ def test_mixed_batch_matches_reference(dtype: torch.dtype, group: int) -> None:
     # Slots no sequence may read hold 1e4, which would swamp any softmax it leaked into (fp16 has no 1e30).
     case = make_case(seqs, num_kv_heads=2, group=group, head_dim=64, dtype=dtype, block_size=256, fill=1e4)
     _assert_matches_reference(case, 2e-2 if dtype == torch.bfloat16 else 4e-3)
+
+
+@on_gpu
+@pytest.mark.parametrize("window", [1, 50, 400])
+def test_sliding_windows_match_reference(window: int) -> None:
+    seqs = [*MIXED, (700, 1), (600, 300)]
+    case = make_case(
+        seqs, num_kv_heads=2, group=3, head_dim=64, dtype=torch.bfloat16, block_size=256, fill=1e4
+    )
+    _assert_matches_reference(case, 2e-2, window)
 
 
 @on_gpu

@@ -293,3 +293,27 @@ def test_int8_at_load_follows_the_bf16_model_until_a_near_tie(default_model_path
             assert ours.token_ids[step] == token
             compared += 1
     assert compared >= 6
+
+
+def test_quantization_at_load_quantizes_experts_and_leaves_routers_in_float(ops) -> None:
+    """--quantization on a mixture of experts: every expert and the shared expert run on the integer GEMM;
+    the router and the shared expert's gate stay float, so the same experts are chosen."""
+    from sluice.model_spec import read_model_spec
+    from tiny_models import tiny_model_dir
+    from worker.attention.cpu_backend import CpuAttentionBackend
+    from worker.model_loader import load_model
+
+    spec = read_model_spec(tiny_model_dir("qwen2_moe"))
+    cpu = torch.device("cpu")
+    floats = load_model(spec, torch.float32, cpu, CpuAttentionBackend(ops))
+    quantized = load_model(spec, torch.float32, cpu, CpuAttentionBackend(ops), quantization="int8")
+    moe = quantized.layers[1].mlp
+    experts = [*moe.experts, moe.shared_expert]
+    for weight in [e.gate_up_proj.weight for e in experts] + [e.down_proj.weight for e in experts]:
+        assert ops.packed_info(weight).format == 3
+    for router in (moe.gate.weight, moe.shared_expert_gate.weight):
+        assert ops.packed_info(router).format != 3
+    x = torch.randn(7, spec.hf_config["hidden_size"], generator=torch.Generator().manual_seed(0))
+    exact = ops.moe(x, floats.layers[1].tensors.moe)
+    got = ops.moe(x, quantized.layers[1].tensors.moe)
+    assert (got - exact).abs().max() <= 0.03 * exact.abs().max()

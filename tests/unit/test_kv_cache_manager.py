@@ -1,6 +1,6 @@
 """Prefix-cache lookups, shared blocks' ref counts and the order in which freed blocks are evicted."""
 
-from engine.kv_cache_manager import KVCacheManager
+from engine.kv_cache_manager import RELEASED_BLOCK_ID, KVCacheManager
 from engine.request import Request
 from sluice.sampling_params import SamplingParams
 
@@ -136,3 +136,46 @@ def test_decode_allocates_a_block_only_when_the_last_one_fills():
     assert new_ids is not None and len(new_ids) == 1
     # The first block filled with prompt + output tokens and is now cached.
     assert manager.req_to_blocks["a"][0].block_hash == request.block_hashes[0]
+
+
+def decode(manager: KVCacheManager, request: Request, token: int) -> list[int] | None:
+    """One decode step as the scheduler runs it: room for the new token, then the token counted computed."""
+    request.append_output_token(token)
+    new_ids = manager.allocate_slots(request, 1)
+    request.num_computed_tokens += 1
+    return new_ids
+
+
+def test_a_window_every_layer_shares_releases_the_blocks_no_query_can_see():
+    # Window 6: a query at position p sees p - 5 .. p; blocks of 4 tokens.
+    manager = KVCacheManager(num_blocks=4, block_size=BLOCK, enable_caching=True, sliding_window=6)
+    request = make_request("a", list(range(11)))
+    admit(manager, request)
+    # The next query is at 11 and sees 6 .. 11: block 0 (tokens 0-3) is out of every window.
+    assert decode(manager, request, 100) == []
+    ids = manager.get_block_ids("a")
+    assert ids[0] == RELEASED_BLOCK_ID and all(i >= 0 for i in ids[1:])
+    assert manager.num_free_blocks == 2
+    # Thirty more tokens in a pool of 4 blocks: old blocks go back as new ones are needed.
+    for token in range(30):
+        assert decode(manager, request, token) is not None
+    held = [i for i in manager.get_block_ids("a") if i != RELEASED_BLOCK_ID]
+    assert len(held) <= 3
+    manager.free(request)
+    assert manager.num_free_blocks == 4
+
+
+def test_released_blocks_stay_cached_until_evicted_and_a_full_window_model_keeps_every_block():
+    windowed = KVCacheManager(num_blocks=8, block_size=BLOCK, enable_caching=True, sliding_window=4)
+    first = make_request("a", list(range(13)))
+    admit(windowed, first)
+    decode(windowed, first, 7)
+    assert windowed.get_block_ids("a")[:2] == [RELEASED_BLOCK_ID] * 2
+    # A released block keeps its hash in the pool: the same prompt is still a prefix-cache hit.
+    computed, num_computed = windowed.get_computed_blocks(make_request("b", list(range(13))))
+    assert num_computed == 12 and len(computed) == 3
+    full = KVCacheManager(num_blocks=8, block_size=BLOCK, enable_caching=True)
+    second = make_request("c", list(range(13)))
+    admit(full, second)
+    decode(full, second, 7)
+    assert RELEASED_BLOCK_ID not in full.get_block_ids("c")

@@ -46,8 +46,10 @@ class AttentionBackend(Protocol):
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Write key/value into the caches at slot_mapping, then attend.
+        """Write key/value into the caches at slot_mapping, then attend: each query row to every key up to
+        its own position, or with a sliding window (window > 0) to the last `window` of them.
 
         query [num_tokens, num_heads, head_dim]; key, value [num_tokens,
         num_kv_heads, head_dim]; key_cache, value_cache [num_blocks,

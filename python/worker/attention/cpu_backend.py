@@ -27,6 +27,7 @@ class CpuAttentionBackend:
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         self.ops.write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = query.new_empty(query.shape)
@@ -39,6 +40,7 @@ class CpuAttentionBackend:
             metadata.query_start_loc,
             metadata.seq_lens,
             scale,
+            window,
             self.decode_path,
             self.split_keys,
         )

@@ -51,6 +51,7 @@ class FlashAttentionBackend:
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         if metadata.num_tokens == 0:
@@ -67,5 +68,7 @@ class FlashAttentionBackend:
             max_seqlen_k=metadata.max_seq_len,
             softmax_scale=scale,
             causal=True,
+            # (left, right) keys around the diagonal; (-1, -1) is the whole causal context.
+            window_size=(window - 1, 0) if window else (-1, -1),
             block_table=metadata.block_table,
         )

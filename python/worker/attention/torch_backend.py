@@ -26,6 +26,7 @@ class TorchAttentionBackend:
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         # Views indexed [block, offset]: writes through them land in the caches.
         k_rows, v_rows = token_major(key_cache), token_major(value_cache)
@@ -52,14 +53,18 @@ class TorchAttentionBackend:
             q_len = q.shape[0]
             seq_len = int(metadata.seq_lens[i])
             blocks = metadata.block_table[i, : (seq_len + block_size - 1) // block_size].long()
-            positions = torch.arange(seq_len)
+            # Under a window, keys before the first query's window are never read: their blocks may have
+            # been released (engine/kv_cache_manager.py).
+            first = max(0, seq_len - q_len - window + 1) if window else 0
+            positions = torch.arange(first, seq_len)
             at = (blocks[positions // block_size], positions % block_size)
             k = read_rows(k_rows[at]).repeat_interleave(group, dim=1)
             v = read_rows(v_rows[at]).repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-            k_pos = torch.arange(seq_len)[None, :]
-            scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+            k_pos = positions[None, :]
+            hidden = (k_pos > q_pos) | (k_pos <= q_pos - window) if window else k_pos > q_pos
+            scores = scores.masked_fill(hidden, float("-inf"))
             out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(
                 query.dtype
             )

@@ -26,10 +26,11 @@ class TritonAttentionBackend:
         value_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         _check_device(query)
         write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return paged_attention(query, key_cache, value_cache, metadata, scale)
+        return paged_attention(query, key_cache, value_cache, metadata, scale, window)
 
 
 def write_kv_cache(
@@ -73,8 +74,10 @@ def paged_attention(
     value_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its whole paged context."""
+    """Causal attention of each sequence's new queries over its paged context (the last `window` keys
+    up to each query where window > 0)."""
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if num_heads % num_kv_heads:
@@ -101,6 +104,7 @@ def paged_attention(
         metadata.query_start_loc,
         metadata.seq_lens,
         scale * math.log2(math.e),
+        window,
         query.stride(0),
         query.stride(1),
         out.stride(0),

@@ -58,6 +58,7 @@ def paged_attention_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     scale_log2,
+    window,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -115,12 +116,14 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # Keys past the tile's last query position are masked for every row, so stop there.
+    # Keys past the tile's last query position are masked for every row, so stop there; under a window
+    # (window > 0), keys before the first row's window are masked for every row, so start there.
     tile_last = tl.minimum(tile_first + BLOCK_Q, q_len) - 1
     kv_end = context_before + tile_last + 1
+    kv_start = tl.where(window > 0, tl.maximum(context_before + tile_first - window + 1, 0), 0)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
     cols = tl.arange(0, BLOCK_N)
-    for n_start in range(0, kv_end, BLOCK_N):
+    for n_start in range(kv_start, kv_end, BLOCK_N):
         k_pos = n_start + cols
         k_valid = k_pos < kv_end
         block_ids = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
@@ -135,12 +138,15 @@ def paged_attention_kernel(
             v = v.to(tl.float32)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        in_window = (window <= 0) | (k_pos[None, :] > q_pos[:, None] - window)
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) & in_window
         scores = tl.where(visible, scores, float("-inf"))
-        # Key 0 is visible to every row, so after the first tile m_new is always finite.
+        # A row that has seen no key yet (its window starts past this tile) keeps m = -inf: it subtracts
+        # 0 instead, so that its alpha and p are 0, not NaN.
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(scores - m_new[:, None])
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_sub)
+        p = tl.math.exp2(scores - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new

@@ -96,5 +96,8 @@ class ModelPieces:
         qkv = self.qkv[:n]
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         layer = self.model.layers[layer_index]
-        out = self.model.attention.forward(q, k, v, kv_cache[0], kv_cache[1], metadata, layer.tensors.scale)
+        t = layer.tensors
+        out = self.model.attention.forward(
+            q, k, v, kv_cache[0], kv_cache[1], metadata, t.scale, t.sliding_window
+        )
         self.attn[:n].copy_(out)

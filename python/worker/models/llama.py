@@ -24,6 +24,7 @@ from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
 from sluice.rope_parameters import rope_parameters_of
+from sluice.sliding_windows import sliding_windows
 from worker.attention.backend import AttentionBackend, AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
@@ -88,6 +89,7 @@ class DecoderLayer(nn.Module):
         tp: TensorParallelGroup,
         sparse: bool,
         fused_moe: bool,
+        sliding_window: int,
     ) -> None:
         super().__init__()
         # KernelConfig.fused_moe: the ops' one-call MoE, or torch_moe over the ops' GEMMs.
@@ -125,6 +127,7 @@ class DecoderLayer(nn.Module):
             num_kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
             scale=attn.scale,
+            sliding_window=sliding_window,
         )
 
     def prepare_linear_weights(
@@ -203,6 +206,8 @@ class _LayerTensors:
     num_kv_heads: int
     head_dim: int
     scale: float
+    # The last keys a query sees (attention backends' window), or 0 for the whole context.
+    sliding_window: int
 
 
 # Config fields of other families (Gemma's soft-capping and query scaling, Granite's multipliers) that a
@@ -216,15 +221,6 @@ _UNIMPLEMENTED_FIELDS = (
     "residual_multiplier",
     "attention_multiplier",
 )
-
-
-def sliding_window_of(hf_config: dict[str, Any], architecture: str) -> int | None:
-    """The attention window the model was trained with, or None when it attends to everything."""
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
-        return hf_config.get("sliding_window")
-    if "Qwen" in architecture and hf_config.get("use_sliding_window"):
-        return hf_config.get("sliding_window")
-    return None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -249,12 +245,7 @@ class LlamaForCausalLM(nn.Module):
                     f"{architecture}'s config sets {field} = {hf_config[field]!r}, which changes the maths and "
                     "which Sluice does not implement for this family"
                 )
-        window = sliding_window_of(hf_config, architecture)
-        if window is not None and window < max_model_len:
-            raise UnsupportedArchitectureError(
-                f"{architecture} uses sliding-window attention (window {window}) but max_model_len is "
-                f"{max_model_len}; Sluice does not implement sliding windows, so set max_model_len <= {window}"
-            )
+        windows = sliding_windows(hf_config, architecture, max_model_len)
         hidden, vocab = hf_config["hidden_size"], hf_config["vocab_size"]
         self.architecture = architecture
         self.dtype = dtype
@@ -271,6 +262,7 @@ class LlamaForCausalLM(nn.Module):
                 tp,
                 is_sparse_layer(hf_config, architecture, i),
                 fused_moe,
+                windows[i],
             )
             for i in range(hf_config["num_hidden_layers"])
         )
@@ -328,7 +320,10 @@ class LlamaForCausalLM(nn.Module):
         layer_stages = self.layers if stages is None else stages
         for layer, stage, (key_cache, value_cache) in zip(self.layers, layer_stages, kv_caches, strict=True):
             q, k, v = stage.attention_input(delta, residual, cos, sin)
-            attn = self.attention.forward(q, k, v, key_cache, value_cache, metadata, layer.tensors.scale)
+            t = layer.tensors
+            attn = self.attention.forward(
+                q, k, v, key_cache, value_cache, metadata, t.scale, t.sliding_window
+            )
             delta = all_reduce(stage.attention_output(attn))
             delta = all_reduce(stage.feed_forward(delta, residual))
         assert delta is not None

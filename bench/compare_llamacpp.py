@@ -22,7 +22,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compare_offline import System, add_phase_arguments, headline, phase_models, run_phase, write_outputs
+from compare_offline import (
+    System,
+    add_phase_arguments,
+    headline,
+    phase_models,
+    run_phase,
+    sluice_argv,
+    write_outputs,
+)
 from harness import (
     BENCH_DIR,
     KERNEL_SWITCHES_OFF,
@@ -69,14 +77,7 @@ def flops_per_output_token(config: dict[str, Any], prompt_tokens: int, output_to
 def systems_for(
     model: Path, folder: Path, mode: str, cpu_isa: str, switches: dict[str, list[str]]
 ) -> list[System]:
-    sluice = [
-        sys.executable,
-        str(BENCH_DIR / "sluice_driver.py"),
-        "--model",
-        str(model),
-        "--cpu-isa",
-        cpu_isa,
-    ]
+    sluice = sluice_argv(model, "--cpu-isa", cpu_isa)
     systems = [System(SLUICE, sluice, None)]
     for outtype in FORMATS:
         argv = [sys.executable, str(BENCH_DIR / "llamacpp_driver.py"), "--llamacpp-dir", str(folder)]

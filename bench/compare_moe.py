@@ -18,12 +18,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from compare_offline import System, run_phase
+from compare_offline import System, run_phase, sluice_argv
 from compare_quantized import print_medians
-from harness import BENCH_DIR, LOCK_ENV, make_output_folders
+from harness import LOCK_ENV, make_output_folders
 from limits import weight_bytes
 from make_moe_model import default_moe_dir
 
@@ -57,14 +56,7 @@ def main() -> None:
     model = (args.moe_model or default_moe_dir()).resolve()
     if not (model / "config.json").is_file():
         raise SystemExit(f"{model} is not a model folder; build it: python bench/make_moe_model.py")
-    sluice = [
-        sys.executable,
-        str(BENCH_DIR / "sluice_driver.py"),
-        "--model",
-        str(model),
-        "--cpu-isa",
-        args.cpu_isa,
-    ]
+    sluice = sluice_argv(model, "--cpu-isa", args.cpu_isa)
     systems = [System(FUSED, sluice, None), System(UNFUSED, [*sluice, "--no-fused-moe"], None)]
     results = run_phase(model, ["W4", "W5"], systems, args)
     per_token = active_bytes(model)

@@ -60,10 +60,15 @@ class System:
     env: dict[str, str] | None
 
 
+def sluice_argv(model: Path, *options: str) -> list[str]:
+    """The command that serves `model` through bench/sluice_driver.py with these engine options."""
+    return [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), *options]
+
+
 def systems_for(
     model: Path, venv: Path | None, switches: dict[str, list[str]], sluice_args: list[str]
 ) -> list[System]:
-    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), *sluice_args]
+    sluice = sluice_argv(model, *sluice_args)
     systems = [System(SLUICE, sluice, None)]
     if venv is not None:
         argv = [vllm_python(venv), str(BENCH_DIR / "vllm_driver.py"), "--model", str(model)]

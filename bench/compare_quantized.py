@@ -29,7 +29,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compare_offline import System, add_phase_arguments, headline, phase_models, run_phase, write_outputs
+from compare_offline import (
+    System,
+    add_phase_arguments,
+    headline,
+    phase_models,
+    run_phase,
+    sluice_argv,
+    write_outputs,
+)
 from harness import BENCH_DIR, Target, log, make_output_folders, spread
 from llamacpp_peer import add_llamacpp_arguments, quantized_gguf, required_llamacpp_dir, version
 from make_w4_model import default_w4_dir
@@ -64,7 +72,7 @@ def decode_bytes(gguf: Path, tied: bool) -> int:
 
 
 def systems_for(gguf: Path, folder: Path, mode: str, cpu_isa: str) -> list[System]:
-    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(gguf), "--cpu-isa", cpu_isa]
+    sluice = sluice_argv(gguf, "--cpu-isa", cpu_isa)
     llamacpp = [sys.executable, str(BENCH_DIR / "llamacpp_driver.py"), "--llamacpp-dir", str(folder)]
     return [
         System(SLUICE, sluice, None),
@@ -114,7 +122,7 @@ def at_load(
     model: Path, quantizations: list[str], tier: str, args: argparse.Namespace, bars: list[RatioBar]
 ) -> dict:
     """W4 and W5 on the folder in bf16 and with each --quantization, alternating."""
-    sluice = [sys.executable, str(BENCH_DIR / "sluice_driver.py"), "--model", str(model), "--cpu-isa", tier]
+    sluice = sluice_argv(model, "--cpu-isa", tier)
     systems = [System(BF16, sluice, None)]
     systems += [System(f"sluice {q}", [*sluice, "--quantization", q], None) for q in quantizations]
     results = run_phase(model, ["W4", "W5"], systems, args)

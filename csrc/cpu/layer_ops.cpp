@@ -101,12 +101,15 @@ void silu_and_mul(const Matrix& out, const Matrix& gate_up) {
 }
 
 void rotary_embedding(const Heads& qk, const Matrix& cos, const Matrix& sin_signed) {
-  SK_CHECK(qk.dim % 2 == 0, "head_dim must be even");
   for (const Matrix* t : {&cos, &sin_signed}) {
-    SK_CHECK(t->rows == qk.tokens && t->cols == qk.dim && t->dtype == qk.dtype,
-             "cos and sin must be [num_tokens, head_dim] tables of qk's dtype");
+    SK_CHECK(t->rows == qk.tokens && t->cols == cos.cols && t->cols <= qk.dim && t->cols % 2 == 0 &&
+                 t->dtype == qk.dtype,
+             "cos and sin must be [num_tokens, rotary_dim] tables of qk's dtype, rotary_dim even and at most "
+             "head_dim");
   }
-  const int64_t half = qk.dim / 2;
+  // A partial rotary (Phi-4-mini) turns the first rotary_dim dimensions of each head, pairing i with
+  // i + rotary_dim / 2, and leaves the rest as they are.
+  const int64_t half = cos.cols / 2;
   dispatch_dtype(qk.dtype, [&](auto tag) {
     using T = decltype(tag);
     parallel_for(0, qk.tokens, kRowGrain, [&](int64_t begin, int64_t end) {

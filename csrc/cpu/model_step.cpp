@@ -26,6 +26,8 @@ ModelStep::ModelStep(std::vector<LayerWeights> layers, ModelShape shape, const v
   SK_CHECK(!layers_.empty(), "a model step needs at least one layer");
   SK_CHECK(shape_.max_tokens > 0, "max_tokens must be positive");
   head_dim_ = layers_.front().head_dim;
+  SK_CHECK(shape_.rotary_dim > 0 && shape_.rotary_dim <= head_dim_ && shape_.rotary_dim % 2 == 0,
+           "rotary_dim must be even and at most head_dim");
   for (const LayerWeights& w : layers_) {
     SK_CHECK(w.num_heads > 0 && w.num_kv_heads > 0 && w.num_heads % w.num_kv_heads == 0,
              "num_heads must be a positive multiple of num_kv_heads");
@@ -103,11 +105,12 @@ void ModelStep::forward(const int64_t* input_ids, const int64_t* positions, int6
   layer(0, n);
   const DType dtype = shape_.dtype;
   const Matrix residual = rows(ws_.residual, n, shape_.hidden);
-  const Matrix cos = rows(ws_.cos, n, head_dim_), sin = rows(ws_.sin, n, head_dim_);
+  const int64_t rotary = shape_.rotary_dim;
+  const Matrix cos = rows(ws_.cos, n, rotary), sin = rows(ws_.sin, n, rotary);
   gather_rows(residual, {const_cast<void*>(embedding_), dtype, shape_.vocab, shape_.hidden, shape_.hidden},
               input_ids);
-  gather_rows(cos, {const_cast<void*>(cos_table_), dtype, shape_.max_positions, head_dim_, head_dim_}, positions);
-  gather_rows(sin, {const_cast<void*>(sin_table_), dtype, shape_.max_positions, head_dim_, head_dim_}, positions);
+  gather_rows(cos, {const_cast<void*>(cos_table_), dtype, shape_.max_positions, rotary, rotary}, positions);
+  gather_rows(sin, {const_cast<void*>(sin_table_), dtype, shape_.max_positions, rotary, rotary}, positions);
   const int64_t size = dtype_size(dtype);
   const Matrix delta = rows(ws_.mlp_out, n, shape_.hidden);
   for (int64_t l = 0; l < num_layers(); ++l) {

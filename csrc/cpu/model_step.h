@@ -50,19 +50,20 @@ struct Workspace {
   void* act;       // widest intermediate_size
   void* mlp_out;   // hidden
   void* residual;  // hidden
-  void* cos;       // head_dim
-  void* sin;       // head_dim
+  void* cos;       // rotary_dim
+  void* sin;       // rotary_dim
   void* hidden;    // hidden: the final-normed output
 };
 
 struct ModelShape {
   DType dtype;
-  int64_t hidden, vocab, max_tokens, max_positions;
+  // rotary_dim: the cos and sin tables' width (head_dim, or less for a partial rotary).
+  int64_t hidden, vocab, max_tokens, max_positions, rotary_dim;
 };
 
 class ModelStep {
  public:
-  // embedding [vocab, hidden], cos and sin tables [max_positions, head_dim], final_norm [hidden].
+  // embedding [vocab, hidden], cos and sin tables [max_positions, rotary_dim], final_norm [hidden].
   ModelStep(std::vector<LayerWeights> layers, ModelShape shape, const void* embedding, const void* final_norm,
             double final_eps, const void* cos_table, const void* sin_table, Workspace workspace,
             bool decode_attention, bool decode_split_keys);

@@ -95,7 +95,8 @@ void add_rms_norm(const Matrix& out, const Matrix& residual, const Matrix& delta
 // silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
 void silu_and_mul(const Matrix& out, const Matrix& gate_up);
 
-// Rotates qk in place by per-token cos and sign-folded sin tables [tokens, dim].
+// Rotates qk in place by per-token cos and sign-folded sin tables [tokens, rotary_dim]: the first rotary_dim
+// dimensions of each head (all of them, but for a partial rotary).
 void rotary_embedding(const Heads& qk, const Matrix& cos, const Matrix& sin_signed);
 
 // Qwen3's per-head norms, in place: rms_norm of each head's dim (no weight), times q_weight for the first

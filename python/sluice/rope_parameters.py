@@ -26,6 +26,12 @@ class RopeParameters:
     # unless the config names an original_max_position_embeddings).
     max_position_embeddings: int
     original_max_position_embeddings: int
+    # The share of each head's dimensions that turn (Phi-4-mini's 0.75); the rest pass through.
+    partial_rotary_factor: float = 1.0
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many of a head's dimensions turn, as transformers rounds it."""
+        return int(head_dim * self.partial_rotary_factor)
 
     @property
     def factor(self) -> float:
@@ -59,11 +65,9 @@ def rope_parameters_of(hf_config: dict[str, Any]) -> RopeParameters:
         raise UnsupportedArchitectureError(
             f"rope_type {rope_type!r} is not supported; Sluice implements {', '.join(ROPE_TYPES)}"
         )
-    partial = params.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise UnsupportedArchitectureError(
-            f"partial_rotary_factor {partial} is not supported; Sluice rotates every dimension of a head"
-        )
+    partial = float(params.get("partial_rotary_factor", hf_config.get("partial_rotary_factor", 1.0)))
+    if not 0.0 < partial <= 1.0:
+        raise UnsupportedArchitectureError(f"partial_rotary_factor {partial} must be in (0, 1]")
     max_positions = int(hf_config.get("max_position_embeddings", 2048))
     original = params.get(
         "original_max_position_embeddings", hf_config.get("original_max_position_embeddings")
@@ -74,4 +78,5 @@ def rope_parameters_of(hf_config: dict[str, Any]) -> RopeParameters:
         scaling=params,
         max_position_embeddings=max_positions,
         original_max_position_embeddings=int(original or max_positions),
+        partial_rotary_factor=partial,
     )

@@ -56,7 +56,6 @@ class ModelStep:
         self.ops = ops
         self.library = ops.library
         layers = model.layers
-        first = layers[0].tensors
         self.hidden = model.embed_tokens.weight.shape[1]
         self.max_tokens = max_tokens
         widths = {
@@ -68,8 +67,8 @@ class ModelStep:
             "act": max(layer.mlp.inner for layer in layers),
             "mlp_out": self.hidden,
             "residual": self.hidden,
-            "cos": first.head_dim,
-            "sin": first.head_dim,
+            "cos": model.rotary.cos.shape[1],
+            "sin": model.rotary.cos.shape[1],
             "hidden": self.hidden,
         }
         dtype = model.dtype
@@ -86,6 +85,7 @@ class ModelStep:
             model.embed_tokens.weight.shape[0],
             max_tokens,
             model.rotary.cos.shape[0],
+            model.rotary.cos.shape[1],
         )
         workspace = abi.Workspace(*(self.buffers[name].data_ptr() for name, _ in abi.Workspace._fields_))
         # The step reads these tensors' memory for its whole life: they are held here.

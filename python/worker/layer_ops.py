@@ -65,7 +65,8 @@ class LayerOps(Protocol):
         ...
 
     def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
-        """Rotate qk [num_tokens, heads, head_dim] in place; sin_signed carries rotate_half's sign."""
+        """Rotate qk [num_tokens, heads, head_dim] in place by cos and sin [num_tokens, rotary_dim] (the
+        first rotary_dim dimensions of each head); sin_signed carries rotate_half's sign."""
         ...
 
     def qk_norm(
@@ -120,9 +121,10 @@ class TorchLayerOps:
         return self.rms_norm(residual, weight, eps)
 
     def rotary_embedding(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
-        half = qk.shape[-1] // 2
-        rotated = qk.roll(half, dims=-1) * sin_signed[:, None]
-        qk.copy_(qk * cos[:, None] + rotated)
+        # The first cos.shape[-1] dimensions of each head: all of them but for a partial rotary.
+        turned = qk[..., : cos.shape[-1]]
+        rotated = turned.roll(cos.shape[-1] // 2, dims=-1) * sin_signed[:, None]
+        turned.copy_(turned * cos[:, None] + rotated)
 
     def qk_norm(
         self, qk: torch.Tensor, q_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float

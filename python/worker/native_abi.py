@@ -156,6 +156,7 @@ class ModelShape(ctypes.Structure):
         ("vocab", _i64),
         ("max_tokens", _i64),
         ("max_positions", _i64),
+        ("rotary_dim", _i64),
     ]
 
 

@@ -17,6 +17,7 @@ from sluice.errors import InvalidRequestError, UnsupportedArchitectureError
 from sluice.gguf_model import hf_config_from_metadata
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.rope_parameters import rope_parameters_of
+from tiers import ALL_TIERS
 from tiny_models import VOCAB_SIZE, write_tiny_model
 from worker.attention.torch_backend import TorchAttentionBackend
 from worker.model_loader import load_model
@@ -164,9 +165,9 @@ def test_settings_read_from_either_config_layout() -> None:
     [
         ({"rope_scaling": {"rope_type": "mrope"}}, "rope_type 'mrope'"),
         ({"rope_scaling": {"type": "2d"}}, "rope_type '2d'"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+        ({"partial_rotary_factor": 1.5}, r"partial_rotary_factor 1.5 must be in \(0, 1\]"),
         (
-            {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}},
+            {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.0}},
             "partial_rotary_factor",
         ),
     ],
@@ -287,3 +288,35 @@ def test_a_gguf_rope_freqs_tensor_becomes_per_frequency_divisors() -> None:
         UnsupportedArchitectureError, match="rope_freqs.weight has 3 values; a head of 16 needs 8"
     ):
         hf_config_from_metadata(_gguf_metadata(), set(), [1.0, 2.0, 3.0])
+
+
+def test_a_partial_rotary_turns_its_share_of_each_head_as_phi4_mini_does(tmp_path: Path) -> None:
+    """Phi-4-mini's partial_rotary_factor 0.75 (with LongRoPE factors for the 12 turning dimensions of a
+    16-wide head): generates what transformers generates at every tier; Llama's layers refuse it."""
+    long_factors = [1.0 + 0.25 * i for i in range(6)]
+    overrides = {
+        "partial_rotary_factor": 0.75,
+        "max_position_embeddings": 4 * ORIGINAL,
+        "original_max_position_embeddings": ORIGINAL,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0] * 6,
+            "long_factor": long_factors,
+        },
+    }
+    folder = write_tiny_model("phi3", tmp_path / "phi4-mini-like", overrides=overrides)
+    spec = read_model_spec(folder)
+    model = load_model(spec, torch.float32, torch.device("cpu"), TorchAttentionBackend())
+    assert model.rotary.cos.shape[1] == 12
+    prompts = [[3 + (7 * i + j) % 250 for j in range(70 + 20 * i)] for i in range(3)]
+    reference_model = load_hf_model(folder, torch.float32)
+    reference = [hf_greedy(reference_model, p, 24).token_ids for p in prompts]
+    for cpu_isa in ALL_TIERS:
+        llm = LLM(model=str(folder), dtype="float32", cpu_isa=cpu_isa)
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        assert [r.outputs[0].token_ids for r in results] == reference, cpu_isa
+    llama = write_tiny_model("llama", tmp_path / "llama", overrides={"partial_rotary_factor": 0.5})
+    with pytest.raises(UnsupportedArchitectureError, match="partial_rotary_factor 0.5"):
+        load_model(read_model_spec(llama), torch.float32, torch.device("cpu"), TorchAttentionBackend())

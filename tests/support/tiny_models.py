@@ -9,6 +9,7 @@ tokenizer (256 bytes + <s> and </s>) so that text-level code paths work on it.
 from __future__ import annotations
 
 import atexit
+import copy
 import functools
 import json
 import os
@@ -102,7 +103,9 @@ def write_tiny_model(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
-    config = AutoConfig.for_model(arch, **{**_COMMON, **_ARCHITECTURES[arch], **(overrides or {})})
+    # A deep copy: transformers edits a config's nested dicts (rope_parameters) in place.
+    fields = copy.deepcopy({**_COMMON, **_ARCHITECTURES[arch], **(overrides or {})})
+    config = AutoConfig.for_model(arch, **fields)
     generator = torch.Generator().manual_seed(seed)
     torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

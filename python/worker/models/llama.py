@@ -210,6 +210,9 @@ class _LayerTensors:
     sliding_window: int
 
 
+# Families whose attention turns only the first partial_rotary_factor of each head (Phi-4-mini's 0.75).
+PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
+
 # Config fields of other families (Gemma's soft-capping and query scaling, Granite's multipliers) that a
 # Llama-shaped model would silently ignore: a config that sets one is refused instead.
 _UNIMPLEMENTED_FIELDS = (
@@ -277,10 +280,14 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads = self.layers[0].self_attn.num_kv_heads
         self.head_dim = self.layers[0].self_attn.head_dim
         # The frequencies for the context served (dynamic and longrope depend on it); the table covers
-        # max_position_embeddings at least.
-        inv_freq, attention_factor = rotary_frequencies(
-            rope_parameters_of(hf_config), self.head_dim, max_model_len
-        )
+        # max_position_embeddings at least, and the dimensions that turn (all, or a partial rotary's).
+        rope = rope_parameters_of(hf_config)
+        if rope.partial_rotary_factor != 1.0 and architecture not in PARTIAL_ROTARY_ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"{architecture}'s config sets partial_rotary_factor {rope.partial_rotary_factor}, which "
+                "transformers turns only for Phi-3's layers; Sluice does the same"
+            )
+        inv_freq, attention_factor = rotary_frequencies(rope, rope.rotary_dim(self.head_dim), max_model_len)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype, attention_factor)
 
     @property

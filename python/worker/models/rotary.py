@@ -19,6 +19,7 @@ def _exponents(head_dim: int) -> torch.Tensor:
 def rotary_frequencies(rope: RopeParameters, head_dim: int, served_len: int) -> tuple[torch.Tensor, float]:
     """[head_dim // 2] float32 inverse frequencies, and the factor that scales cos and sin (YaRN's and
     LongRoPE's attention factor; 1 for the others), for a model served up to `served_len` positions.
+    head_dim is the dimensions that turn: a partial rotary's share of the head, as transformers sizes it.
 
     dynamic and longrope depend on the length of the sequence in transformers, which recomputes them
     as a sequence grows (its cached keys keep the old rotation). Here they are fixed once, for the

@@ -22,6 +22,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
+    # Gemma 3's text model (worker/models/gemma.py); the multimodal Gemma3ForConditionalGeneration is not.
+    "Gemma3ForCausalLM",
 )
 
 
@@ -80,10 +82,18 @@ def read_model_spec(path: str | Path) -> ModelSpec:
         path=folder,
         architecture=supported[0],
         hf_config=hf_config,
-        max_context=rope_parameters_of(hf_config).max_context(),
+        max_context=_max_context(hf_config, supported[0]),
         eos_token_ids=eos_ids,
         gguf_file=gguf_file,
     )
+
+
+def _max_context(hf_config: dict[str, Any], architecture: str) -> int:
+    """The longest context served. Gemma 3's linear scaling turns its global layers, whose
+    max_position_embeddings is already the extended context; other families stretch theirs."""
+    if architecture == "Gemma3ForCausalLM":
+        return int(hf_config["max_position_embeddings"])
+    return rope_parameters_of(hf_config).max_context()
 
 
 def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:

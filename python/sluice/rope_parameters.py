@@ -80,3 +80,24 @@ def rope_parameters_of(hf_config: dict[str, Any]) -> RopeParameters:
         original_max_position_embeddings=int(original or max_positions),
         partial_rotary_factor=partial,
     )
+
+
+# transformers' defaults for Gemma 3's two rotary bases: its global layers' and its sliding ones'.
+GLOBAL_ROPE_THETA, LOCAL_ROPE_THETA = 1_000_000.0, 10_000.0
+
+
+def rope_parameters_of_layers(hf_config: dict[str, Any], layer_type: str) -> RopeParameters:
+    """The rotary settings of Gemma 3's `layer_type` layers ("full_attention" or "sliding_attention"), from
+    transformers 5's per-type rope_parameters or the Hub's rope_theta, rope_scaling (global layers only)
+    and rope_local_base_freq."""
+    nested = hf_config.get("rope_parameters") or {}
+    if layer_type in nested:
+        params = dict(nested[layer_type])
+    elif layer_type == "full_attention":
+        params = {
+            "rope_theta": hf_config.get("rope_theta", GLOBAL_ROPE_THETA),
+            **(hf_config.get("rope_scaling") or {}),
+        }
+    else:
+        params = {"rope_theta": hf_config.get("rope_local_base_freq", LOCAL_ROPE_THETA)}
+    return rope_parameters_of({**hf_config, "rope_parameters": params, "rope_scaling": None})

@@ -257,11 +257,11 @@ def cpu_model_step_for(
     model: LlamaForCausalLM, graph: GraphConfig, max_num_tokens: int, tensor_parallel_size: int
 ) -> CpuModelStep | None:
     """The fast path for a CPU model, or None where every step is to run eagerly: --enforce-eager, the
-    "none" tier, weights left unpacked (--no-packed-linear), or experts run one by one (--no-fused-moe:
-    the step runs MoE layers in the kernels' one call only)."""
+    "none" tier, weights left unpacked (--no-packed-linear), experts run one by one (--no-fused-moe:
+    the step runs MoE layers in the kernels' one call only), or layers that are not Llama's (Gemma's)."""
     if graph.enforce_eager or graph.mode == "none" or model.embed_tokens.weight.device.type != "cpu":
         return None
-    if model.has_experts and not model.fused_moe:
+    if (model.has_experts and not model.fused_moe) or not model.runs_llama_layers:
         return None
     ops = cpu_kernels()
     if ops is None or not is_packed_weight(model.layers[0].tensors.qkv_weight):

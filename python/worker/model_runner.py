@@ -146,11 +146,9 @@ class ModelRunner:
             else attention.supports_full_graph
         )
         graph = config.graph
-        if device.type == "cuda" and self.model.has_experts:
-            # torch_moe picks its experts on the host, per step: no CUDA graph can hold that.
-            logger.warning(
-                "a mixture-of-experts model runs eagerly on CUDA: its MoE path is not graph-capturable"
-            )
+        if device.type == "cuda" and (self.model.has_experts or not self.model.runs_llama_layers):
+            # torch_moe picks its experts on the host, per step, and the graph pieces hold Llama's layers.
+            logger.warning("%s runs eagerly on CUDA: its layers are not graph-captured", spec.architecture)
             graph = dataclasses.replace(graph, enforce_eager=True)
         self.dispatcher = build_dispatcher(graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.

@@ -181,6 +181,8 @@ def test_a_field_that_changes_the_maths_unimplemented_is_refused_by_name(
             256,
             [0, 8, 0, 8],
         ),
+        # Gemma 3's Hub configs: every sliding_window_pattern-th layer is global.
+        ("Gemma3ForCausalLM", {"sliding_window": 8, "sliding_window_pattern": 2}, 256, [8, 0, 8, 0]),
         # Llama's layers attend to everything, whatever the config says.
         ("LlamaForCausalLM", {"sliding_window": 64}, 256, [0, 0, 0, 0]),
     ],

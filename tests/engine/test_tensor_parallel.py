@@ -35,10 +35,20 @@ NEAR_TIE = 1e-3
 MAX_NEW_TOKENS = 8
 # The tiny models: Llama (tied embeddings), Qwen2 (qkv bias), Qwen3 (q/k norms, head_dim 32), Phi-3 (q, k
 # and v fused in the checkpoint, and gate and up), Qwen3-MoE and Qwen2-MoE (every expert's intermediate
-# size split, and Qwen2-MoE's shared expert), a Llama
+# size split, and Qwen2-MoE's shared expert), Gemma 3 (its post-norms after the all-reduce), a Llama
 # with biases on every projection (row-parallel ones included), and a Llama whose vocab (321) does not
 # divide by 2, so the last rank's vocab shard is padded.
-TINY = ["llama", "qwen2", "qwen3", "phi3", "qwen3_moe", "qwen2_moe", "llama-biases", "llama-odd-vocab"]
+TINY = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3_text",
+    "qwen3_moe",
+    "qwen2_moe",
+    "llama-biases",
+    "llama-odd-vocab",
+]
 # Layer 0's weights of the default model, checked slice by slice on each of the three ranks.
 DEFAULT_MODEL_PARAMS = (
     "embed_tokens.weight",
@@ -84,7 +94,8 @@ def _run_on_rank(
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folders = {
-        arch: tiny_model_dir(arch) for arch in ("llama", "qwen2", "qwen3", "phi3", "qwen3_moe", "qwen2_moe")
+        arch: tiny_model_dir(arch)
+        for arch in ("llama", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "qwen2_moe")
     }
     variants = {
         "llama-biases": {"attention_bias": True, "mlp_bias": True},

@@ -28,9 +28,10 @@ class ModelPieces:
         hidden = model.embed_tokens.weight.shape[1]
         head_dim = attn.head_dim
         self.residual = torch.zeros(max_num_tokens, hidden, dtype=dtype, device=device)
-        rotary_dtype = model.rotary.cos.dtype
-        self.cos = torch.zeros(max_num_tokens, head_dim, dtype=rotary_dtype, device=device)
-        self.sin = torch.zeros(max_num_tokens, head_dim, dtype=rotary_dtype, device=device)
+        # The rotary tables' width: head_dim, or a partial rotary's share of it.
+        rotary_dtype, rotary_dim = model.rotary.cos.dtype, model.rotary.cos.shape[1]
+        self.cos = torch.zeros(max_num_tokens, rotary_dim, dtype=rotary_dtype, device=device)
+        self.sin = torch.zeros(max_num_tokens, rotary_dim, dtype=rotary_dtype, device=device)
         self.qkv = torch.zeros(
             max_num_tokens, self.num_heads + 2 * self.num_kv_heads, head_dim, dtype=dtype, device=device
         )

@@ -23,48 +23,22 @@ import torch
 from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
-from sluice.rope_parameters import rope_parameters_of
+from sluice.rope_parameters import rope_parameters_of, rope_parameters_of_layers
 from sluice.sliding_windows import sliding_windows
 from worker.attention.backend import AttentionBackend, AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
-from worker.models.layers import MLP, Projection, RMSNorm
+from worker.models.gemma import (
+    GEMMA_ARCHITECTURES,
+    GemmaDecoderLayer,
+    GemmaRMSNorm,
+)
+from worker.models.layers import MLP, RMSNorm, SelfAttention
 from worker.models.moe import SparseMoe, is_sparse_layer
 from worker.models.rotary import RotaryEmbedding, rotary_frequencies
 from worker.models.vocab_parallel import VocabParallelEmbedding
 from worker.moe_tensors import MoeTensors, torch_moe
 from worker.quantized_weights import QuantizedParts, parts_under
-
-
-class SelfAttention(nn.Module):
-    def __init__(
-        self, cfg: dict[str, Any], architecture: str, dtype: torch.dtype, tp: TensorParallelGroup
-    ) -> None:
-        super().__init__()
-        hidden = cfg["hidden_size"]
-        total_heads = cfg["num_attention_heads"]
-        total_kv_heads = cfg.get("num_key_value_heads") or total_heads
-        # sluice.parallel_validation.check_tensor_parallel rejects other sizes before any process starts.
-        assert total_heads % tp.size == 0 and total_kv_heads % tp.size == 0, (total_heads, total_kv_heads)
-        # This rank's heads: query heads and the KV heads they share stay together on one rank.
-        self.num_heads = total_heads // tp.size
-        self.num_kv_heads = total_kv_heads // tp.size
-        self.head_dim = cfg.get("head_dim") or hidden // total_heads
-        self.scale = self.head_dim**-0.5
-        attention_bias = bool(cfg.get("attention_bias", False))
-        # Qwen2 always has q, k and v biases; Qwen2-MoE's config can turn them off (qkv_bias).
-        qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
-        qkv_bias = attention_bias or (qwen2 and bool(cfg.get("qkv_bias", True)))
-        o_bias = attention_bias and not qwen2
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_shards = (q_size, kv_size, kv_size)
-        self.qkv_proj = Projection(hidden, q_size + 2 * kv_size, qkv_bias, dtype, "column")
-        self.o_proj = Projection(q_size, hidden, o_bias, dtype, "row")
-        self.qk_norm = architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-        if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
-            self.k_norm = RMSNorm(self.head_dim, cfg["rms_norm_eps"], dtype)
 
 
 class DenseStages(Protocol):
@@ -102,7 +76,13 @@ class DecoderLayer(nn.Module):
             if sparse
             else MLP(cfg, cfg["intermediate_size"], dtype, tp)
         )
+        if isinstance(self.mlp, MLP) and self.mlp.activation != "silu":
+            raise UnsupportedArchitectureError(
+                f"{architecture}'s hidden_act {self.mlp.activation!r} is not supported; its MLP runs silu"
+            )
         self.ops = ops
+        # Llama's layers rotate with the model's one table.
+        self.local_rope = False
         # The ranks' row-parallel partial sums are added up afterwards: one of them adds the bias.
         adds_row_bias = tp.rank == 0
         # nn.Module attribute lookups cost microseconds each; the per-token path reads plain slots.
@@ -184,6 +164,14 @@ class DecoderLayer(nn.Module):
         activation = ops.gated_linear(x, t.gate_up_weight, t.gate_up_bias)
         return ops.linear(activation, t.down_weight, t.down_bias)
 
+    # Gemma normalises each stage's all-reduced output (GemmaDecoderLayer); Llama adds it as it is.
+
+    def after_attention(self, delta: torch.Tensor) -> torch.Tensor:
+        return delta
+
+    def after_feed_forward(self, delta: torch.Tensor) -> torch.Tensor:
+        return delta
+
 
 @dataclass(slots=True, frozen=True)
 class _LayerTensors:
@@ -214,7 +202,8 @@ class _LayerTensors:
 PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
 
 # Config fields of other families (Gemma's soft-capping and query scaling, Granite's multipliers) that a
-# Llama-shaped model would silently ignore: a config that sets one is refused instead.
+# Llama-shaped model would silently ignore: a config that sets one is refused instead. Gemma 3 implements
+# its query scaling and final soft-capping; Gemma 2's attention soft-capping is not implemented.
 _UNIMPLEMENTED_FIELDS = (
     "attn_logit_softcapping",
     "final_logit_softcapping",
@@ -224,6 +213,7 @@ _UNIMPLEMENTED_FIELDS = (
     "residual_multiplier",
     "attention_multiplier",
 )
+_GEMMA_FIELDS = ("final_logit_softcapping", "query_pre_attn_scalar")
 
 
 class LlamaForCausalLM(nn.Module):
@@ -242,8 +232,9 @@ class LlamaForCausalLM(nn.Module):
         architecture = (hf_config.get("architectures") or ["LlamaForCausalLM"])[0]
         max_positions = int(hf_config.get("max_position_embeddings", 2048))
         max_model_len = max_model_len or max_positions
+        gemma = architecture in GEMMA_ARCHITECTURES
         for field in _UNIMPLEMENTED_FIELDS:
-            if hf_config.get(field) is not None:
+            if hf_config.get(field) is not None and not (gemma and field in _GEMMA_FIELDS):
                 raise UnsupportedArchitectureError(
                     f"{architecture}'s config sets {field} = {hf_config[field]!r}, which changes the maths and "
                     "which Sluice does not implement for this family"
@@ -256,8 +247,15 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         self.ops = layer_ops_for(torch.get_default_device())
         self.embed_tokens = VocabParallelEmbedding(vocab, hidden, dtype, tp)
+        self.gemma = gemma
+        # Gemma scales its embedding by sqrt(hidden), rounded to the dtype as transformers rounds it.
+        self.embed_scale = torch.tensor(hidden**0.5, dtype=dtype) if gemma else None
+        # Gemma 3 caps its logits at final_logit_softcapping (none in its released configs).
+        self.final_logit_softcapping = hf_config.get("final_logit_softcapping") if gemma else None
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            GemmaDecoderLayer(hf_config, architecture, dtype, self.ops, tp, windows[i])
+            if gemma
+            else DecoderLayer(
                 hf_config,
                 architecture,
                 dtype,
@@ -269,7 +267,7 @@ class LlamaForCausalLM(nn.Module):
             )
             for i in range(hf_config["num_hidden_layers"])
         )
-        self.norm = RMSNorm(hidden, hf_config["rms_norm_eps"], dtype)
+        self.norm = (GemmaRMSNorm if gemma else RMSNorm)(hidden, hf_config["rms_norm_eps"], dtype)
         self.tie_word_embeddings = bool(hf_config.get("tie_word_embeddings", False))
         self.lm_head = (
             self.embed_tokens
@@ -281,7 +279,9 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = self.layers[0].self_attn.head_dim
         # The frequencies for the context served (dynamic and longrope depend on it); the table covers
         # max_position_embeddings at least, and the dimensions that turn (all, or a partial rotary's).
-        rope = rope_parameters_of(hf_config)
+        rope = (
+            rope_parameters_of_layers(hf_config, "full_attention") if gemma else rope_parameters_of(hf_config)
+        )
         if rope.partial_rotary_factor != 1.0 and architecture not in PARTIAL_ROTARY_ARCHITECTURES:
             raise UnsupportedArchitectureError(
                 f"{architecture}'s config sets partial_rotary_factor {rope.partial_rotary_factor}, which "
@@ -289,10 +289,24 @@ class LlamaForCausalLM(nn.Module):
             )
         inv_freq, attention_factor = rotary_frequencies(rope, rope.rotary_dim(self.head_dim), max_model_len)
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype, attention_factor)
+        # Gemma 3's sliding layers turn with their own base (GemmaDecoderLayer.local_rope).
+        self.local_rotary: RotaryEmbedding | None = None
+        if gemma:
+            local = rope_parameters_of_layers(hf_config, "sliding_attention")
+            local_freq, local_factor = rotary_frequencies(local, self.head_dim, max_model_len)
+            self.local_rotary = RotaryEmbedding(
+                local_freq, max(max_positions, max_model_len), dtype, local_factor
+            )
 
     @property
     def has_experts(self) -> bool:
         return any(isinstance(layer.mlp, SparseMoe) for layer in self.layers)
+
+    @property
+    def runs_llama_layers(self) -> bool:
+        """Whether every layer is Llama's DecoderLayer, which the C++ model step and CUDA graphs run (Gemma's
+        run eagerly)."""
+        return not self.gemma
 
     def prepare_linear_weights(
         self, fused_gate_up: bool = True, gemm_k_blocks: bool = True, quantized: QuantizedParts | None = None
@@ -321,21 +335,33 @@ class LlamaForCausalLM(nn.Module):
         """Final-normed hidden states [num_tokens, hidden] of a flattened batch; `stages`, one per
         layer, stand in for the layers' own dense stages (the CPU's PIECEWISE path)."""
         residual = self.embed_tokens.embed(input_ids)
-        cos, sin = self.rotary.lookup(positions)
+        if self.embed_scale is not None:
+            residual.mul_(self.embed_scale)
+        # Per layer, its rotary tables: the model's, or (Gemma's sliding layers) the local ones.
+        tables = {False: self.rotary.lookup(positions)}
+        if self.local_rotary is not None:
+            tables[True] = self.local_rotary.lookup(positions)
         delta = None
         all_reduce = self.tp.all_reduce
         layer_stages = self.layers if stages is None else stages
         for layer, stage, (key_cache, value_cache) in zip(self.layers, layer_stages, kv_caches, strict=True):
-            q, k, v = stage.attention_input(delta, residual, cos, sin)
+            q, k, v = stage.attention_input(delta, residual, *tables[layer.local_rope])
             t = layer.tensors
             attn = self.attention.forward(
                 q, k, v, key_cache, value_cache, metadata, t.scale, t.sliding_window
             )
-            delta = all_reduce(stage.attention_output(attn))
-            delta = all_reduce(stage.feed_forward(delta, residual))
+            delta = layer.after_attention(all_reduce(stage.attention_output(attn)))
+            delta = layer.after_feed_forward(all_reduce(stage.feed_forward(delta, residual)))
         assert delta is not None
+        if self.gemma:
+            residual.add_(delta)
+            return self.norm(residual)
         return self.ops.add_rms_norm(residual, delta, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, vocab] for the rows the runner samples from; the whole vocab on every rank."""
-        return self.lm_head.logits(hidden_states, self.ops)
+        logits = self.lm_head.logits(hidden_states, self.ops)
+        if self.final_logit_softcapping:
+            cap = float(self.final_logit_softcapping)
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -76,7 +76,7 @@ def report(name: str, num_seqs: int, context: int, q_len: int, repeats: int, dec
     ops.write_kv_cache(key, value, key_cache, value_cache, slots)
     kernel = median_ms(
         lambda: ops.paged_attention(
-            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, decode_path, True
+            out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, 0.0, decode_path, True
         ),
         repeats,
     )
@@ -144,6 +144,7 @@ def report_from_dram(
                 seq_lens,
                 SCALE,
                 0,
+                0.0,
                 decode_path,
                 split_keys,
             )
@@ -185,7 +186,7 @@ def report_cache_dtypes(
             batches, caches[cache_dtype], strict=True
         ):
             ops.paged_attention(
-                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, True, True
+                out, query, key_cache, value_cache, block_table, qsl, seq_lens, SCALE, 0, 0.0, True, True
             )
 
     times: dict[str, list[float]] = {dtype: [] for dtype in caches}

@@ -179,10 +179,11 @@ SLUICE_API int32_t sluice_write_kv_cache(const Heads* key, const Heads* value, c
 }
 
 SLUICE_API int32_t sluice_paged_attention(const Heads* out, const Heads* query, const KvCache* cache,
-                                          const Batch* batch, double scale, int64_t window, int32_t decode_path,
-                                          int32_t split_keys) {
-  return guarded(
-      [&] { paged_attention(*out, *query, *cache, *batch, scale, window, decode_path != 0, split_keys != 0); });
+                                          const Batch* batch, double scale, int64_t window, double softcap,
+                                          int32_t decode_path, int32_t split_keys) {
+  return guarded([&] {
+    paged_attention(*out, *query, *cache, *batch, scale, window, softcap, decode_path != 0, split_keys != 0);
+  });
 }
 
 SLUICE_API int32_t sluice_bind_threads(const int64_t* cpu_ids, int64_t count, int64_t* bound) {

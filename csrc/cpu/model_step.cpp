@@ -124,7 +124,7 @@ void ModelStep::forward(const int64_t* input_ids, const int64_t* positions, int6
     write_kv_cache(k, v, caches_[l], slots);
     const Matrix attn = rows(ws_.attn, n, w.num_heads * dim);
     paged_attention({attn.data, dtype, n, w.num_heads, dim, attn.stride, dim}, q, caches_[l], batch, w.scale,
-                    w.sliding_window, decode_attention_, decode_split_keys_);
+                    w.sliding_window, /*softcap=*/0.0, decode_attention_, decode_split_keys_);
     attention_output(l, attn);
     feed_forward(l, rows(ws_.attn_out, n, shape_.hidden), residual);
   }

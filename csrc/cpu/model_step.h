@@ -32,7 +32,8 @@ struct LayerWeights {
   const void* q_norm;
   const void* k_norm;
   int64_t num_heads, num_kv_heads, head_dim, intermediate_size;
-  // The layer's sliding window (paged_attention's), or 0 where it attends to the whole context.
+  // The layer's sliding window (paged_attention's), or 0 where it attends to the whole context. (No layer
+  // the step runs soft-caps its scores: Gemma's layers run eagerly.)
   int64_t sliding_window;
   double scale;
 

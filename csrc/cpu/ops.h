@@ -110,12 +110,13 @@ void argmax_rows(const Matrix& x, int64_t* out);
 void write_kv_cache(const Heads& key, const Heads& value, const KvCache& cache, const Slots& slots);
 
 // Causal attention of each sequence's new query rows over its context, read in place from the paged cache:
-// all of it, or under a sliding window (window > 0) the last `window` keys up to each row's own position.
+// all of it, or under a sliding window (window > 0) the last `window` keys up to each row's own position;
+// softcap > 0 caps each scaled score s at softcap tanh(s / softcap) (Gemma 2).
 // decode_path sends one-token sequences through their own kernel path (false runs them on
 // the general tile path, so that its gain can be measured; KernelConfig.cpu_decode_attention); split_keys
 // lets that path split a few sequences' keys among the threads (KernelConfig.cpu_decode_split_keys).
 void paged_attention(const Heads& out, const Heads& query, const KvCache& cache, const Batch& batch, double scale,
-                     int64_t window, bool decode_path, bool split_keys);
+                     int64_t window, double softcap, bool decode_path, bool split_keys);
 
 // out[i] = weight row ids[i], for a table [rows, width] and ids int64.
 void gather_rows(const Matrix& out, const Matrix& table, const int64_t* ids);

@@ -81,6 +81,8 @@ struct Problem {
   float scale_log2;
   // A sliding window: a query at position i sees keys i - window + 1 .. i; 0 sees every earlier key.
   int window;
+  // Scores soft-capped at softcap (Gemma 2), in the log2 units scores are kept in; 0: none.
+  float softcap_log2;
   bool decode_path;
   // Partial sums of split decode items: per part, per row, its max score, its sum of exponentials and its
   // unnormalised output row (dim floats).
@@ -328,6 +330,7 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
       v16 x = load(sc + m * kChunk);
       if constexpr (Dot) x = x * p.scale_log2;
       if constexpr (kQuantizedRows<C>) x = x * load(kscale);
+      if (p.softcap_log2 > 0.0f) x = soft_cap(x, p.softcap_log2);
       const int position = w.prefix + w.t0 + m / group;
       const int visible = std::min(nk, position - k0 + 1);
       if (visible < kChunk) x = lane < visible ? x : neg_inf;
@@ -614,6 +617,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
         v16 v = load(x + k0);
         if constexpr (Dot) v = v * p.scale_log2;
         if constexpr (kQuantizedRows<C>) v = v * load(kscale + k0);
+        if (p.softcap_log2 > 0.0f) v = soft_cap(v, p.softcap_log2);
         if (k0 + kChunk > n) v = lane < n - k0 ? v : neg_inf;
         store(x + k0, v);
         top = vmax(top, v);
@@ -822,8 +826,9 @@ int decode_split_parts(int decode_items, int threads) {
 }  // namespace
 
 void paged_attention(const Heads& out, const Heads& query, const KvCache& cache, const Batch& batch, double scale,
-                     int64_t window, bool decode_path, bool split_keys) {
+                     int64_t window, double softcap, bool decode_path, bool split_keys) {
   SK_CHECK(window >= 0 && window <= std::numeric_limits<int32_t>::max(), "window must be 0 (none) or positive");
+  SK_CHECK(softcap >= 0.0, "softcap must be 0 (none) or positive");
   SK_CHECK(out.tokens == query.tokens && out.heads == query.heads && out.dim == query.dim &&
                out.dtype == query.dtype,
            "out must match query's shape and dtype");
@@ -853,6 +858,7 @@ void paged_attention(const Heads& out, const Heads& query, const KvCache& cache,
       num_heads / num_kv_heads,
       float(scale * M_LOG2E),
       int(window),
+      float(softcap * M_LOG2E),
       decode_path,
       nullptr,
   };

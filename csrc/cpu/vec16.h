@@ -239,6 +239,14 @@ inline V exp2(V x) {
   }
 }
 
+// c tanh(x / c): attention scores soft-capped at c (Gemma 2), as c (1 - 2 / (e^(2x / c) + 1)), whose
+// absolute error is about 1e-7 c; lanes far past c give exactly +-c.
+template <typename V>
+inline V soft_cap(V x, float c) {
+  const V e = exp2(x * (2.0f * 1.4426950408889634f / c));
+  return (splat_as<V>(1.0f) - splat_as<V>(2.0f) / (e + 1.0f)) * c;
+}
+
 // silu(gate) * up as torch computes it on T tensors: silu's result is rounded to T before the product
 // (which the caller rounds). silu(g) = g / (1 + e^-g), with e^-g as 2^(-g log2 e).
 template <typename T, typename V>

@@ -40,8 +40,8 @@ struct Library {
   int32_t (*silu_and_mul)(const Matrix*, const Matrix*);
   int32_t (*argmax_rows)(const Matrix*, int64_t*);
   int32_t (*write_kv_cache)(const Heads*, const Heads*, const KvCache*, const Slots*);
-  int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int64_t, int32_t,
-                             int32_t);
+  int32_t (*paged_attention)(const Heads*, const Heads*, const KvCache*, const Batch*, double, int64_t, double,
+                             int32_t, int32_t);
   int32_t (*moe)(const Matrix*, const MoeWeights*, const Matrix*);
 };
 
@@ -298,7 +298,8 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype, in
   const Heads oh{out.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
   const Batch batch{qsl.data(), lens.data(), 2, table.data(), 2, 6};
   const double scale = 1 / std::sqrt(double(dim));
-  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, window, decode_path, 1), "paged_attention");
+  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, window, 0.0, decode_path, 1),
+            "paged_attention");
   for (int s = 0; s < 2; ++s) {
     for (int t = 0; t < q_lens[s]; ++t) {
       const int row = qsl[s] + t, pos = lens[s] - q_lens[s] + t;

@@ -22,7 +22,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
-    # Gemma 3's text model (worker/models/gemma.py); the multimodal Gemma3ForConditionalGeneration is not.
+    # Gemma 2, and Gemma 3's text model (worker/models/gemma.py); the multimodal Gemma 3 checkpoints are not.
+    "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
 )
 

@@ -200,7 +200,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sluice_write_kv_cache": (_i32, [_P(Heads), _P(Heads), _P(KvCache), _P(Slots)]),
     "sluice_paged_attention": (
         _i32,
-        [_P(Heads), _P(Heads), _P(KvCache), _P(Batch), ctypes.c_double, _i64, _i32, _i32],
+        [_P(Heads), _P(Heads), _P(KvCache), _P(Batch), ctypes.c_double, _i64, ctypes.c_double, _i32, _i32],
     ),
     "sluice_bind_threads": (_i32, [_P(_i64), _i64, _P(_i64)]),
     "sluice_model_step_new": (

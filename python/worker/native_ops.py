@@ -464,11 +464,13 @@ class NativeOps:
         seq_lens: torch.Tensor,
         scale: float,
         window: int,
+        softcap: float,
         decode_path: bool,
         split_keys: bool,
     ) -> None:
         """Causal attention of each sequence's new query rows over its paged context (its last `window`
-        keys up to each row's position where window > 0), into out."""
+        keys up to each row's position where window > 0; scores capped at softcap tanh(s / softcap) where
+        softcap > 0), into out."""
         self.check(
             self.library.sluice_paged_attention(
                 ctypes.byref(heads(out)),
@@ -477,6 +479,7 @@ class NativeOps:
                 ctypes.byref(batch(block_table, query_start_loc, seq_lens)),
                 scale,
                 window,
+                softcap,
                 int(decode_path),
                 int(split_keys),
             )

@@ -47,7 +47,18 @@ def assert_greedy_matches_transformers(folder, cpu_isa) -> int:
 @pytest.mark.parametrize("cpu_isa", ALL_TIERS)
 @pytest.mark.parametrize(
     "arch",
-    ["qwen2", "qwen3", "mistral", "llama", "phi3", "gemma3_text", "qwen3_moe", "qwen2_moe", "mixtral"],
+    [
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "llama",
+        "phi3",
+        "gemma2",
+        "gemma3_text",
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+    ],
 )
 def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
     assert assert_greedy_matches_transformers(tiny_model_dir(arch), cpu_isa) > 0

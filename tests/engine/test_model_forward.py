@@ -24,7 +24,8 @@ from worker.model_loader import WeightLoadError, load_model
 from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import use_cpu_isa
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "default"]
+# Logits, not only tokens: Gemma 2's final soft-capping and the experts' weighted sums show here.
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "default"]
 
 
 def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:

@@ -18,7 +18,13 @@ def ops(native):
 
 
 def run_both(
-    ops, case: Case, scale: float = 0.125, decode_path: bool = True, split_keys: bool = True, window: int = 0
+    ops,
+    case: Case,
+    scale: float = 0.125,
+    decode_path: bool = True,
+    split_keys: bool = True,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     ours = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
@@ -27,10 +33,18 @@ def run_both(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
     got = CpuAttentionBackend(ops, decode_path=decode_path, split_keys=split_keys).forward(
-        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale, window
+        ours.query,
+        ours.key,
+        ours.value,
+        ours.key_cache,
+        ours.value_cache,
+        ours.metadata,
+        scale,
+        window,
+        softcap,
     )
     want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window, softcap
     )
     return got, want, ours, ref
 
@@ -214,3 +228,21 @@ def test_sliding_windows_match_reference(ops, threads: int, window: int, decode_
     whole, _, _, _ = run_both(ops, case, decode_path=decode_path)
     # The window changed what the rows with more keys than it see.
     assert not torch.allclose(got.float(), whole.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+@pytest.mark.parametrize("softcap", [0.5, 3.0])
+@pytest.mark.parametrize("decode_path", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_soft_capped_scores_match_reference(
+    ops, threads: int, softcap: float, decode_path: bool, dtype
+) -> None:
+    """Gemma 2's softcap * tanh(score / softcap), on prefill tiles, decodes and split decodes, with a window."""
+    seqs = [*MIXED, (3000, 1), (800, 200)]
+    case = make_case(seqs, num_kv_heads=1, group=3, head_dim=64, dtype=dtype, seed=12, fill=float("nan"))
+    # A scale of 1 makes scores of several units, which the caps bend.
+    got, want, _, _ = run_both(ops, case, scale=1.0, decode_path=decode_path, window=40, softcap=softcap)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    uncapped, _, _, _ = run_both(ops, case, scale=1.0, decode_path=decode_path, window=40)
+    assert not torch.allclose(got.float(), uncapped.float(), atol=tol, rtol=tol)

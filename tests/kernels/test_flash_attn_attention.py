@@ -79,14 +79,22 @@ def _on_cuda(case: Case) -> Case:
     return Case(**moved, metadata=metadata)
 
 
-def _assert_matches_reference(case: Case, tol: float, window: int = 0) -> None:
+def _assert_matches_reference(case: Case, tol: float, window: int = 0, softcap: float = 0.0) -> None:
     ours = _on_cuda(case)
     got = FlashAttentionBackend(256, case.query.dtype).forward(
-        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, 0.125, window
+        ours.query,
+        ours.key,
+        ours.value,
+        ours.key_cache,
+        ours.value_cache,
+        ours.metadata,
+        0.125,
+        window,
+        softcap,
     )
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
     want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125, window
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125, window, softcap
     )
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(ours.key_cache.cpu(), ref.key_cache, atol=0, rtol=0, equal_nan=True)
@@ -100,6 +108,14 @@ def test_mixed_batch_matches_reference(dtype: torch.dtype, group: int) -> None:
     # Slots no sequence may read hold 1e4, which would swamp any softmax it leaked into (fp16 has no 1e30).
     case = make_case(seqs, num_kv_heads=2, group=group, head_dim=64, dtype=dtype, block_size=256, fill=1e4)
     _assert_matches_reference(case, 2e-2 if dtype == torch.bfloat16 else 4e-3)
+
+
+@on_gpu
+def test_soft_capped_scores_match_reference() -> None:
+    case = make_case(
+        [*MIXED, (700, 1)], num_kv_heads=2, group=3, head_dim=64, dtype=torch.bfloat16, block_size=256
+    )
+    _assert_matches_reference(case, 2e-2, window=100, softcap=0.5)
 
 
 @on_gpu

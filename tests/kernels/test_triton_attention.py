@@ -46,23 +46,33 @@ def on_device(case: Case) -> Case:
 
 
 def run_both(
-    case: Case, scale: float = 0.125, window: int = 0
+    case: Case, scale: float = 0.125, window: int = 0, softcap: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, Case, Case]:
     from worker.attention.triton_backend import TritonAttentionBackend
 
     ours = on_device(case)
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
     got = TritonAttentionBackend().forward(
-        ours.query, ours.key, ours.value, ours.key_cache, ours.value_cache, ours.metadata, scale, window
+        ours.query,
+        ours.key,
+        ours.value,
+        ours.key_cache,
+        ours.value_cache,
+        ours.metadata,
+        scale,
+        window,
+        softcap,
     )
     want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window
+        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window, softcap
     )
     return got.cpu(), want, ours, ref
 
 
-def assert_matches(case: Case, dtype: torch.dtype, window: int = 0) -> None:
-    got, want, ours, ref = run_both(case, window=window)
+def assert_matches(
+    case: Case, dtype: torch.dtype, window: int = 0, softcap: float = 0.0, scale: float = 0.125
+) -> None:
+    got, want, ours, ref = run_both(case, scale, window, softcap)
     tol = TOLERANCE[dtype]
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
@@ -195,3 +205,11 @@ def test_sliding_windows_match_reference(window: int) -> None:
         MIXED, num_kv_heads=2, group=3, head_dim=32, dtype=torch.float32, seed=6, fill=float("nan")
     )
     assert_matches(case, torch.float32, window)
+
+
+@here
+def test_soft_capped_scores_match_reference() -> None:
+    case = make_case(
+        MIXED, num_kv_heads=2, group=3, head_dim=32, dtype=torch.float32, seed=7, fill=float("nan")
+    )
+    assert_matches(case, torch.float32, window=40, softcap=2.0, scale=1.0)

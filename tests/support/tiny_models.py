@@ -1,5 +1,5 @@
-"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, and the mixtures of
-experts Qwen3-MoE, Qwen2-MoE and Mixtral) written with transformers.
+"""Tiny random-init Hugging Face folders (Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 2 and 3, and the
+mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral) written with transformers.
 
 Biases and norm weights are randomised too, so a model that ignores them cannot pass, and the
 weights are large enough that logits have clear winners. Each folder carries a byte-level
@@ -78,6 +78,17 @@ _ARCHITECTURES: dict[str, dict[str, Any]] = {
         "decoder_sparse_step": 2,
         "norm_topk_prob": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # A sliding layer (window 16) then a global one; attention scores and logits soft-capped low enough
+    # that the caps change what a random-init model computes.
+    "gemma2": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 16,
+        "attn_logit_softcapping": 2.0,
+        "final_logit_softcapping": 5.0,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     },
     # A sliding layer (window 16, local rotary base) then a global one (linear scaling), soft-capped logits.
     "gemma3_text": {

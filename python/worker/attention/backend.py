@@ -47,9 +47,11 @@ class AttentionBackend(Protocol):
         metadata: AttentionMetadata,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Write key/value into the caches at slot_mapping, then attend: each query row to every key up to
-        its own position, or with a sliding window (window > 0) to the last `window` of them.
+        its own position, or with a sliding window (window > 0) to the last `window` of them; softcap > 0
+        caps each scaled score s at softcap * tanh(s / softcap) (Gemma 2) before the softmax.
 
         query [num_tokens, num_heads, head_dim]; key, value [num_tokens,
         num_kv_heads, head_dim]; key_cache, value_cache [num_blocks,

@@ -28,6 +28,7 @@ class CpuAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         self.ops.write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = query.new_empty(query.shape)
@@ -41,6 +42,7 @@ class CpuAttentionBackend:
             metadata.seq_lens,
             scale,
             window,
+            softcap,
             self.decode_path,
             self.split_keys,
         )

@@ -52,6 +52,7 @@ class FlashAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
         if metadata.num_tokens == 0:
@@ -70,5 +71,6 @@ class FlashAttentionBackend:
             causal=True,
             # (left, right) keys around the diagonal; (-1, -1) is the whole causal context.
             window_size=(window - 1, 0) if window else (-1, -1),
+            softcap=softcap,
             block_table=metadata.block_table,
         )

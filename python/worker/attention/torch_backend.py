@@ -27,6 +27,7 @@ class TorchAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         # Views indexed [block, offset]: writes through them land in the caches.
         k_rows, v_rows = token_major(key_cache), token_major(value_cache)
@@ -61,6 +62,8 @@ class TorchAttentionBackend:
             k = read_rows(k_rows[at]).repeat_interleave(group, dim=1)
             v = read_rows(v_rows[at]).repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
             q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
             k_pos = positions[None, :]
             hidden = (k_pos > q_pos) | (k_pos <= q_pos - window) if window else k_pos > q_pos

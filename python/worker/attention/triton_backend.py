@@ -27,10 +27,11 @@ class TritonAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         _check_device(query)
         write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return paged_attention(query, key_cache, value_cache, metadata, scale, window)
+        return paged_attention(query, key_cache, value_cache, metadata, scale, window, softcap)
 
 
 def write_kv_cache(
@@ -75,9 +76,10 @@ def paged_attention(
     metadata: AttentionMetadata,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its paged context (the last `window` keys
-    up to each query where window > 0)."""
+    up to each query where window > 0; scores capped at softcap tanh(s / softcap) where softcap > 0)."""
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if num_heads % num_kv_heads:
@@ -105,6 +107,7 @@ def paged_attention(
         metadata.seq_lens,
         scale * math.log2(math.e),
         window,
+        softcap * math.log2(math.e),
         query.stride(0),
         query.stride(1),
         out.stride(0),

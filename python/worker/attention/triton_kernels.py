@@ -59,6 +59,7 @@ def paged_attention_kernel(
     seq_lens_ptr,
     scale_log2,
     window,
+    softcap_log2,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -138,6 +139,11 @@ def paged_attention_kernel(
             v = v.to(tl.float32)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        # Soft-capping (softcap_log2 > 0, in the log2 units of the scores): c tanh(s / c), as
+        # c (1 - 2 / (e^(2 s / c) + 1)).
+        cap = tl.where(softcap_log2 > 0, softcap_log2, 1.0)
+        capped = cap * (1.0 - 2.0 / (tl.math.exp2(scores * (2.0 * 1.4426950408889634 / cap)) + 1.0))
+        scores = tl.where(softcap_log2 > 0, capped, scores)
         in_window = (window <= 0) | (k_pos[None, :] > q_pos[:, None] - window)
         visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) & in_window
         scores = tl.where(visible, scores, float("-inf"))

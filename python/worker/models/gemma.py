@@ -1,5 +1,5 @@
-"""Gemma 3 (text, Gemma3ForCausalLM): Llama's projections with Gemma's arithmetic, as a decoder layer that
-LlamaForCausalLM runs in place of its own.
+"""Gemma 2 and Gemma 3 (text, Gemma3ForCausalLM): Llama's projections with Gemma's arithmetic, as a decoder
+layer that LlamaForCausalLM runs in place of its own.
 
 What differs from Llama, each as transformers computes it:
 - RMSNorm scales by (1 + w), in float32, rounded once to the model dtype (Llama multiplies w by the
@@ -8,8 +8,11 @@ What differs from Llama, each as transformers computes it:
   post_feedforward_layernorm) before they join the residual, after the tensor-parallel all-reduce;
 - GeGLU: GELU's tanh approximation of the gate, times up;
 - queries scaled by query_pre_attn_scalar ** -0.5; the embedding scaled by sqrt(hidden) in the dtype;
-- sliding layers (five in six, sluice/sliding_windows.py) rotate with their own base (10,000), the
-  global ones with rope_theta and its scaling (sluice/rope_parameters.py, rope_parameters_of_layers).
+- Gemma 2 soft-caps its attention scores (attn_logit_softcapping, in every attention backend) and its
+  logits; its sliding layers (every other one) rotate as the global ones;
+- Gemma 3 normalises q and k per head; its sliding layers (five in six, sluice/sliding_windows.py)
+  rotate with their own base (10,000), the global ones with rope_theta and its scaling
+  (sluice/rope_parameters.py, rope_parameters_of_layers).
 Its norms and GeGLU run as torch ops on every device; the projections take the device's GEMMs. The C++
 model step and CUDA graphs run Llama's layers only, so a Gemma step runs eagerly.
 """
@@ -28,7 +31,7 @@ from worker.layer_ops import LayerOps
 from worker.models.layers import MLP, RMSNorm, SelfAttention
 from worker.quantized_weights import QuantizedParts, parts_under
 
-GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM",)
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,12 +72,13 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype)
         self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype)
         self.self_attn = SelfAttention(cfg, architecture, dtype, tp)
-        self.self_attn.q_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
-        self.self_attn.k_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
+        if self.self_attn.qk_norm:
+            self.self_attn.q_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
+            self.self_attn.k_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
         self.mlp = MLP(cfg, cfg["intermediate_size"], dtype, tp)
         self.ops = ops
-        # Sliding layers turn with the local base (LlamaForCausalLM.forward picks their tables).
-        self.local_rope = sliding_window > 0
+        # Gemma 3's sliding layers turn with the local base (LlamaForCausalLM.forward picks their tables).
+        self.local_rope = sliding_window > 0 and architecture == "Gemma3ForCausalLM"
         self.tensors = GemmaTensors(self.self_attn.scale, sliding_window)
 
     def prepare_linear_weights(
@@ -98,8 +102,9 @@ class GemmaDecoderLayer(nn.Module):
         )
         heads, kv_heads = attn.num_heads, attn.num_kv_heads
         q, k = qkv[:, :heads], qkv[:, heads : heads + kv_heads]
-        q.copy_(attn.q_norm(q))
-        k.copy_(attn.k_norm(k))
+        if attn.qk_norm:
+            q.copy_(attn.q_norm(q))
+            k.copy_(attn.k_norm(k))
         ops.rotary_embedding(qkv[:, : heads + kv_heads], cos, sin)
         return q, k, qkv[:, heads + kv_heads :]
 

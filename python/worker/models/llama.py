@@ -202,8 +202,8 @@ class _LayerTensors:
 PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
 
 # Config fields of other families (Gemma's soft-capping and query scaling, Granite's multipliers) that a
-# Llama-shaped model would silently ignore: a config that sets one is refused instead. Gemma 3 implements
-# its query scaling and final soft-capping; Gemma 2's attention soft-capping is not implemented.
+# Llama-shaped model would silently ignore: a config that sets one is refused instead. Gemma implements
+# its query scaling and its soft-capping.
 _UNIMPLEMENTED_FIELDS = (
     "attn_logit_softcapping",
     "final_logit_softcapping",
@@ -213,7 +213,7 @@ _UNIMPLEMENTED_FIELDS = (
     "residual_multiplier",
     "attention_multiplier",
 )
-_GEMMA_FIELDS = ("final_logit_softcapping", "query_pre_attn_scalar")
+_GEMMA_FIELDS = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
 
 
 class LlamaForCausalLM(nn.Module):
@@ -250,8 +250,9 @@ class LlamaForCausalLM(nn.Module):
         self.gemma = gemma
         # Gemma scales its embedding by sqrt(hidden), rounded to the dtype as transformers rounds it.
         self.embed_scale = torch.tensor(hidden**0.5, dtype=dtype) if gemma else None
-        # Gemma 3 caps its logits at final_logit_softcapping (none in its released configs).
+        # Gemma 2 caps its logits and its attention scores (Gemma 3's released configs set neither).
         self.final_logit_softcapping = hf_config.get("final_logit_softcapping") if gemma else None
+        self.attn_logit_softcapping = float(hf_config.get("attn_logit_softcapping") or 0.0) if gemma else 0.0
         self.layers = nn.ModuleList(
             GemmaDecoderLayer(hf_config, architecture, dtype, self.ops, tp, windows[i])
             if gemma
@@ -279,8 +280,11 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = self.layers[0].self_attn.head_dim
         # The frequencies for the context served (dynamic and longrope depend on it); the table covers
         # max_position_embeddings at least, and the dimensions that turn (all, or a partial rotary's).
+        gemma3 = architecture == "Gemma3ForCausalLM"
         rope = (
-            rope_parameters_of_layers(hf_config, "full_attention") if gemma else rope_parameters_of(hf_config)
+            rope_parameters_of_layers(hf_config, "full_attention")
+            if gemma3
+            else rope_parameters_of(hf_config)
         )
         if rope.partial_rotary_factor != 1.0 and architecture not in PARTIAL_ROTARY_ARCHITECTURES:
             raise UnsupportedArchitectureError(
@@ -291,7 +295,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(inv_freq, max(max_positions, max_model_len), dtype, attention_factor)
         # Gemma 3's sliding layers turn with their own base (GemmaDecoderLayer.local_rope).
         self.local_rotary: RotaryEmbedding | None = None
-        if gemma:
+        if gemma3:
             local = rope_parameters_of_layers(hf_config, "sliding_attention")
             local_freq, local_factor = rotary_frequencies(local, self.head_dim, max_model_len)
             self.local_rotary = RotaryEmbedding(
@@ -348,7 +352,15 @@ class LlamaForCausalLM(nn.Module):
             q, k, v = stage.attention_input(delta, residual, *tables[layer.local_rope])
             t = layer.tensors
             attn = self.attention.forward(
-                q, k, v, key_cache, value_cache, metadata, t.scale, t.sliding_window
+                q,
+                k,
+                v,
+                key_cache,
+                value_cache,
+                metadata,
+                t.scale,
+                t.sliding_window,
+                self.attn_logit_softcapping,
             )
             delta = layer.after_attention(all_reduce(stage.attention_output(attn)))
             delta = layer.after_feed_forward(all_reduce(stage.feed_forward(delta, residual)))

@@ -194,3 +194,27 @@ def test_each_layer_gets_the_window_its_family_trains_it_with(
     from sluice.sliding_windows import sliding_windows
 
     assert sliding_windows({"num_hidden_layers": 4, **fields}, architecture, max_model_len) == windows
+
+
+@pytest.mark.parametrize(
+    ("arch", "name", "shape", "named"),
+    [
+        # Qwen's expert layout, and Mixtral's own names for it, each in the message as the file has it.
+        ("qwen3_moe", "model.layers.0.mlp.experts.5.down_proj.weight", None, r"experts\.5\.down_proj"),
+        ("qwen3_moe", "model.layers.2.mlp.experts.1.up_proj.weight", (47, 64), r"experts\.1\.up_proj"),
+        ("mixtral", "model.layers.1.block_sparse_moe.experts.3.w2.weight", None, r"experts\.3\.down_proj"),
+        ("qwen2_moe", "model.layers.1.mlp.gate.weight", (5, 64), r"mlp\.gate\.weight"),
+    ],
+)
+def test_a_missing_or_misshapen_expert_tensor_is_named(
+    arch: str, name: str, shape: tuple[int, ...] | None, named: str, tmp_path: Path
+) -> None:
+    shutil.copytree(tiny_model_dir(arch), tmp_path, dirs_exist_ok=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    if shape is None:
+        del tensors[name]
+    else:
+        tensors[name] = torch.zeros(shape)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match=named):
+        _ours(tmp_path)

@@ -5,7 +5,9 @@ past 100 tokens."""
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,11 +36,17 @@ WINDOWED = {
 }
 
 
+@functools.cache
+def reference_tokens(folder: Path, shortest: int, longest: int) -> list[list[int]]:
+    """transformers' greedy tokens for the prompts, once per folder for every tier that compares with them."""
+    model = load_hf_model(folder, torch.float32)
+    return [hf_greedy(model, p, NEW_TOKENS).token_ids for p in random_prompts(shortest, longest)]
+
+
 def assert_greedy_matches_transformers(folder, cpu_isa, shortest: int = 3, longest: int = 90) -> int:
     """Returns how often the engine preempted a request for want of KV blocks."""
     prompts = random_prompts(shortest, longest)
-    model = load_hf_model(folder, torch.float32)
-    reference = [hf_greedy(model, p, NEW_TOKENS).token_ids for p in prompts]
+    reference = reference_tokens(folder, shortest, longest)
     # A small budget and pool make this batch chunk its prompts and preempt as well.
     llm = LLM(
         model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=16, cpu_isa=cpu_isa
@@ -69,12 +77,19 @@ def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
     assert assert_greedy_matches_transformers(tiny_model_dir(arch), cpu_isa) > 0
 
 
+@pytest.fixture(scope="module")
+def windowed_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {
+        arch: write_tiny_model(arch, tmp_path_factory.mktemp(f"{arch}-window"), overrides=overrides)
+        for arch, overrides in WINDOWED.items()
+    }
+
+
 @pytest.mark.parametrize("cpu_isa", ALL_TIERS)
 @pytest.mark.parametrize("arch", WINDOWED)
-def test_sliding_windows_match_transformers(arch, cpu_isa, tmp_path_factory):
-    folder = write_tiny_model(arch, tmp_path_factory.mktemp(f"{arch}-window"), overrides=WINDOWED[arch])
+def test_sliding_windows_match_transformers(arch, cpu_isa, windowed_folders):
     # Prompts of 60 to 110 tokens and 48 new: every query past 100 positions sees a window of 32.
-    assert_greedy_matches_transformers(folder, cpu_isa, shortest=60, longest=110)
+    assert_greedy_matches_transformers(windowed_folders[arch], cpu_isa, shortest=60, longest=110)
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
@@ -82,8 +97,7 @@ def test_experts_run_one_by_one_with_fused_moe_off(arch):
     """--no-fused-moe (the off switch of the MoE kernel) runs the same experts through torch_moe."""
     folder = tiny_model_dir(arch)
     prompts = random_prompts(3, 90)
-    model = load_hf_model(folder, torch.float32)
-    reference = [hf_greedy(model, p, NEW_TOKENS).token_ids for p in prompts]
+    reference = reference_tokens(folder, 3, 90)
     llm = LLM(model=str(folder), dtype="float32", fused_moe=False)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from paged_attention_cases import Case, make_case
+from paged_attention_cases import Case, attend, make_case
 from worker.attention.cpu_backend import CpuAttentionBackend
 from worker.attention.torch_backend import TorchAttentionBackend
 
@@ -32,20 +32,10 @@ def run_both(
     ref = Case(
         **{**case.__dict__, "key_cache": case.key_cache.clone(), "value_cache": case.value_cache.clone()}
     )
-    got = CpuAttentionBackend(ops, decode_path=decode_path, split_keys=split_keys).forward(
-        ours.query,
-        ours.key,
-        ours.value,
-        ours.key_cache,
-        ours.value_cache,
-        ours.metadata,
-        scale,
-        window,
-        softcap,
+    got = attend(
+        CpuAttentionBackend(ops, decode_path=decode_path, split_keys=split_keys), ours, scale, window, softcap
     )
-    want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window, softcap
-    )
+    want = attend(TorchAttentionBackend(), ref, scale, window, softcap)
     return got, want, ours, ref
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from paged_attention_cases import MIXED, Case, make_case
+from paged_attention_cases import MIXED, Case, attend, make_case
 from sluice.config import KernelConfig
 from sluice.errors import AttentionBackendError
 from worker.attention.flash_attn_backend import FlashAttentionBackend
@@ -81,21 +81,9 @@ def _on_cuda(case: Case) -> Case:
 
 def _assert_matches_reference(case: Case, tol: float, window: int = 0, softcap: float = 0.0) -> None:
     ours = _on_cuda(case)
-    got = FlashAttentionBackend(256, case.query.dtype).forward(
-        ours.query,
-        ours.key,
-        ours.value,
-        ours.key_cache,
-        ours.value_cache,
-        ours.metadata,
-        0.125,
-        window,
-        softcap,
-    )
+    got = attend(FlashAttentionBackend(256, case.query.dtype), ours, 0.125, window, softcap)
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
-    want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, 0.125, window, softcap
-    )
+    want = attend(TorchAttentionBackend(), ref, 0.125, window, softcap)
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(ours.key_cache.cpu(), ref.key_cache, atol=0, rtol=0, equal_nan=True)
 

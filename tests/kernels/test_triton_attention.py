@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paged_attention_cases import MIXED, Case, make_case
+from paged_attention_cases import MIXED, Case, attend, make_case
 from worker.attention.torch_backend import TorchAttentionBackend
 
 CUDA = torch.cuda.is_available()
@@ -52,20 +52,8 @@ def run_both(
 
     ours = on_device(case)
     ref = replace(case, key_cache=case.key_cache.clone(), value_cache=case.value_cache.clone())
-    got = TritonAttentionBackend().forward(
-        ours.query,
-        ours.key,
-        ours.value,
-        ours.key_cache,
-        ours.value_cache,
-        ours.metadata,
-        scale,
-        window,
-        softcap,
-    )
-    want = TorchAttentionBackend().forward(
-        ref.query, ref.key, ref.value, ref.key_cache, ref.value_cache, ref.metadata, scale, window, softcap
-    )
+    got = attend(TritonAttentionBackend(), ours, scale, window, softcap)
+    want = attend(TorchAttentionBackend(), ref, scale, window, softcap)
     return got.cpu(), want, ours, ref
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention.backend import AttentionMetadata
+from worker.attention.backend import AttentionBackend, AttentionMetadata
 
 # Prefill chunks that start mid-sequence, a fresh prefill, and decodes; no length a multiple of 16.
 MIXED = [(37, 37), (70, 19), (5, 1), (130, 1), (45, 13), (17, 1), (1, 1)]
@@ -83,3 +83,20 @@ def make_case(
         max_seq_len=max(ctx for ctx, _ in seqs),
     )
     return Case(query, key, value, key_cache, value_cache, metadata, used_slots)
+
+
+def attend(
+    backend: AttentionBackend, case: Case, scale: float, window: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
+    """backend.forward over the case: its new rows written into its caches, then attention."""
+    return backend.forward(
+        case.query,
+        case.key,
+        case.value,
+        case.key_cache,
+        case.value_cache,
+        case.metadata,
+        scale,
+        window,
+        softcap,
+    )

@@ -218,3 +218,25 @@ def test_a_missing_or_misshapen_expert_tensor_is_named(
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match=named):
         _ours(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "field", "value", "named"),
+    [
+        ("llama", "hidden_act", "relu2", "hidden_act 'relu2' is not supported"),
+        # GELU is Gemma's; Llama's layers and the experts' kernels gate with SiLU.
+        ("llama", "hidden_act", "gelu_pytorch_tanh", "its MLP runs silu"),
+        ("qwen3_moe", "hidden_act", "gelu_pytorch_tanh", "its experts run silu"),
+        ("gemma2", "hidden_activation", "swish", "hidden_act 'swish' is not supported"),
+        ("gemma3_text", "hidden_activation", "silu", "its MLP runs gelu_pytorch_tanh"),
+    ],
+)
+def test_an_activation_the_family_does_not_run_is_refused_by_name(
+    arch: str, field: str, value: str, named: str, tmp_path: Path
+) -> None:
+    shutil.copytree(tiny_model_dir(arch), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=named):
+        _ours(tmp_path)

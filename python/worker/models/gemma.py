@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.errors import UnsupportedArchitectureError
 from worker.distributed import TensorParallelGroup
 from worker.layer_ops import LayerOps
 from worker.models.layers import MLP, RMSNorm, SelfAttention
@@ -76,6 +77,11 @@ class GemmaDecoderLayer(nn.Module):
             self.self_attn.q_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
             self.self_attn.k_norm = GemmaRMSNorm(self.self_attn.head_dim, eps, dtype)
         self.mlp = MLP(cfg, cfg["intermediate_size"], dtype, tp)
+        if self.mlp.activation != "gelu_pytorch_tanh":
+            raise UnsupportedArchitectureError(
+                f"{architecture}'s hidden_activation {self.mlp.activation!r} is not supported; its MLP runs "
+                "gelu_pytorch_tanh"
+            )
         self.ops = ops
         # Gemma 3's sliding layers turn with the local base (LlamaForCausalLM.forward picks their tables).
         self.local_rope = sliding_window > 0 and architecture == "Gemma3ForCausalLM"

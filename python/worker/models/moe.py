@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sluice.errors import UnsupportedArchitectureError
 from worker.distributed import TensorParallelGroup
 from worker.layer_ops import LayerOps
 from worker.models.layers import MLP, Projection
@@ -61,6 +62,11 @@ class SparseMoe(nn.Module):
         self.gate = Projection(hidden, count, False, dtype, "replicated", quantizable=False)
         self.experts = nn.ModuleList(MLP(cfg, intermediate, dtype, tp) for _ in range(count))
         self.inner = self.experts[0].inner
+        if self.experts[0].activation != "silu":
+            # The MoE kernel and torch_moe gate with SiLU, as these families do.
+            raise UnsupportedArchitectureError(
+                f"{architecture}'s hidden_act {self.experts[0].activation!r} is not supported; its experts run silu"
+            )
         shared = int(cfg.get("shared_expert_intermediate_size") or 0)
         self.shared_expert = MLP(cfg, shared, dtype, tp) if shared else None
         self.shared_expert_gate = (

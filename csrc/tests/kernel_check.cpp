@@ -259,9 +259,10 @@ double cached_value(DType dtype, const uint8_t* row, int d, int dim) {
 
 // Two sequences in a paged cache (block size 4): a 7-token prefill chunk after 5 cached tokens, and a
 // decode at 23 tokens, against softmax attention written out, over every earlier key or a sliding window of
-// them (window > 0). A float32 cache is filled directly; an int8 or fp8 one (head-major) through
-// write_kv_cache, and the reference reads back what it holds.
-void check_attention(const Library& lib, bool decode_path, DType cache_dtype, int64_t window) {
+// them (window > 0), with scores soft-capped at softcap tanh(s / softcap) where softcap > 0. A float32 cache
+// is filled directly; an int8 or fp8 one (head-major) through write_kv_cache, and the reference reads back
+// what it holds.
+void check_attention(const Library& lib, bool decode_path, DType cache_dtype, int64_t window, double softcap) {
   const int64_t heads = 4, kv_heads = 2, dim = 32, block = 4, blocks = 16;
   const bool quantized = cache_dtype != DType::kFloat32;
   const int64_t row_bytes = quantized ? dim + 4 : dim * 4;
@@ -298,7 +299,7 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype, in
   const Heads oh{out.data(), DType::kFloat32, 8, heads, dim, heads * dim, dim};
   const Batch batch{qsl.data(), lens.data(), 2, table.data(), 2, 6};
   const double scale = 1 / std::sqrt(double(dim));
-  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, window, 0.0, decode_path, 1),
+  ok_or_die(lib, lib.paged_attention(&oh, &qh, &cache, &batch, scale, window, softcap, decode_path, 1),
             "paged_attention");
   for (int s = 0; s < 2; ++s) {
     for (int t = 0; t < q_lens[s]; ++t) {
@@ -312,7 +313,7 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype, in
           const int64_t slot = table[s * 6 + key / block] * block + key % block;
           double dot = 0;
           for (int d = 0; d < dim; ++d) dot += double(q[(row * heads + h) * dim + d]) * value(k_cache, slot, g, d);
-          scores[key] = dot * scale;
+          scores[key] = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
           top = std::max(top, scores[key]);
         }
         for (int key = first; key <= pos; ++key) sum += (scores[key] = std::exp(scores[key] - top));
@@ -322,7 +323,8 @@ void check_attention(const Library& lib, bool decode_path, DType cache_dtype, in
             want += scores[key] / sum * value(v_cache, table[s * 6 + key / block] * block + key % block, g, d);
           expect(std::fabs(out[(row * heads + h) * dim + d] - want) <= 2e-5,
                  std::string("attention over a ") + dtype_name(cache_dtype) + " cache (decode path " +
-                     (decode_path ? "on" : "off") + ", window " + std::to_string(window) + ") row " +
+                     (decode_path ? "on" : "off") + ", window " + std::to_string(window) + ", softcap " +
+                     std::to_string(softcap) + ") row " +
                      std::to_string(row) + " head " + std::to_string(h));
         }
       }
@@ -453,8 +455,10 @@ int main(int argc, char** argv) {
   check_argmax(lib);
   for (DType cache : {DType::kFloat32, DType::kInt8, DType::kFp8E4M3}) {
     for (int64_t window : {0, 1, 5}) {
-      check_attention(lib, true, cache, window);
-      check_attention(lib, false, cache, window);
+      for (double softcap : {0.0, 0.5}) {
+        check_attention(lib, true, cache, window, softcap);
+        check_attention(lib, false, cache, window, softcap);
+      }
     }
   }
   std::printf("kernel_check: %s tier: %s\n", lib.tier(), failures == 0 ? "every check passed" : "FAILED");

@@ -64,7 +64,9 @@ def _bench_sweep(args: argparse.Namespace) -> None:
     sys.exit(run_sweep(args))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `sluice` parser. Serve's options are read from the frontend binary (its --flag-schema), so they
+    are added only when `command` is "serve": generate, info, model and bench run without that binary."""
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice: serve and run LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -81,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="serve MODEL over an OpenAI-compatible HTTP API (the Rust frontend and the engine core)"
     )
-    from sluice.serve.flags import add_serve_arguments
+    if command == "serve":
+        from sluice.serve.flags import add_serve_arguments
 
-    add_serve_arguments(serve)
+        add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
 
     # Every flag goes to the sluice-router binary as it is (its --help lists them).
@@ -128,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        # serve's options come from the frontend binary's description of its flags.
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else argv
+        # The root parser takes no option of its own but -h: its first other word names the command.
+        parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
         args, unknown = parser.parse_known_args(argv)
         if args.command == "router":
             args.router_args = unknown

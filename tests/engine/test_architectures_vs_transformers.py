@@ -1,7 +1,7 @@
 """Tiny random-init Qwen2, Qwen3, Mistral, Llama, Phi-3, Gemma 2 and Gemma 3 models, and the mixtures of
 experts Qwen3-MoE, Qwen2-MoE and Mixtral, generate what transformers generates (8 prompts, 48 tokens each),
-at every CPU kernel tier this machine runs and at none; so do windows of 32 keys under prompts and outputs
-past 100 tokens."""
+at every CPU kernel tier this machine runs, at none, and on CUDA where there is a device; so do windows of
+32 keys under prompts and outputs past 100 tokens."""
 
 from __future__ import annotations
 
@@ -43,21 +43,31 @@ def reference_tokens(folder: Path, shortest: int, longest: int) -> list[list[int
     return [hf_greedy(model, p, NEW_TOKENS).token_ids for p in random_prompts(shortest, longest)]
 
 
-def assert_greedy_matches_transformers(folder, cpu_isa, shortest: int = 3, longest: int = 90) -> int:
+# Where the engine runs: each CPU kernel tier this machine has, none, and CUDA (its Triton attention, cuBLAS
+# GEMMs and graphs) where torch sees a device.
+PLACES = [
+    *(pytest.param({"cpu_isa": tier}, id=tier) for tier in ALL_TIERS),
+    pytest.param(
+        {"device": "cuda"},
+        id="cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ),
+]
+
+
+def assert_greedy_matches_transformers(folder, place: dict, shortest: int = 3, longest: int = 90) -> int:
     """Returns how often the engine preempted a request for want of KV blocks."""
     prompts = random_prompts(shortest, longest)
     reference = reference_tokens(folder, shortest, longest)
     # A small budget and pool make this batch chunk its prompts and preempt as well.
-    llm = LLM(
-        model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=16, cpu_isa=cpu_isa
-    )
+    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=16, **place)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [r.outputs[0].token_ids for r in results] == reference
     return llm.engine.stats().num_preemptions
 
 
-@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize(
     "arch",
     [
@@ -73,8 +83,8 @@ def assert_greedy_matches_transformers(folder, cpu_isa, shortest: int = 3, longe
         "mixtral",
     ],
 )
-def test_tiny_model_greedy_matches_transformers(arch, cpu_isa):
-    assert assert_greedy_matches_transformers(tiny_model_dir(arch), cpu_isa) > 0
+def test_tiny_model_greedy_matches_transformers(arch, place):
+    assert assert_greedy_matches_transformers(tiny_model_dir(arch), place) > 0
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +95,11 @@ def windowed_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     }
 
 
-@pytest.mark.parametrize("cpu_isa", ALL_TIERS)
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("arch", WINDOWED)
-def test_sliding_windows_match_transformers(arch, cpu_isa, windowed_folders):
+def test_sliding_windows_match_transformers(arch, place, windowed_folders):
     # Prompts of 60 to 110 tokens and 48 new: every query past 100 positions sees a window of 32.
-    assert_greedy_matches_transformers(windowed_folders[arch], cpu_isa, shortest=60, longest=110)
+    assert_greedy_matches_transformers(windowed_folders[arch], place, shortest=60, longest=110)
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])

@@ -105,8 +105,7 @@ class Sequences:
 
 def nan_caches(model: LlamaForCausalLM, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """NaN everywhere: a slot written by a padded token, or read before it is written, shows up."""
-    t = model.layers[0].tensors
-    shape = (num_blocks, BLOCK_SIZE, t.num_kv_heads, t.head_dim)
+    shape = (num_blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim)
     device = model.embed_tokens.weight.device
     return [
         (torch.full(shape, float("nan"), device=device), torch.full(shape, float("nan"), device=device))
@@ -114,7 +113,7 @@ def nan_caches(model: LlamaForCausalLM, num_blocks: int) -> list[tuple[torch.Ten
     ]
 
 
-def load_tiny(variant: str = "cpu") -> LlamaForCausalLM:
+def load_tiny(variant: str = "cpu", arch: str = "llama") -> LlamaForCausalLM:
     """ "cpu": the C++ attention; "triton-interpreted": Triton's, on CPU tensors; "cuda": the selector's."""
     device = torch.device("cuda" if variant == "cuda" else "cpu")
     if variant == "triton-interpreted":
@@ -123,7 +122,7 @@ def load_tiny(variant: str = "cpu") -> LlamaForCausalLM:
         attention = TritonAttentionBackend()
     else:
         attention = select_attention_backend(device, BLOCK_SIZE, torch.float32)
-    spec = read_model_spec(tiny_model_dir("llama"))
+    spec = read_model_spec(tiny_model_dir(arch))
     return load_model(spec, torch.float32, device, attention, MAX_MODEL_LEN)
 
 
@@ -226,6 +225,28 @@ def test_piecewise_pieces_without_padding_are_bitwise_the_model() -> None:
     mode, padded = dispatcher.dispatch(shape.batch_descriptor())
     assert (mode, padded.num_tokens) == (GraphMode.PIECEWISE, 44)
     assert torch.equal(runner.run(mode, padded, buffers), want)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_model_with_nothing_to_capture_is_never_cut_into_pieces(variant: str) -> None:
+    """A Gemma runs eagerly on CUDA (its layers are not Llama's, which the pieces mirror): with nothing to
+    capture, the runner builds no pieces and runs every step op by op."""
+    model = load_tiny(variant, "gemma2")
+    device = model.embed_tokens.weight.device
+    seqs_ref, seqs_eager = Sequences([9, 30], device), Sequences([9, 30], device)
+    caches_ref, caches_eager = nan_caches(model, seqs_ref.num_blocks), nan_caches(model, seqs_ref.num_blocks)
+    dispatcher = small_dispatcher(frozenset())
+    buffers = StaticInputBuffers(64, 4, MAX_MODEL_LEN // BLOCK_SIZE, device)
+    runner = GraphRunner(model, caches_eager, dispatcher, recorder_for(variant), MAX_MODEL_LEN)
+    runner.capture(buffers)
+    for schedule in ({0: 9, 1: 30}, {0: 1, 1: 1}):
+        shape, inputs = seqs_ref.step(schedule)
+        want = eager_reference(model, caches_ref, shape, inputs)
+        shape, inputs = seqs_eager.step(schedule)
+        buffers.write(shape, **inputs)
+        mode, padded = dispatcher.dispatch(shape.batch_descriptor())
+        assert mode is GraphMode.NONE
+        torch.testing.assert_close(runner.run(mode, padded, buffers)[: shape.num_tokens], want)
 
 
 def test_capture_covers_every_shape_largest_first_with_one_graph_per_piece() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hf_reference import load_hf_model
 from paged_sequences import PagedSequences
 from sluice.errors import UnsupportedArchitectureError
 from sluice.model_spec import read_model_spec
@@ -32,11 +33,8 @@ def _ours(folder: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     return load_model(read_model_spec(folder), dtype, torch.device("cpu"), TorchAttentionBackend())
 
 
-@functools.cache
-def _transformers_model(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+# transformers' model of a folder, loaded once for every tier that compares with it.
+_transformers_model = functools.cache(load_hf_model)
 
 
 def _reference_logits(

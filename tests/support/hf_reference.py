@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 # New tokens in conftest.py's fp32_mixed_reference: a test that needs fewer compares a prefix (greedy tokens
 # do not depend on how many follow).
@@ -21,7 +21,11 @@ class ReferenceOutput:
 
 
 def load_hf_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    # Soft-capped attention (Gemma 2) runs eagerly: transformers 5.17 still sent Gemma 2 through sdpa,
+    # which leaves the cap out, and so disagreed with every path of ours (seen on a lent GPU machine).
+    softcapped = getattr(AutoConfig.from_pretrained(path), "attn_logit_softcapping", None)
+    options = {"attn_implementation": "eager"} if softcapped else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **options).eval()
 
 
 @torch.inference_mode()

@@ -16,7 +16,7 @@ KEY = "sk-never-on-argv-7c1e"
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["serve", *argv])
+    return build_parser("serve").parse_args(["serve", *argv])
 
 
 def command_lines(args: argparse.Namespace, tmp_path: Path) -> list[list[str]]:

@@ -12,6 +12,7 @@ import pytest
 
 from sluice.binaries import FRONTEND, ROUTER, rust_binary
 from sluice.cli import build_parser
+from sluice.errors import SluiceError
 from sluice.serve.argv import frontend_argv, router_argv
 from sluice.serve.child_flags import child_flags
 from sluice.serve.flags import WIRED_FRONTEND_FLAGS, frontend_options
@@ -29,7 +30,7 @@ SHARED = {
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["serve", *argv])
+    return build_parser("serve").parse_args(["serve", *argv])
 
 
 def value_after(argv: list[str], flag: str) -> str:
@@ -107,3 +108,22 @@ def test_flags_not_given_are_left_to_the_childs_default(tmp_path: Path) -> None:
 def test_bad_values_are_refused_before_any_child_starts(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         serve_args(*argv)
+
+
+def test_commands_but_serve_run_without_the_frontend_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate, info, model and bench never start the frontend, so a missing binary does not stop them
+    (a GPU machine given the Python packages alone ran `sluice generate` into this)."""
+
+    def missing(name: str) -> Path:
+        raise SluiceError(f"the {name} binary is missing")
+
+    monkeypatch.setattr("sluice.serve.child_flags.rust_binary", missing)
+    child_flags.cache_clear()
+    try:
+        args = build_parser("generate").parse_args(["generate", "Hello", "--max-tokens", "4"])
+        assert (args.prompt, args.max_tokens) == ("Hello", 4)
+        assert build_parser("info").parse_args(["info", "--json"]).json
+        with pytest.raises(SluiceError, match="binary is missing"):
+            build_parser("serve")
+    finally:
+        child_flags.cache_clear()

@@ -73,7 +73,10 @@ class GraphRunner:
         weight = model.embed_tokens.weight
         # Every graph writes its hidden states here; run() returns a view of it.
         self._hidden = torch.zeros(max_tokens, weight.shape[1], dtype=model.dtype, device=weight.device)
-        self._pieces = ModelPieces(model, max_tokens, self._hidden)
+        # Only PIECEWISE graphs cut the model into Llama's pieces; a model that runs eagerly (a Gemma, or
+        # --enforce-eager) is never cut.
+        piecewise = any(mode is GraphMode.PIECEWISE for mode, _ in self._wanted)
+        self._pieces = ModelPieces(model, max_tokens, self._hidden) if piecewise else None
         self._full: dict[int, Replay] = {}
         self._piecewise: dict[int, list[Replay]] = {}
         self._addresses: AddressRecord | None = None
@@ -110,6 +113,7 @@ class GraphRunner:
         size = desc.num_tokens
         buffers.fill_dummy(size, 1)
         pieces = self._pieces
+        assert pieces is not None
         input_ids, positions = buffers.input_ids[:size], buffers.positions[:size]
         return [self.recorder(pieces.piece(i, input_ids, positions)) for i in range(pieces.num_pieces)]
 
@@ -130,6 +134,7 @@ class GraphRunner:
 
     def _run_piecewise(self, replays: list[Replay], buffers: StaticInputBuffers) -> None:
         pieces = self._pieces
+        assert pieces is not None
         metadata = buffers.step_metadata()
         for layer_index, kv_cache in enumerate(self.kv_caches):
             replays[layer_index]()

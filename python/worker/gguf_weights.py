@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from sluice.errors import SluiceError
-from sluice.gguf_model import ROPE_FREQS_TENSOR
+from sluice.gguf_model import ROPE_TENSORS
 from worker.gguf_dequantize import dequantize
 from worker.quantized_weights import QUANTIZED_TYPES, QuantizedRows, from_gguf
 
@@ -39,25 +39,49 @@ _LAYER_PARTS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixtures of experts: the router, and Qwen2-MoE's shared expert and its gate.
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Where a family names a part otherwise: Gemma's four norms a layer, Phi-3's fused q/k/v and gate/up.
+_FAMILY_PARTS = {
+    "gemma": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# Each expert's weights, stacked into one tensor a layer ([experts, rows, K]) by llama.cpp's converter.
+_EXPERT_PARTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # The GGUF architectures whose q and k rows llama.cpp's converter interleaves.
-_ROTARY_PERMUTED = ("llama",)
+_ROTARY_PERMUTED = ("llama", "mixtral")
+# Gemma's norms scale by (1 + w); llama.cpp's converter stores 1 + w, which loading takes back.
+_NORM_SHIFTED = ("gemma2", "gemma3_text")
 
 
 class GGUFTensorError(SluiceError, ValueError):
     """A tensor in the GGUF file that Sluice has no place for."""
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face name of GGUF tensor `gguf_name`."""
+def _family(model_type: str) -> str:
+    return "gemma" if model_type in _NORM_SHIFTED else model_type
+
+
+def hf_tensor_name(gguf_name: str, model_type: str = "llama") -> str:
+    """The Hugging Face name of GGUF tensor `gguf_name` in a `model_type` model (config.json's)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    parts = {**_LAYER_PARTS, **_FAMILY_PARTS.get(_family(model_type), {})}
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_PARTS:
+    if match is None or match.group(2) not in parts:
         raise GGUFTensorError(f"GGUF tensor {gguf_name!r} has no Hugging Face counterpart that Sluice loads")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_PARTS[part]}.{kind}"
+    return f"model.layers.{layer}.{parts[part]}.{kind}"
 
 
 def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -68,8 +92,12 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape)
 
 
-# The GGUF tensors that are linear weights (and the LM head), which keep_quantized leaves quantized.
-_LINEAR_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
+# The GGUF tensors that are linear weights (and the LM head), which keep_quantized leaves quantized. A
+# router (ffn_gate_inp) stays float, as --quantization leaves it.
+_LINEAR_PARTS = (
+    *("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output"),
+    *("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", *_EXPERT_PARTS),
+)
 
 
 def _checked_reader(gguf_file: Path) -> Any:
@@ -99,15 +127,17 @@ def _checked_reader(gguf_file: Path) -> Any:
 def gguf_tensors(
     gguf_file: Path, hf_config: dict[str, Any], show_progress: bool = True, keep_quantized: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedRows]]:
-    """(Hugging Face name, float32 tensor) for every tensor of `gguf_file`, in file order. With
-    keep_quantized, a linear weight of a quantized type comes as QuantizedRows instead (never widened),
-    and so does a tied model's LM head (after its embedding table, which stays float)."""
+    """(Hugging Face name, float32 tensor) for every tensor of `gguf_file`, in file order; a layer's
+    stacked experts come one expert at a time. With keep_quantized, a linear weight of a quantized type
+    comes as QuantizedRows instead (never widened), and so does a tied model's LM head (after its
+    embedding table, which stays float)."""
     reader = _checked_reader(gguf_file)
+    model_type = str(hf_config.get("model_type", "llama"))
     heads = {
         "attn_q": int(hf_config["num_attention_heads"]),
         "attn_k": int(hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]),
     }
-    permuted = hf_config.get("model_type") in _ROTARY_PERMUTED
+    permuted = model_type in _ROTARY_PERMUTED
     bar = tqdm(
         reader.tensors,
         desc=f"dequantizing {gguf_file.name}",
@@ -117,13 +147,16 @@ def gguf_tensors(
     )
     tied = bool(hf_config.get("tie_word_embeddings", False))
     for tensor in bar:
-        if tensor.name == ROPE_FREQS_TENSOR:
+        if tensor.name in ROPE_TENSORS:
             # Read into config.json's rope scaling (sluice/gguf_model.py), not a weight.
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         type_name = tensor.tensor_type.name
         part = tensor.name.split(".")[-2]
-        name = hf_tensor_name(tensor.name)
+        if part in _EXPERT_PARTS:
+            yield from _expert_tensors(tensor, shape, keep_quantized)
+            continue
+        name = hf_tensor_name(tensor.name, model_type)
         quantized = keep_quantized and type_name in QUANTIZED_TYPES and len(shape) == 2
         if quantized and (part in _LINEAR_PARTS or (tied and tensor.name == "token_embd.weight")):
             rows = from_gguf(tensor.data, type_name, shape)
@@ -137,4 +170,32 @@ def gguf_tensors(
         values = dequantize(tensor.data, type_name, shape)
         if permuted and part in heads:
             values = unpermute_rotary_rows(values, heads[part])
+        if model_type in _NORM_SHIFTED and name.endswith("norm.weight"):
+            values = values - 1.0
+        if part == "ffn_gate_inp_shexp" and values.dim() == 1:
+            # The shared expert's gate is one row: [1, hidden] in the checkpoint, a vector in the file.
+            values = values.unsqueeze(0)
         yield name, values
+
+
+def _expert_tensors(
+    tensor: Any, shape: tuple[int, ...], keep_quantized: bool
+) -> Iterator[tuple[str, torch.Tensor | QuantizedRows]]:
+    """Each expert's slice of a stacked [experts, rows, K] tensor, under its checkpoint name."""
+    match = _LAYER_TENSOR.fullmatch(tensor.name)
+    if match is None or len(shape) != 3:
+        raise GGUFTensorError(
+            f"GGUF tensor {tensor.name!r} has shape {shape}; stacked experts have three dimensions"
+        )
+    layer, part, kind = match.groups()
+    type_name = tensor.tensor_type.name
+    experts, expert_shape = shape[0], shape[1:]
+    # Each expert's bytes are one contiguous run: quantization blocks lie within rows.
+    per_expert = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(experts, -1)
+    for expert in range(experts):
+        name = f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_PARTS[part]}.{kind}"
+        raw = per_expert[expert]
+        if keep_quantized and type_name in QUANTIZED_TYPES:
+            yield name, from_gguf(raw, type_name, expert_shape)
+        else:
+            yield name, dequantize(raw, type_name, expert_shape)

@@ -14,7 +14,12 @@ from engine import LLM, SamplingParams
 from hf_reference import hf_greedy, load_hf_model
 from paged_sequences import PagedSequences
 from sluice.errors import InvalidRequestError, UnsupportedArchitectureError
-from sluice.gguf_model import hf_config_from_metadata
+from sluice.gguf_model import (
+    ROPE_FACTORS_LONG,
+    ROPE_FACTORS_SHORT,
+    ROPE_FREQS_TENSOR,
+    hf_config_from_metadata,
+)
 from sluice.model_spec import read_model_spec, resolve_max_model_len
 from sluice.rope_parameters import rope_parameters_of
 from tiers import ALL_TIERS
@@ -213,23 +218,23 @@ def test_tiny_models_generate_what_transformers_generates_past_the_original_cont
     assert [r.outputs[0].token_ids for r in results] == reference
 
 
-def _gguf_metadata(**rope: Any) -> dict[str, Any]:
+def _gguf_metadata(arch: str = "llama", **rope: Any) -> dict[str, Any]:
     base = {
-        "general.architecture": "llama",
-        "llama.attention.head_count": 4,
-        "llama.embedding_length": 64,
-        "llama.feed_forward_length": 128,
-        "llama.block_count": 2,
-        "llama.context_length": SERVED,
-        "llama.attention.layer_norm_rms_epsilon": 1e-6,
+        "general.architecture": arch,
+        f"{arch}.attention.head_count": 4,
+        f"{arch}.embedding_length": 64,
+        f"{arch}.feed_forward_length": 128,
+        f"{arch}.block_count": 2,
+        f"{arch}.context_length": SERVED,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
         "tokenizer.ggml.tokens": ["a"] * VOCAB_SIZE,
     }
-    return {**base, **{f"llama.rope.scaling.{key}": value for key, value in rope.items()}}
+    return {**base, **{f"{arch}.rope.scaling.{key}": value for key, value in rope.items()}}
 
 
 def test_a_gguf_files_rope_scaling_reaches_the_config() -> None:
     yarn = hf_config_from_metadata(
-        _gguf_metadata(type="yarn", factor=4.0, original_context_length=ORIGINAL), set()
+        _gguf_metadata(type="yarn", factor=4.0, original_context_length=ORIGINAL), {}
     )
     rope = rope_parameters_of(yarn)
     assert (rope.rope_type, rope.scaling["factor"], rope.original_max_position_embeddings) == (
@@ -237,15 +242,13 @@ def test_a_gguf_files_rope_scaling_reaches_the_config() -> None:
         4.0,
         ORIGINAL,
     )
-    linear = rope_parameters_of(hf_config_from_metadata(_gguf_metadata(type="linear", factor=2.0), set()))
+    linear = rope_parameters_of(hf_config_from_metadata(_gguf_metadata(type="linear", factor=2.0), {}))
     assert (linear.rope_type, linear.max_context()) == ("linear", 2 * SERVED)
-    assert (
-        rope_parameters_of(hf_config_from_metadata(_gguf_metadata(type="none"), set())).rope_type == "default"
-    )
+    assert rope_parameters_of(hf_config_from_metadata(_gguf_metadata(type="none"), {})).rope_type == "default"
     with pytest.raises(UnsupportedArchitectureError, match="'longrope' \\(llama.rope.scaling.type\\)"):
-        hf_config_from_metadata(_gguf_metadata(type="longrope"), set())
+        hf_config_from_metadata(_gguf_metadata(type="longrope"), {})
     with pytest.raises(UnsupportedArchitectureError, match="llama.rope.scaling.original_context_length"):
-        hf_config_from_metadata(_gguf_metadata(type="yarn", factor=4.0), set())
+        hf_config_from_metadata(_gguf_metadata(type="yarn", factor=4.0), {})
 
 
 def test_a_served_context_within_the_original_one_runs_longrope_on_its_short_factors(tmp_path: Path) -> None:
@@ -275,7 +278,7 @@ def test_a_served_context_within_the_original_one_runs_longrope_on_its_short_fac
 
 def test_a_gguf_rope_freqs_tensor_becomes_per_frequency_divisors() -> None:
     divisors = [1.0, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0]
-    rope = rope_parameters_of(hf_config_from_metadata(_gguf_metadata(), set(), divisors))
+    rope = rope_parameters_of(hf_config_from_metadata(_gguf_metadata(), {}, {ROPE_FREQS_TENSOR: divisors}))
     inv_freq, attention_factor = rotary_frequencies(rope, HEAD_DIM, SERVED)
     plain = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
     torch.testing.assert_close(inv_freq, plain / torch.tensor(divisors))
@@ -283,11 +286,26 @@ def test_a_gguf_rope_freqs_tensor_becomes_per_frequency_divisors() -> None:
     with pytest.raises(
         UnsupportedArchitectureError, match="both llama.rope.scaling.type 'linear' and rope_freqs"
     ):
-        hf_config_from_metadata(_gguf_metadata(type="linear", factor=2.0), set(), divisors)
+        hf_config_from_metadata(_gguf_metadata(type="linear", factor=2.0), {}, {ROPE_FREQS_TENSOR: divisors})
     with pytest.raises(
-        UnsupportedArchitectureError, match="rope_freqs.weight has 3 values; a head of 16 needs 8"
+        UnsupportedArchitectureError, match="rope_freqs.weight has 3 values; 16 rotary dimensions need 8"
     ):
-        hf_config_from_metadata(_gguf_metadata(), set(), [1.0, 2.0, 3.0])
+        hf_config_from_metadata(_gguf_metadata(), {}, {ROPE_FREQS_TENSOR: [1.0, 2.0, 3.0]})
+
+
+def test_a_phi3_ggufs_rope_factors_become_its_longrope() -> None:
+    """llama.cpp writes Phi-3's LongRoPE as two tensors and the original context as metadata."""
+    short, long = [1.0 + i / 10 for i in range(8)], [2.0 + i for i in range(8)]
+    metadata = _gguf_metadata("phi3", original_context_length=ORIGINAL, attn_factor=1.19)
+    tensors = {ROPE_FACTORS_SHORT: short, ROPE_FACTORS_LONG: long}
+    rope = rope_parameters_of(hf_config_from_metadata(metadata, {}, tensors))
+    assert (rope.rope_type, rope.original_max_position_embeddings) == ("longrope", ORIGINAL)
+    assert (rope.scaling["short_factor"], rope.scaling["long_factor"]) == (short, long)
+    assert rope.scaling["attention_factor"] == pytest.approx(1.19)
+    with pytest.raises(UnsupportedArchitectureError, match="only one of rope_factors_long.weight"):
+        hf_config_from_metadata(metadata, {}, {ROPE_FACTORS_LONG: long})
+    with pytest.raises(UnsupportedArchitectureError, match="rope_factors_short.weight has 3 values"):
+        hf_config_from_metadata(metadata, {}, {ROPE_FACTORS_SHORT: short[:3], ROPE_FACTORS_LONG: long})
 
 
 def test_a_partial_rotary_turns_its_share_of_each_head_as_phi4_mini_does(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """Issue 29's MoE figures: the MoE bench model (make_moe_model.py: Qwen3-MoE, 1.9B parameters, 0.4B active)
 in Sluice with its MoE kernel (csrc/cpu/moe.cpp, inside the C++ model step) against --no-fused-moe, the off
-switch (the same GEMMs one expert at a time from Python, eagerly), alternating in one run.
+switch (the same GEMMs one expert at a time from Python, eagerly), and, given --llamacpp-dir, llama.cpp on the
+same weights as f16 and bf16 GGUF files (converted by its own convert_hf_to_gguf.py; its better format is its
+figure), alternating in one run. The issue's targets against llama.cpp: W4 at least 1.5x its output tok/s,
+W5 at most 0.85x its ms per token.
 
 W4 (16 prompts, 64 tokens out) is a batch whose tokens choose most experts at each step; W5 (one stream,
 128 out) reads one token's experts a step. The one-stream floor is the bytes that step must read (every
@@ -10,6 +13,7 @@ of --runs and each system's distance to the floor.
 
   python bench/make_moe_model.py     # once
   python bench/compare_moe.py [--moe-model DIR] [--cpu-isa auto] [--runs 3] [--lock FILE] [--json F]
+         [--llamacpp-dir DIR [--mode native|avx2]]
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
+from compare_llamacpp import FORMATS, TARGETS
 from compare_offline import System, run_phase, sluice_argv
 from compare_quantized import print_medians
-from harness import LOCK_ENV, make_output_folders
+from harness import BENCH_DIR, LOCK_ENV, make_output_folders
 from limits import weight_bytes
+from llamacpp_peer import add_llamacpp_arguments, llamacpp_dir
 from make_moe_model import default_moe_dir
 
 FUSED = "sluice"
@@ -51,6 +58,7 @@ def main() -> None:
         "--lock", default=os.environ.get(LOCK_ENV), help="flock file: shared to load, exclusive to time"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    add_llamacpp_arguments(parser)
     args = parser.parse_args()
     make_output_folders(args.json, None)
     model = (args.moe_model or default_moe_dir()).resolve()
@@ -58,15 +66,28 @@ def main() -> None:
         raise SystemExit(f"{model} is not a model folder; build it: python bench/make_moe_model.py")
     sluice = sluice_argv(model, "--cpu-isa", args.cpu_isa)
     systems = [System(FUSED, sluice, None), System(UNFUSED, [*sluice, "--no-fused-moe"], None)]
+    peer = llamacpp_dir(args.llamacpp_dir)
+    if peer is not None:
+        driver = [sys.executable, str(BENCH_DIR / "llamacpp_driver.py"), "--llamacpp-dir", str(peer)]
+        systems += [
+            System(
+                f"llama.cpp {outtype}",
+                [*driver, "--model", str(model), "--outtype", outtype, "--mode", args.mode],
+                None,
+            )
+            for outtype in FORMATS
+        ]
     results = run_phase(model, ["W4", "W5"], systems, args)
     per_token = active_bytes(model)
     w4 = print_medians(
         f"W4, {model.name}: output tok/s, medians of {args.runs} runs", results["figures"]["W4"], "tok_s"
     )
     print(f"  MoE kernel vs --no-fused-moe: {w4[FUSED] / w4[UNFUSED]:.2f}x")
+    against_llamacpp("W4", w4)
     w5_runs = results["figures"]["W5"]
     w5 = print_medians(f"W5, {model.name}: ms/token, medians of {args.runs} runs", w5_runs, "ms_per_token")
     print(f"  MoE kernel vs --no-fused-moe: {w5[UNFUSED] / w5[FUSED]:.2f}x")
+    against_llamacpp("W5", w5)
     floors = [per_token / (f["read_gbs"] * 1e9) * 1e3 for f in results["floors"]]
     bandwidth = statistics.median(f["read_gbs"] for f in results["floors"])
     print(
@@ -78,6 +99,20 @@ def main() -> None:
         print(f"  {name}: {distance:.2f}x the floor")
     if args.json:
         args.json.write_text(json.dumps({"runs": args.runs, "active_bytes": per_token, **results}, indent=1))
+
+
+def against_llamacpp(workload: str, medians: dict[str, float]) -> None:
+    """Sluice's median over llama.cpp's better format's, against the issue's target (when llama.cpp ran)."""
+    peers = {name: value for name, value in medians.items() if name.startswith("llama.cpp")}
+    if not peers:
+        return
+    target = TARGETS[workload]
+    best = (max if target.higher_is_better else min)(peers, key=peers.__getitem__)
+    ratio = medians[FUSED] / peers[best]
+    print(
+        f"  Sluice / {best} (llama.cpp's better): {ratio:.2f}x (target {target.describe()}: "
+        f"{'met' if target.met(ratio) else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from gguf_blocks import FLOAT16_OFFSETS, random_blocks
+from gguf_families import gguf_name, write_byte_level_vocabulary
 from serve_fixtures import Server, running_server
 from sluice.default_model import gguf_path
 from sluice.errors import ModelNotFoundError
@@ -224,33 +225,6 @@ def test_served_quantized_gguf_follows_the_folder_until_a_near_tie(
     assert compared >= 8
 
 
-def _gguf_name(hf_name: str) -> str:
-    """llama.cpp's name for a Hugging Face tensor name (written out here, apart from the loader's map)."""
-    globals_ = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if hf_name in globals_:
-        return globals_[hf_name]
-    parts = {
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "self_attn.q_norm": "attn_q_norm",
-        "self_attn.k_norm": "attn_k_norm",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
-    _, _, layer, rest = hf_name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{parts[module]}.{kind}"
-
-
 def _llama3_rope_divisors(rope: dict, config: dict) -> np.ndarray:
     """What llama.cpp's converter writes for Llama 3's rope scaling: each frequency's divisor, 1 for short
     wavelengths, the factor for long ones, a smooth blend between."""
@@ -292,16 +266,7 @@ def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tens
     rope = config.get("rope_parameters") or {}
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_divisors(rope, config))
-    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
-    tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * 256 + [3, 3] + [5] * (len(tokens) - 258))
-    writer.add_token_merges([])
-    writer.add_bos_token_id(256)
-    writer.add_eos_token_id(257)
+    write_byte_level_vocabulary(writer, folder, config["vocab_size"])
     # The types whose quantizer the gguf package has (it only dequantizes the K-quants).
     types = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
     expected = {}
@@ -317,7 +282,7 @@ def write_tiny_gguf(arch: str, folder: Path, path: Path) -> dict[str, torch.Tens
             stored = values.reshape(n, 2, values.shape[0] // n // 2, *values.shape[1:])
             stored = stored.swapaxes(1, 2).reshape(values.shape)
         raw = gguf.quants.quantize(np.ascontiguousarray(stored), qtype)
-        writer.add_tensor(_gguf_name(name), raw, raw_dtype=qtype)
+        writer.add_tensor(gguf_name(name), raw, raw_dtype=qtype)
         # Quantization blocks lie within rows, so permuting rows commutes with it.
         expected[name] = torch.from_numpy(
             np.array(reference_dequantize(gguf.quants.quantize(values, qtype), qtype))

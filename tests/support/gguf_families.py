@@ -59,6 +59,11 @@ GEMMA_PARTS = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 EXPERT_PARTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 MIXTRAL_EXPERT_PARTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
@@ -69,6 +74,30 @@ def _ours(name: str) -> str:
     for theirs, ours in MIXTRAL_EXPERT_PARTS.items():
         name = name.replace(f".{theirs}.", f".{ours}.")
     return name
+
+
+def gguf_name(hf_name: str, gemma: bool = False) -> str:
+    """llama.cpp's name for a Hugging Face tensor name (written out here, apart from the loader's map)."""
+    if hf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{({**PARTS, **GEMMA_PARTS} if gemma else PARTS)[module]}.{kind}"
+
+
+def write_byte_level_vocabulary(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> None:
+    """The tiny folder's tokenizer as a "gpt2" GGUF vocabulary: its 256 byte tokens, <s> and </s>, and
+    unused tokens up to the embedding's rows."""
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
+    tokens += [f"<unused{i}>" for i in range(vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3, 3] + [5] * (len(tokens) - 258))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
 
 
 def write_family_gguf(
@@ -118,16 +147,7 @@ def write_family_gguf(
         writer.add_string(f"{arch}.rope.scaling.type", rope["full_attention"]["rope_type"])
         writer.add_float32(f"{arch}.rope.scaling.factor", rope["full_attention"]["factor"])
     if sentencepiece is None:
-        vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-        tokens = sorted(vocab, key=vocab.get) + ["<s>", "</s>"]
-        tokens += [f"<unused{i}>" for i in range(config["vocab_size"] - len(tokens))]
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("default")
-        writer.add_token_list(tokens)
-        writer.add_token_types([1] * 256 + [3, 3] + [5] * (len(tokens) - 258))
-        writer.add_token_merges([])
-        writer.add_bos_token_id(256)
-        writer.add_eos_token_id(257)
+        write_byte_level_vocabulary(writer, folder, config["vocab_size"])
     else:
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
@@ -148,15 +168,6 @@ def write_family_gguf(
             experts.setdefault((layer, part), {})[int(expert)] = values
             continue
         expected[ours] = torch.from_numpy(values.copy())
-        kind = name.rsplit(".", 1)[1]
-        if name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
-            gguf_name = {"model.embed_tokens.weight": "token_embd", "lm_head.weight": "output"}.get(
-                name, "output_norm"
-            )
-        else:
-            _, _, layer, rest = name.split(".", 3)
-            module = rest.rsplit(".", 1)[0]
-            gguf_name = f"blk.{layer}.{({**PARTS, **GEMMA_PARTS} if gemma else PARTS)[module]}"
         stored = values
         if gemma and name.endswith("norm.weight"):
             stored = values + np.float32(1.0)
@@ -168,7 +179,7 @@ def write_family_gguf(
             n = config["num_attention_heads" if part == "q_proj" else "num_key_value_heads"]
             stored = values.reshape(n, 2, values.shape[0] // n // 2, *values.shape[1:])
             stored = stored.swapaxes(1, 2).reshape(values.shape)
-        writer.add_tensor(f"{gguf_name}.{kind}", np.ascontiguousarray(stored))
+        writer.add_tensor(gguf_name(name, gemma), np.ascontiguousarray(stored))
     for (layer, part), by_expert in experts.items():
         stacked = np.stack([by_expert[e] for e in sorted(by_expert)])
         # Blocks of 32 along each row: a narrower K stays float, as the converter leaves it.

@@ -70,7 +70,7 @@ def test_the_gguf_generates_what_its_folder_generates(family: str, family_files)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
     def greedy(model: Path) -> list[list[int]]:
-        llm = LLM(model=str(model), dtype="float32")
+        llm = LLM(model=str(model), dtype="float32", executor="inproc")
         return [
             r.outputs[0].token_ids for r in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         ]

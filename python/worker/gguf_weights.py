@@ -92,11 +92,12 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape)
 
 
-# The GGUF tensors that are linear weights (and the LM head), which keep_quantized leaves quantized. A
-# router (ffn_gate_inp) stays float, as --quantization leaves it.
+# The GGUF tensors that are linear weights (and the LM head), which keep_quantized leaves quantized (and
+# the stacked experts, which _expert_tensors splits). A router (ffn_gate_inp) stays float, as
+# --quantization leaves it.
 _LINEAR_PARTS = (
     *("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output"),
-    *("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", *_EXPERT_PARTS),
+    *("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"),
 )
 
 

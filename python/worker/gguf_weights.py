@@ -173,9 +173,6 @@ def gguf_tensors(
             values = unpermute_rotary_rows(values, heads[part])
         if model_type in _NORM_SHIFTED and name.endswith("norm.weight"):
             values = values - 1.0
-        if part == "ffn_gate_inp_shexp" and values.dim() == 1:
-            # The shared expert's gate is one row: [1, hidden] in the checkpoint, a vector in the file.
-            values = values.unsqueeze(0)
         yield name, values
 
 

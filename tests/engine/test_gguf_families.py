@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from gguf_families import FAMILIES, write_family_gguf
-from sluice.gguf_model import gguf_model_folder
+from sluice.gguf_model import gguf_model_folder, hf_config_from_metadata
 from tiny_models import write_tiny_model
 from worker.gguf_weights import gguf_tensors
 from worker.quantized_weights import QuantizedRows
@@ -98,3 +98,43 @@ def test_quantized_experts_load_as_quantized_rows(family_files, tmp_path: Path) 
     widened = dict(gguf_tensors(path, config, show_progress=False))
     for name in experts:
         assert torch.equal(widened[name], expected[name]), name
+
+
+def _gemma_metadata(arch: str, layers: int, **extra: object) -> dict:
+    return {
+        "general.architecture": arch,
+        f"{arch}.attention.head_count": 8,
+        f"{arch}.attention.key_length": 128,
+        f"{arch}.embedding_length": 1536,
+        f"{arch}.feed_forward_length": 4096,
+        f"{arch}.block_count": layers,
+        f"{arch}.context_length": 8192,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
+        "tokenizer.ggml.tokens": ["a"] * 16,
+        **{f"{arch}.{key}": value for key, value in extra.items()},
+    }
+
+
+def test_gemma_settings_the_file_leaves_out_are_read_as_llama_cpp_reads_them() -> None:
+    """Queries scale by the head's width but for the 27Bs (46 and 62 layers: hidden / heads), and a global layer
+    comes every 2 (Gemma 2) or 6 (Gemma 3) layers unless the file gives a pattern, as a count or per layer."""
+    gemma2 = hf_config_from_metadata(_gemma_metadata("gemma2", 4), {})
+    assert gemma2["query_pre_attn_scalar"] == 128
+    assert gemma2["sliding_window"] == 4096  # Gemma 2's own, where the file says none
+    assert gemma2["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert hf_config_from_metadata(_gemma_metadata("gemma2", 46), {})["query_pre_attn_scalar"] == 1536 // 8
+    assert hf_config_from_metadata(_gemma_metadata("gemma3", 62), {})["query_pre_attn_scalar"] == 1536 // 8
+    windowed = {"attention.sliding_window": 512}
+    gemma3 = hf_config_from_metadata(_gemma_metadata("gemma3", 7, **windowed), {})
+    assert gemma3["layer_types"] == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]
+    every_third = hf_config_from_metadata(
+        _gemma_metadata("gemma3", 3, **windowed, **{"attention.sliding_window_pattern": 3}), {}
+    )
+    assert every_third["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    listed = hf_config_from_metadata(
+        _gemma_metadata("gemma3", 3, **windowed, **{"attention.sliding_window_pattern": [False, True, True]}),
+        {},
+    )
+    assert listed["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
+    # A Gemma 3 file without a window has only global layers.
+    assert hf_config_from_metadata(_gemma_metadata("gemma3", 2), {})["layer_types"] == ["full_attention"] * 2

@@ -6,7 +6,9 @@ a 1 GiB tensor). Weights are cycled through enough copies to overflow the last-l
 reads them from memory as a decode step does. "whole-K" is the packed linear with
 --no-gemm-k-blocks (each column group read whole), timed in turn with it; "K blocks" is the gain of
 taking K in blocks (whole-K time over ours). --busy repeats the table while a competing process keeps
-one core busy, to show how each degrades. Run under the exclusive bench lock:
+one core busy, to show how each degrades. --quantized times the integer GEMM instead (csrc/cpu/gemm_quant.cpp)
+on random weights of each block kind (Q8, Q4 with a minimum, Q4 symmetric: GGUF's Q8_0, Q4_1/Q4_K, Q4_0)
+against the packed bf16 linear of the same shape, in turn in one run. Run under the exclusive bench lock:
 
     flock -x /tmp/sluice-bench.lock .venv/bin/python bench/linear_kernel.py
 """
@@ -23,11 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from sluice.cpu_tiers import CPU_ISA_CHOICES
+from worker.native_abi import QUANT_Q4, QUANT_Q4_SYM, QUANT_Q8
 from worker.native_ops import NativeOps, use_cpu_isa
+from worker.quantized_weights import QuantizedRows
 
 # (name, K, N) of each linear: qkv, o, gate_up, down and the LM head.
 SHAPES = {
@@ -49,6 +54,7 @@ SHAPES = {
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 # More than the last-level cache (32 MiB here), so that weights come from memory.
 COLD_BYTES = 96 << 20
+QUANT_KINDS = {"q8": QUANT_Q8, "q4": QUANT_Q4, "q4sym": QUANT_Q4_SYM}
 
 
 def read_bandwidth(runs: int, huge_pages: bool) -> float:
@@ -136,6 +142,53 @@ def print_table(ops: NativeOps, models: list[str], rows: list[int], runs: int, b
                 print(line, flush=True)
 
 
+def random_quantized(kind: int, n: int, k: int, rng: np.random.Generator) -> QuantizedRows:
+    """Random values and float16 scales of one block kind (quantized_weights.py)."""
+    values = rng.integers(0, 256, size=(n, k // 32, 32 if kind == QUANT_Q8 else 16), dtype=np.uint8)
+    if kind == QUANT_Q8:
+        values = values.view(np.int8).clip(-127, 127).view(np.uint8)
+    planes = 2 if kind == QUANT_Q4 else 1
+    scales = (rng.random((n, k // 32, planes)) * 0.01).astype(np.float16)
+    return QuantizedRows(kind, values, scales, "random")
+
+
+def cycling_linear(ops: NativeOps, x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[int], object]:
+    """Call i multiplies x by weights[i % len(weights)]: the copies overflow the cache in turn."""
+    return lambda i: ops.linear(x, weights[i % len(weights)], None)
+
+
+def print_quantized_table(ops: NativeOps, models: list[str], rows: list[int], runs: int) -> None:
+    """GF/s of each block kind's integer GEMM and of the packed bf16 linear, timed in turn per shape and M."""
+    rng = np.random.default_rng(0)
+    print(f"{'model':8} {'linear':8} {'K':>5} {'N':>6} {'M':>5} {'bf16 GF/s':>10}", end="")
+    print("".join(f" {name + ' GF/s':>12} {'x bf16':>6}" for name in QUANT_KINDS))
+    for model in models:
+        for name, k, n in SHAPES[model]:
+            copies = max(1, -(-COLD_BYTES // (n * k * 2)))
+            bf16 = [
+                ops.pack_linear_weight(torch.randn(n, k, dtype=torch.bfloat16) / k**0.5)
+                for _ in range(copies)
+            ]
+            quantized = [
+                [
+                    ops.pack_quantized_weight([random_quantized(kind, n, k, rng)], torch.bfloat16)
+                    for _ in range(copies)
+                ]
+                for kind in QUANT_KINDS.values()
+            ]
+            for m in rows:
+                x = torch.randn(m, k, dtype=torch.bfloat16)
+                fns = [cycling_linear(ops, x, weights) for weights in (bf16, *quantized)]
+                (once,) = seconds_per_call(fns[:1], 2, 1)
+                calls = max(copies, min(2000, int(0.05 / max(once, 1e-7))))
+                seconds_per_call(fns, calls, 1)
+                times = seconds_per_call(fns, calls, runs)
+                flops = 2 * m * n * k
+                line = f"{model:8} {name:8} {k:5} {n:6} {m:5} {flops / times[0] / 1e9:10.1f}"
+                line += "".join(f" {flops / t / 1e9:12.1f} {times[0] / t:6.2f}" for t in times[1:])
+                print(line, flush=True)
+
+
 @contextlib.contextmanager
 def busy_core() -> Iterator[None]:
     """A competing process spinning on the last core."""
@@ -158,12 +211,19 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=ROWS)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="also repeat the table with one core kept busy")
+    parser.add_argument(
+        "--quantized", action="store_true", help="time the integer GEMM's block kinds against the bf16 linear"
+    )
     parser.add_argument("--cpu-isa", default="auto", choices=CPU_ISA_CHOICES, help="the kernels' tier")
     args = parser.parse_args()
     ops = use_cpu_isa(args.cpu_isa)
     if ops is None:
         raise SystemExit("linear_kernel times Sluice's kernels: --cpu-isa none has none")
     torch.manual_seed(0)
+    if args.quantized:
+        print(f"{ops.tier} kernels, threads {torch.get_num_threads()}; medians of {args.runs} runs, in turn")
+        print_quantized_table(ops, args.models, args.rows, args.runs)
+        return
     small_pages = read_bandwidth(args.runs, huge_pages=False)
     bandwidth = read_bandwidth(args.runs, huge_pages=True)
     print(

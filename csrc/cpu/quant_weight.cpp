@@ -44,50 +44,25 @@ QuantShape laid_out(DType dtype, int64_t n, int64_t k, int count, const int64_t*
   return s;
 }
 
-// A whole group of kQuantQ8 blocks, each pair interleaved by halves (quant_weight.h).
-void interleave_pairs(const uint8_t* src, uint8_t* dst) {
-  constexpr int half = kQuantBlock / 2;
-  for (int p = 0; p < kQuantGroup / 2; ++p) {
-    const uint8_t* first = src + 2 * p * kQuantBlock;
-    const uint8_t* second = first + kQuantBlock;
-    uint8_t* out = dst + 2 * p * kQuantBlock;
-    std::memcpy(out, first, half);
-    std::memcpy(out + half, second, half);
-    std::memcpy(out + 2 * half, first + half, half);
-    std::memcpy(out + 3 * half, second + half, half);
-  }
-}
-
 // One segment's rows, row-major as quant_weight.h's pack_quantized takes them, laid out in its tiles.
 void tile_segment(const QuantShape& s, const QuantSegment& seg, const uint8_t* values, const uint16_t* scales,
                   uint8_t* dst) {
   const int64_t blocks = s.blocks(), rows = seg.row1 - seg.row0;
   const int64_t value_bytes = quant_value_bytes(seg.kind), planes = quant_scale_planes(seg.kind);
+  const int64_t block_bytes = kQuantTileRows * quant_block_bytes(seg.kind);
   parallel_for(0, seg.tiles(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      uint8_t* out = dst + t * seg.tile_bytes;
-      for (int64_t b0 = 0; b0 < blocks; b0 += kQuantGroup) {
-        const int64_t g = std::min<int64_t>(kQuantGroup, blocks - b0);
-        for (int r = 0; r < kQuantTileRows; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* out = dst + t * seg.tile_bytes + b * block_bytes;
+        // Zero rows past the segment's end: their values and scales stay the memset's zeros.
+        for (int r = 0; r < kQuantTileRows && t * kQuantTileRows + r < rows; ++r) {
           const int64_t row = t * kQuantTileRows + r;
-          uint8_t* v = out + r * g * value_bytes;
-          if (row < rows && seg.kind == kQuantQ8 && g == kQuantGroup) {
-            interleave_pairs(values + (row * blocks + b0) * value_bytes, v);
-          } else if (row < rows) {
-            std::memcpy(v, values + (row * blocks + b0) * value_bytes, g * value_bytes);
-          } else {
-            std::memset(v, 0, g * value_bytes);
-          }
+          const uint8_t* v = values + (row * blocks + b) * value_bytes;
+          for (int64_t i = 0; i < value_bytes; i += 4) std::memcpy(out + i * kQuantTileRows + r * 4, v + i, 4);
           for (int64_t p = 0; p < planes; ++p) {
-            uint8_t* d = out + kQuantTileRows * g * value_bytes + (p * kQuantTileRows + r) * g * 2;
-            if (row < rows) {
-              std::memcpy(d, scales + (row * planes + p) * blocks + b0, g * 2);
-            } else {
-              std::memset(d, 0, g * 2);
-            }
+            std::memcpy(out + kQuantTileRows * (value_bytes + 2 * p) + r * 2, scales + (row * planes + p) * blocks + b, 2);
           }
         }
-        out += kQuantTileRows * g * quant_block_bytes(seg.kind);
       }
     }
   });

@@ -12,13 +12,11 @@
 //   - kQuantQ4Sym: the same nibbles and a float16 d: value = d * (q - 8) (GGUF's Q4_0, 2 bytes a block
 //     smaller, and no minimum to add).
 // After the header come the segments, each on a 64-byte boundary, each its rows in tiles of kQuantTileRows
-// (the last one padded with zero rows), each tile one run of bytes that the GEMM streams in order: its
-// blocks in groups of kQuantGroup (the last group holds the K / 32 % kQuantGroup left over), and a group
-// of g blocks is [row 0's g blocks' values] .. [row 3's], then the rows' d (4 x g float16), then for
-// kQuantQ4 their m (4 x g). In a whole group of kQuantQ8, each pair of blocks is interleaved by halves,
-// [first block's values 0..15, second's 0..15, first's 16..31, second's 16..31], as a pair of nibble
-// blocks unpacks: one vector then holds a half of each block, whose sums stay apart in its two lanes. One tile being one stream (not 4 rows of values and 8 short runs of scales)
-// keeps the hardware prefetcher ahead of a decode step, which reads every byte once.
+// (the last one padded with zero rows), each tile one run of bytes that the GEMM streams in order: block
+// by block along K, a block being its 8 rows' values interleaved 4 bytes at a time (bytes 4 j .. 4 j + 3
+// of row r at 32 j + 4 r: a 32-byte vector holds 4 bytes of every row), then the rows' d (8 float16),
+// then for kQuantQ4 their m (8 float16). One tile being one stream keeps the hardware prefetcher ahead
+// of a decode step, which reads every byte once.
 #pragma once
 
 #include <cstdint>
@@ -33,13 +31,12 @@ constexpr int kMaxQuantSegments = 3;
 constexpr int32_t kQuantQ8 = 1;
 constexpr int32_t kQuantQ4 = 2;
 constexpr int32_t kQuantQ4Sym = 3;
-constexpr int kQuantTileRows = 4;
-constexpr int kQuantGroup = 8;
+constexpr int kQuantTileRows = 8;
 
-inline int64_t quant_value_bytes(int32_t kind) { return kind == kQuantQ8 ? kQuantBlock : kQuantBlock / 2; }
-inline int64_t quant_scale_planes(int32_t kind) { return kind == kQuantQ4 ? 2 : 1; }
+constexpr int64_t quant_value_bytes(int32_t kind) { return kind == kQuantQ8 ? kQuantBlock : kQuantBlock / 2; }
+constexpr int64_t quant_scale_planes(int32_t kind) { return kind == kQuantQ4 ? 2 : 1; }
 // Bytes of one block of one row: its values and its float16 scales.
-inline int64_t quant_block_bytes(int32_t kind) { return quant_value_bytes(kind) + 2 * quant_scale_planes(kind); }
+constexpr int64_t quant_block_bytes(int32_t kind) { return quant_value_bytes(kind) + 2 * quant_scale_planes(kind); }
 
 struct QuantSegment {
   int64_t row0, row1;

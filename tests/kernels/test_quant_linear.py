@@ -111,7 +111,7 @@ MIXES = [["q8"], ["q4"], ["q4sym"], ["q8", "q4", "q4sym"]]
 
 
 @pytest.mark.parametrize("mix", MIXES, ids="+".join)
-# 32 and 96: only a tail group; 256: whole groups; 288 and 576 (the default model): both.
+# 32 and 96: fewer blocks than the prefetch distance; 256, 288 and 576 (the default model): more.
 @pytest.mark.parametrize("k", [32, 96, 256, 288, 576])
 @pytest.mark.parametrize("rows", [1, 2, 3, 17, 70])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -119,7 +119,7 @@ def test_quantized_linear_matches_the_integer_model(
     ops, dtype: torch.dtype, rows: int, k: int, mix: list[str]
 ) -> None:
     rng = np.random.default_rng(rows * 1000 + k + len(mix))
-    # Segment heights that leave the last tile of each short of 4 rows.
+    # Segment heights that leave the last tile of each short of 8 rows.
     parts = [random_rows(KINDS[kind], height, k, rng) for kind, height in zip(mix, (13, 6, 5), strict=False)]
     n = sum(p.shape[0] for p in parts)
     x = torch.from_numpy(rng.normal(size=(rows, k)).astype(np.float32)).to(dtype)

@@ -46,32 +46,33 @@ constexpr int64_t kPrefetchBlocks = 16;
 
 inline void prefetch(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
-// The rows of x quantized: per row K int8 values, and per block its scale d, the sum of its q and d times
-// that sum.
+// The rows of x quantized, block-major: block b of row r is q[(b * rows + r) * 32 ..] and its scale d, 8
+// times the sum of its q (kQuantQ4Sym's offset) and d times that sum (kQuantQ4's) at [b * rows + r]. A
+// tile's rows of x then lie side by side in every block, at fixed offsets from one pointer.
 struct QuantizedX {
   const int8_t* q;
   const float* d;
-  const int32_t* qsum;
+  const int32_t* qsum8;
   const float* s;
-  int64_t k, blocks;
+  int64_t rows, blocks;
 };
 
 template <typename T>
 QuantizedX quantize_rows(const Matrix& x) {
   static thread_local std::vector<int8_t> q;
   static thread_local std::vector<float> d, s;
-  static thread_local std::vector<int32_t> qsum;
+  static thread_local std::vector<int32_t> qsum8;
   const int64_t k = x.cols, blocks = k / kQuantBlock;
   if (q.size() < size_t(x.rows * k)) q.resize(x.rows * k);
   if (d.size() < size_t(x.rows * blocks)) {
     d.resize(x.rows * blocks);
     s.resize(x.rows * blocks);
-    qsum.resize(x.rows * blocks);
+    qsum8.resize(x.rows * blocks);
   }
   int8_t* qd = q.data();
   float* dd = d.data();
   float* sd = s.data();
-  int32_t* qd_sum = qsum.data();
+  int32_t* qd_sum8 = qsum8.data();
   parallel_for(0, x.rows, std::max<int64_t>(1, (1 << 15) / k), [&](int64_t begin, int64_t end) {
     float v[kQuantBlock];
     for (int64_t r = begin; r < end; ++r) {
@@ -83,7 +84,8 @@ QuantizedX quantize_rows(const Matrix& x) {
           amax = std::max(amax, std::fabs(v[j]));
         }
         const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int8_t* out = qd + r * k + b * kQuantBlock;
+        const int64_t at = b * x.rows + r;
+        int8_t* out = qd + at * kQuantBlock;
         int32_t sum = 0;
         for (int j = 0; j < kQuantBlock; ++j) {
           // Round half away from zero with one rounding of v * inverse +- 1/2 (an explicit fma, so that no
@@ -92,13 +94,13 @@ QuantizedX quantize_rows(const Matrix& x) {
           out[j] = int8_t(n);
           sum += n;
         }
-        dd[r * blocks + b] = scale;
-        qd_sum[r * blocks + b] = sum;
-        sd[r * blocks + b] = scale * float(sum);
+        dd[at] = scale;
+        qd_sum8[at] = 8 * sum;
+        sd[at] = scale * float(sum);
       }
     }
   });
-  return {qd, dd, qd_sum, sd, k, blocks};
+  return {qd, dd, qd_sum8, sd, x.rows, blocks};
 }
 
 inline float half_to_float(uint16_t bits) { return to_float(fp16{bits}); }
@@ -139,6 +141,14 @@ inline __m256i nibble_dot(__m256i acc, __m256i low, __m256i x_low, __m256i high,
 inline __m256i nibble_sums(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 #endif
 
+// An empty asm that takes and gives back each of v's registers: integer sums cannot be reassociated
+// across it, so GCC adds each vector's products into its accumulator as it goes, rather than computing a
+// whole block's products first as one sum tree (which spilled most of them to the stack).
+template <int RN>
+inline void sum_so_far(__m256i (&v)[RN]) {
+  for (int c = 0; c < RN; ++c) asm("" : "+x"(v[c]));
+}
+
 // sums[c][r] = row xrow + c of x times row r of the tile, over all of K. Lane r of every vector is row r
 // of the tile, so a block's products never meet across lanes: no horizontal sums.
 template <int32_t Kind, int RN>
@@ -150,20 +160,23 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   __m256 acc[RN];
   for (int c = 0; c < RN; ++c) acc[c] = _mm256_setzero_ps();
   const uint8_t* block = tile;
-  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes) {
+  // Block b's RN rows of x: their values from xq on (row xrow + c at c * 32 bytes), their scales and sums
+  // from entry xb on.
+  const int8_t* xq = x.q + xrow * kQuantBlock;
+  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += x.rows * kQuantBlock) {
     // The tiles of a chunk lie end to end: ask for the bytes a few blocks ahead (past the tile's end
     // too), since one thread's computing leaves the hardware prefetcher too few misses in flight.
     for (int64_t line = 0; line < block_bytes; line += 64) prefetch(block + kPrefetchBlocks * block_bytes + line);
+    const int64_t xb = b * x.rows + xrow;
     __m256i dots[RN];
     for (int c = 0; c < RN; ++c) dots[c] = _mm256_setzero_si256();
     if constexpr (Kind == kQuantQ8) {
       // Signed weights through the sign trick: |w| times x with w's sign (a pair's sum then fits int16).
       for (int j = 0; j < kQuantBlock / 4; ++j) {
         const __m256i w = load256(block + j * 32), magnitude = _mm256_abs_epi8(w);
-        for (int c = 0; c < RN; ++c) {
-          const __m256i xs = splat4(x.q + ((xrow + c) * x.blocks + b) * kQuantBlock + 4 * j);
-          dots[c] = dot_u8s8(dots[c], magnitude, _mm256_sign_epi8(xs, w));
-        }
+        for (int c = 0; c < RN; ++c)
+          dots[c] = dot_u8s8(dots[c], magnitude, _mm256_sign_epi8(splat4(xq + c * kQuantBlock + 4 * j), w));
+        sum_so_far(dots);
       }
     } else {
       const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -172,25 +185,23 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
         const __m256i low = _mm256_and_si256(nibbles, mask);
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), mask);
         for (int c = 0; c < RN; ++c) {
-          const int8_t* xb = x.q + ((xrow + c) * x.blocks + b) * kQuantBlock + 4 * j;
-          dots[c] = nibble_dot(dots[c], low, splat4(xb), high, splat4(xb + kQuantBlock / 2));
+          const int8_t* xc = xq + c * kQuantBlock + 4 * j;
+          dots[c] = nibble_dot(dots[c], low, splat4(xc), high, splat4(xc + kQuantBlock / 2));
         }
+        sum_so_far(dots);
       }
       for (int c = 0; c < RN; ++c) dots[c] = nibble_sums(dots[c]);
+      // sum (q - 8) x = sum q x - 8 sum x.
       if constexpr (Kind == kQuantQ4Sym) {
-        // sum (q - 8) x = sum q x - 8 sum x.
-        for (int c = 0; c < RN; ++c)
-          dots[c] = _mm256_sub_epi32(dots[c], _mm256_set1_epi32(8 * x.qsum[(xrow + c) * x.blocks + b]));
+        for (int c = 0; c < RN; ++c) dots[c] = _mm256_sub_epi32(dots[c], _mm256_set1_epi32(x.qsum8[xb + c]));
       }
     }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + values)));
-    for (int c = 0; c < RN; ++c) {
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[(xrow + c) * x.blocks + b]));
-      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[c]), scale, acc[c]);
-    }
+    for (int c = 0; c < RN; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[c]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[xb + c])), acc[c]);
     if constexpr (Kind == kQuantQ4) {
       const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + values + 16)));
-      for (int c = 0; c < RN; ++c) acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[(xrow + c) * x.blocks + b]), acc[c]);
+      for (int c = 0; c < RN; ++c) acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[xb + c]), acc[c]);
     }
   }
   for (int c = 0; c < RN; ++c) _mm256_storeu_ps(sums[c], acc[c]);
@@ -209,7 +220,7 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes) {
     const uint16_t* d = halves(block + values);
     for (int c = 0; c < RN; ++c) {
-      const int64_t xb = (xrow + c) * x.blocks + b;
+      const int64_t xb = b * x.rows + xrow + c;
       const int8_t* xq = x.q + xb * kQuantBlock;
       for (int r = 0; r < kQuantTileRows; ++r) {
         int32_t dot = 0;
@@ -222,7 +233,7 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
             dot += int32_t(byte & 0x0F) * int32_t(xq[i]) + int32_t(byte >> 4) * int32_t(xq[i + kQuantBlock / 2]);
           }
         }
-        if constexpr (Kind == kQuantQ4Sym) dot -= 8 * x.qsum[xb];
+        if constexpr (Kind == kQuantQ4Sym) dot -= x.qsum8[xb];
         acc[c][r] += float(dot) * (half_to_float(d[r]) * x.d[xb]);
         if constexpr (Kind == kQuantQ4) acc[c][r] += half_to_float(d[kQuantTileRows + r]) * x.s[xb];
       }

@@ -9,29 +9,42 @@ use subtle::ConstantTimeEq;
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthFailure {
-    /// No `Authorization` header, or not `Bearer <the key>`.
+    /// No key, or a key that is not the one expected.
     Wrong,
-    /// More than one `Authorization` header: which one a proxy would read is anyone's guess.
+    /// More than one `Authorization` (or `x-api-key`) header: which one a proxy would read is
+    /// anyone's guess.
     Duplicate,
 }
 
-/// Checks that `headers` hold exactly one `Authorization: Bearer <expected>`, comparing the key
-/// in constant time (only its length can be told from the timing). Nothing is trimmed.
+/// Anthropic's clients send the key in this header instead of `Authorization`.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// Checks that `headers` carry the key: `Authorization: Bearer <expected>` (OpenAI's clients) or
+/// `x-api-key: <expected>` (Anthropic's), each at most once; a request that sends both must send
+/// the key in both. Compared in constant time (only its length can be told from the timing).
+/// Nothing is trimmed.
 pub fn authorize(expected: &str, headers: &HeaderMap) -> Result<(), AuthFailure> {
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let value = values.next().ok_or(AuthFailure::Wrong)?;
-    if values.next().is_some() {
-        return Err(AuthFailure::Duplicate);
-    }
-    let given = value
-        .as_bytes()
-        .strip_prefix(b"Bearer ")
-        .ok_or(AuthFailure::Wrong)?;
-    if bool::from(given.ct_eq(expected.as_bytes())) {
+    let bearer = single(headers, header::AUTHORIZATION.as_str())?
+        .map(|value| value.strip_prefix(b"Bearer ").ok_or(AuthFailure::Wrong))
+        .transpose()?;
+    let x_api_key = single(headers, X_API_KEY)?;
+    let given: Vec<&[u8]> = bearer.into_iter().chain(x_api_key).collect();
+    let matches = |key: &&[u8]| bool::from(key.ct_eq(expected.as_bytes()));
+    if !given.is_empty() && given.iter().all(matches) {
         Ok(())
     } else {
         Err(AuthFailure::Wrong)
     }
+}
+
+/// The value of a header that may come at most once.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a [u8]>, AuthFailure> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next().map(|value| value.as_bytes());
+    if values.next().is_some() {
+        return Err(AuthFailure::Duplicate);
+    }
+    Ok(value)
 }
 
 /// The key to require: `--api-key-file`'s contents (one trailing newline removed), else
@@ -111,6 +124,41 @@ mod tests {
                 Err(AuthFailure::Duplicate)
             );
         }
+    }
+
+    fn x_api_key(values: &[&str], bearer: &[&str]) -> HeaderMap {
+        let mut headers = headers(bearer);
+        for value in values {
+            headers.append(X_API_KEY, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn anthropic_clients_send_the_key_as_x_api_key() {
+        assert_eq!(authorize("k3y", &x_api_key(&["k3y"], &[])), Ok(()));
+        assert_eq!(
+            authorize("k3y", &x_api_key(&["k3y"], &["Bearer k3y"])),
+            Ok(())
+        );
+        for (keys, bearer) in [
+            (&["Bearer k3y"][..], &[][..]),
+            (&["k3"], &[]),
+            (&[""], &[]),
+            // Both given: both must hold the key.
+            (&["k3y"], &["Bearer x"]),
+            (&["x"], &["Bearer k3y"]),
+        ] {
+            assert_eq!(
+                authorize("k3y", &x_api_key(keys, bearer)),
+                Err(AuthFailure::Wrong),
+                "{keys:?} {bearer:?}"
+            );
+        }
+        assert_eq!(
+            authorize("k3y", &x_api_key(&["k3y", "k3y"], &[])),
+            Err(AuthFailure::Duplicate)
+        );
     }
 
     #[test]

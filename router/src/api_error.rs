@@ -7,13 +7,14 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use sluice_common::error_dialect::ErrorMessage;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RouterError {
     #[error("missing or incorrect API key")]
     InvalidApiKey,
-    #[error("send exactly one Authorization header")]
+    #[error("send exactly one Authorization header (or one x-api-key header)")]
     DuplicateAuthorization,
     #[error("no route {0}")]
     NoSuchRoute(String),
@@ -83,6 +84,10 @@ impl RouterError {
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
+        // For the routes whose clients read another error shape (`error_dialect`).
+        response
+            .extensions_mut()
+            .insert(ErrorMessage(self.to_string()));
         if let RouterError::NoReplica { retry_after, .. } = &self {
             let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             response.headers_mut().insert(

@@ -13,8 +13,8 @@ use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_common::auth::{authorize, AuthFailure};
-use sluice_common::connections;
 use sluice_common::playground;
+use sluice_common::{connections, error_dialect};
 
 use crate::api_error::RouterError;
 use crate::policies::RouteRequest;
@@ -39,6 +39,7 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
             require_api_key,
         ))
         .layer(middleware::from_fn(bounded_head))
+        .layer(middleware::from_fn(error_dialect::anthropic_errors))
         .with_state(state)
 }
 
@@ -50,7 +51,8 @@ async fn bounded_head(request: Request, next: Next) -> Response {
     }
 }
 
-/// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` on
+/// Before anything else, when the router has a key: exactly one `Authorization: Bearer KEY` (or
+/// `x-api-key: KEY`) on
 /// every route but /health, the playground's static page (see sluice_common's playground.rs) and
 /// /metrics with --metrics-without-auth, checked as the frontend does.
 async fn require_api_key(

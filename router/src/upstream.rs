@@ -14,8 +14,9 @@ use crate::policies::ReplicaId;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Headers that belong to one hop, or that the router sets itself.
-const NOT_FORWARDED: [HeaderName; 9] = [
+/// Headers that belong to one hop, or that the router sets itself (the key, in `Authorization`
+/// only, whichever header the client sent it in).
+const NOT_FORWARDED: [HeaderName; 10] = [
     header::HOST,
     header::AUTHORIZATION,
     header::CONTENT_LENGTH,
@@ -25,6 +26,7 @@ const NOT_FORWARDED: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
+    HeaderName::from_static(sluice_common::auth::X_API_KEY),
 ];
 
 pub struct Upstream {

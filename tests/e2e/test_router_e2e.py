@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -264,6 +265,26 @@ def test_other_v1_paths_pass_through_to_a_replica(fleet: Fleet, tmp_path: Path) 
         status, _, _ = router.call("POST", "/v1/embeddings", b'{"input": "hi"}')
         assert status == direct.status != 200
         assert router.counter("requests_total") == 1
+
+
+def test_anthropics_client_reaches_a_replica_with_its_x_api_key(fleet: Fleet, tmp_path: Path) -> None:
+    # The router takes the key from x-api-key, sends the replica its own Authorization, and answers
+    # its own refusals on Anthropic's routes in Anthropic's shape.
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        with anthropic.Anthropic(base_url=router.url, api_key=API_KEY, max_retries=0, timeout=60) as client:
+            message = client.messages.create(
+                model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Hi"}]
+            )
+            assert message.type == "message" and message.usage.output_tokens >= 1
+            counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+            assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+        with (
+            anthropic.Anthropic(base_url=router.url, api_key="wrong", max_retries=0) as wrong,
+            pytest.raises(anthropic.AuthenticationError) as raised,
+        ):
+            wrong.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
+        assert raised.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+        assert router.counter("requests_total") == 2
 
 
 def test_replicas_are_discovered_through_dns(fleet: Fleet, tmp_path: Path) -> None:

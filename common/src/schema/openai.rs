@@ -211,7 +211,7 @@ impl ChatMessage {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: String,
     #[schema(min_items = 1)]

@@ -43,8 +43,8 @@ pub async fn require_api_key(
 fn api_error(failure: AuthFailure) -> ApiError {
     match failure {
         AuthFailure::Wrong => ApiError::InvalidApiKey,
-        AuthFailure::Duplicate => {
-            ApiError::InvalidRequest("send exactly one Authorization header".into())
-        }
+        AuthFailure::Duplicate => ApiError::InvalidRequest(
+            "send exactly one Authorization header (or one x-api-key header)".into(),
+        ),
     }
 }

@@ -12,7 +12,9 @@ use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
 use crate::api::prompt_logprobs::vllm_prompt_logprobs;
-use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
+use crate::api::sse::{
+    chunk_event, event_stream_response, sse_events, ChoiceTotals, OPENAI_STREAM,
+};
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
@@ -202,7 +204,11 @@ impl GenerationEndpoint for Chat {
         };
         let updates = choices.stream_updates().await?;
         Ok(event_stream_response(sse_events(
-            opening, updates, frame, closing,
+            OPENAI_STREAM,
+            opening,
+            updates,
+            frame,
+            closing,
         )))
     }
 }

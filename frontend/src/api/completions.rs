@@ -10,7 +10,9 @@ use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
 use crate::api::prompt_logprobs::{echo_logprobs, joined, vllm_prompt_logprobs};
-use crate::api::sse::{chunk_event, event_stream_response, sse_events, ChoiceTotals};
+use crate::api::sse::{
+    chunk_event, event_stream_response, sse_events, ChoiceTotals, OPENAI_STREAM,
+};
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
@@ -140,6 +142,7 @@ impl GenerationEndpoint for Completions {
         };
         let updates = choices.stream_updates().await?;
         Ok(event_stream_response(sse_events(
+            OPENAI_STREAM,
             Vec::new(),
             updates,
             frame,

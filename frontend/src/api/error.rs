@@ -11,6 +11,7 @@ use thiserror::Error;
 use crate::engine::error::EngineError;
 use crate::state::EngineNotReady;
 use crate::text::tokenizer_pool::TokenizerPoolError;
+use sluice_common::error_dialect::ErrorMessage;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ApiError {
@@ -143,6 +144,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, Json(self.body())).into_response();
+        // For the routes whose clients read another error shape (`error_dialect`).
+        response
+            .extensions_mut()
+            .insert(ErrorMessage(self.to_string()));
         // A client that backs off on 429 and 503 needs to be told when to come back.
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(

@@ -41,6 +41,8 @@ pub struct ChoiceResult {
     pub prompt_logprobs: Option<Vec<PromptToken>>,
     pub token_ids: Vec<u32>,
     pub num_cached_tokens: u32,
+    /// The stop string that ended the choice, if one did.
+    pub stop_string: Option<String>,
 }
 
 /// The prompt tokens the prefix cache served, from each choice's count (by choice index; prompt p
@@ -214,6 +216,7 @@ impl Choices {
             }
             if let Some(reason) = update.finish_reason {
                 result.finish_reason = reason;
+                result.stop_string = update.stop_string;
             }
         }
         Ok(results)

@@ -1,4 +1,4 @@
-//! The OpenAI-compatible HTTP API: routes, validation (`validate`'s field rules, `valid_request`'s typed
+//! The OpenAI-compatible HTTP API (and Anthropic's Messages API, translated to chat): routes, validation (`validate`'s field rules, `valid_request`'s typed
 //! values, `prepare`'s rendering and tokenizing), fan-out and SSE framing (the wire types are
 //! `crate::schema`'s).
 pub mod admission;
@@ -9,6 +9,8 @@ pub mod completions;
 pub mod error;
 pub mod fan_out;
 pub mod generation;
+pub mod messages;
+pub mod messages_request;
 pub mod openapi;
 pub mod prepare;
 pub mod prompt_logprobs;

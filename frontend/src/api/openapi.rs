@@ -19,6 +19,11 @@ use utoipa::OpenApi;
 
 use crate::api::error::ErrorResponse;
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot};
+use sluice_common::error_dialect::is_anthropic_path;
+use sluice_common::schema::anthropic::{
+    CountTokensRequest, CountTokensResponse, ErrorResponse as AnthropicErrorResponse,
+    MessagesRequest, MessagesResponse,
+};
 use sluice_common::schema::openai::{
     ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
     CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
@@ -31,7 +36,8 @@ use sluice_common::schema::openai::{
     info(
         title = "Sluice",
         description = "An OpenAI-compatible inference server: completions, chat completions, \
-                       models, vLLM's tokenize and detokenize, health, version, Prometheus metrics."
+                       models, vLLM's tokenize and detokenize, Anthropic's messages and \
+                       count_tokens, health, version, Prometheus metrics."
     ),
     components(schemas(
         CompletionRequest,
@@ -47,6 +53,11 @@ use sluice_common::schema::openai::{
         KvCacheSnapshot,
         BlockPoolAudit,
         ErrorResponse,
+        MessagesRequest,
+        MessagesResponse,
+        CountTokensRequest,
+        CountTokensResponse,
+        AnthropicErrorResponse,
     ))
 )]
 struct Components;
@@ -57,6 +68,8 @@ enum Success {
     Json(&'static str),
     /// JSON of the first schema, or (with `"stream": true`) server-sent events of the second.
     JsonOrEvents(&'static str, &'static str),
+    /// JSON of the schema, or (with `"stream": true`) Anthropic's named server-sent events.
+    JsonOrAnthropicEvents(&'static str),
     /// `{"version": "...", "cpu_kernels": "..."}`.
     Version,
     /// The Prometheus text exposition format.
@@ -99,6 +112,22 @@ const ROUTES: &[Route] = &[
         request: Some("ChatCompletionRequest"),
         success: Success::JsonOrEvents("ChatCompletionResponse", "ChatCompletionChunk"),
         errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/messages",
+        summary: "Answer a conversation in Anthropic's Messages API (served as a chat request)",
+        request: Some("MessagesRequest"),
+        success: Success::JsonOrAnthropicEvents("MessagesResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/messages/count_tokens",
+        summary: "The prompt tokens of a Messages request with this conversation (Anthropic's)",
+        request: Some("CountTokensRequest"),
+        success: Success::Json("CountTokensResponse"),
+        errors: TOKENIZER_ERRORS,
     },
     Route {
         method: HttpMethod::Get,
@@ -185,7 +214,7 @@ const ROUTES: &[Route] = &[
 
 fn error_description(status: u16) -> &'static str {
     match status {
-        400 => "The request is malformed, has a wrong type, a value out of range, does not fit the context, or carries two Authorization headers",
+        400 => "The request is malformed, has a wrong type, a value out of range, does not fit the context, or carries two Authorization (or x-api-key) headers",
         401 => "The API key is missing or wrong (when the server has one)",
         408 => "The request body did not arrive in time",
         404 => "The model does not exist",
@@ -216,6 +245,27 @@ fn success_response(success: &Success) -> ResponseBuilder {
                      ErrorResponse as JSON before `[DONE]`"
                 )));
             let events = ObjectBuilder::new().property("data", data).required("data");
+            ok.content("application/json", json(whole))
+                .content("text/event-stream", Content::new(Some(events)))
+        }
+        Success::JsonOrAnthropicEvents(whole) => {
+            let name = ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("The event's type"));
+            let data = ObjectBuilder::new()
+                .schema_type(Type::String)
+                .content_media_type("application/json")
+                .description(Some(
+                    "The event as JSON: message_start, ping, then per content block \
+                     content_block_start, content_block_delta (text_delta or input_json_delta) and \
+                     content_block_stop, then message_delta and message_stop; a failure mid-stream \
+                     is an `error` event",
+                ));
+            let events = ObjectBuilder::new()
+                .property("event", name)
+                .property("data", data)
+                .required("event")
+                .required("data");
             ok.content("application/json", json(whole))
                 .content("text/event-stream", Content::new(Some(events)))
         }
@@ -256,10 +306,16 @@ fn responses(route: &Route) -> Responses {
             .responses
             .insert("503".into(), unavailable.build().into());
     }
+    // Anthropic's routes answer errors in Anthropic's shape (`error_dialect`).
+    let error_schema = if is_anthropic_path(route.path) {
+        "AnthropicErrorResponse"
+    } else {
+        "ErrorResponse"
+    };
     for status in error_statuses(route) {
         let error = ResponseBuilder::new()
             .description(error_description(status))
-            .content("application/json", json("ErrorResponse"));
+            .content("application/json", json(error_schema));
         responses
             .responses
             .insert(status.to_string(), error.build().into());

@@ -16,12 +16,13 @@ use axum::{Json, Router};
 use crate::api::chat::Chat;
 use crate::api::completions::Completions;
 use crate::api::error::ApiError;
+use crate::api::messages::Messages;
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, generation, openapi, prepare, tokenize};
+use crate::api::{auth, generation, messages, openapi, prepare, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 use sluice_common::schema::openai::{ModelCard, ModelList};
-use sluice_common::{connections, playground};
+use sluice_common::{connections, error_dialect, playground};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let body_limits = Arc::new(BodyLimits::new(
@@ -32,6 +33,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/completions", post(generation::create::<Completions>))
         .route("/v1/chat/completions", post(generation::create::<Chat>))
+        .route("/v1/messages", post(generation::create::<Messages>))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
@@ -55,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             auth::require_api_key,
         ))
         .layer(middleware::from_fn(bounded_head))
+        .layer(middleware::from_fn(error_dialect::anthropic_errors))
         .with_state(state)
 }
 

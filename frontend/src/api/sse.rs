@@ -1,6 +1,7 @@
-//! Server-Sent Events framing and sequencing of OpenAI streams: the opening events, one
-//! `data: <json>\n\n` event per chunk, then the usage chunk and a final `data: [DONE]\n\n`, or
-//! an error event for a stream that fails after its first byte.
+//! Server-Sent Events framing and sequencing of streams: the opening events, one event per update,
+//! then the closing events; or an error event for a stream that fails after its first byte. OpenAI's
+//! streams are `data: <json>\n\n` events that end with `data: [DONE]\n\n`; Anthropic's name each
+//! event and end with their own `message_stop` ([`StreamDialect`]).
 
 use std::collections::HashMap;
 
@@ -46,6 +47,21 @@ pub fn error_event(error: &ApiError) -> Bytes {
     data_event(&error.body()).expect("an error body always serializes")
 }
 
+/// How a stream of one API fails and ends.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamDialect {
+    /// The event that reports a failure mid-stream.
+    pub error_event: fn(&ApiError) -> Bytes,
+    /// The event after everything else, success or failure, if the API has one.
+    pub last_event: Option<&'static [u8]>,
+}
+
+/// OpenAI's: an error object as data, then `[DONE]` in every case.
+pub const OPENAI_STREAM: StreamDialect = StreamDialect {
+    error_event,
+    last_event: Some(DONE_EVENT),
+};
+
 /// A 200 response streaming already-framed events.
 pub fn event_stream_response<S>(events: S) -> Response
 where
@@ -81,10 +97,11 @@ impl ChoiceTotals {
 }
 
 /// The SSE events of a streamed response: `opening` first, one event per update (framed by
-/// `frame`), then on success `closing` (given each choice's totals; the usage chunk) and
-/// `[DONE]`, or on failure one error event and `[DONE]`. Dropping the stream (a client that went away) drops
-/// the updates and so aborts their engine requests.
+/// `frame`), then on success `closing` (given each choice's totals; the usage chunk), or on failure
+/// the dialect's error event; then the dialect's last event (`[DONE]`). Dropping the stream (a
+/// client that went away) drops the updates and so aborts their engine requests.
 pub fn sse_events<F, C>(
+    dialect: StreamDialect,
     opening: Vec<Bytes>,
     updates: BoxStream<'static, Result<ChoiceUpdate, ApiError>>,
     frame: F,
@@ -106,8 +123,9 @@ where
         closing: Some(closing),
         totals: ChoiceTotals::default(),
     };
-    let body = stream::unfold(events, |mut events| async move {
+    let body = stream::unfold(events, move |mut events| async move {
         let closing = events.closing.take()?;
+        let last = dialect.last_event.map(Bytes::from_static);
         let batch = match events.updates.next().await {
             Some(Ok(update)) => {
                 let totals = &mut events.totals;
@@ -120,10 +138,12 @@ where
                 events.closing = Some(closing);
                 vec![(events.frame)(update)]
             }
-            Some(Err(error)) => vec![error_event(&error), done_event()],
+            Some(Err(error)) => std::iter::once((dialect.error_event)(&error))
+                .chain(last)
+                .collect(),
             None => closing(std::mem::take(&mut events.totals))
                 .into_iter()
-                .chain([done_event()])
+                .chain(last)
                 .collect(),
         };
         Some((stream::iter(batch), events))
@@ -207,11 +227,13 @@ mod tests {
             prompt_logprobs: None,
             token_ids: Vec::new(),
             num_cached_tokens: index * 16,
+            stop_string: None,
         })
     }
 
     async fn events_of(updates: Vec<Result<ChoiceUpdate, ApiError>>) -> Vec<Bytes> {
         let events = sse_events(
+            OPENAI_STREAM,
             vec![Bytes::from_static(b"open")],
             futures::stream::iter(updates).boxed(),
             |update| Bytes::from(update.text),

@@ -47,6 +47,8 @@ pub struct ChoiceUpdate {
     pub token_ids: Vec<u32>,
     /// Prompt tokens the engine found in the prefix cache for this choice.
     pub num_cached_tokens: u32,
+    /// The stop string that ended the choice (Anthropic's `stop_sequence`), in its last update.
+    pub stop_string: Option<String>,
 }
 
 /// Why a choice ended without a finish reason.
@@ -222,14 +224,17 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             new_token_ids.pop();
         }
         let delta = self.detokenize(new_token_ids, finish.is_some()).await?;
+        let mut stop_string = None;
         let (mut text, finish_reason) = match self.stop.push(&delta) {
             StopStep::Stopped {
                 mut text,
                 stop_index,
             } => {
+                let matched = self.stop.stop_string(stop_index);
                 if self.include_stop_str_in_output {
-                    text.push_str(self.stop.stop_string(stop_index));
+                    text.push_str(matched);
                 }
+                stop_string = Some(matched.to_owned());
                 (text, Some(FinishReason::Stop))
             }
             StopStep::Continue { mut text } => {
@@ -265,6 +270,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             prompt_logprobs,
             token_ids,
             num_cached_tokens: self.num_cached_tokens,
+            stop_string,
         }))
     }
 
@@ -505,6 +511,7 @@ mod tests {
         assert_eq!(text_of(&updates), TEXT);
         let last = updates.last().unwrap();
         assert_eq!(last.finish_reason, Some("length"));
+        assert_eq!(last.stop_string, None);
         assert_eq!(last.completion_tokens, ids.len() as u32);
         assert!(updates.iter().all(|update| update.index == 3));
         assert!(updates[..updates.len() - 1]
@@ -526,6 +533,10 @@ mod tests {
         assert_eq!(error, None);
         assert_eq!(text_of(&updates), "Hello world");
         assert_eq!(updates.last().unwrap().finish_reason, Some("stop"));
+        assert_eq!(
+            updates.last().unwrap().stop_string.as_deref(),
+            Some(", this")
+        );
         assert!(updates.last().unwrap().completion_tokens < ids.len() as u32);
         assert!(choice.outputs_dropped.load(Ordering::SeqCst));
         assert_eq!(choice.permits.available_permits(), 1);

@@ -9,6 +9,7 @@ use crate::api::routes;
 use crate::engine::client_config::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
+use crate::text::reasoning::ReasoningParser;
 use crate::text::tool_parsers::parser_choices;
 use clap::builder::PossibleValuesParser;
 use clap::Parser;
@@ -76,6 +77,10 @@ struct Args {
     /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
     #[arg(long, default_value = "auto", value_parser = PossibleValuesParser::new(parser_choices()))]
     tool_call_parser: String,
+    /// Split a reasoning model's thinking (`<think>...</think>`) out of chat's answer, as
+    /// `reasoning_content`: qwen3 or deepseek_r1. Without it the thinking stays in `content`.
+    #[arg(long, value_enum)]
+    reasoning_parser: Option<ReasoningParser>,
     /// Let a chat or /tokenize request bring its own `chat_template` (vLLM's flag): a template is
     /// code that runs here, so only for clients that are trusted.
     #[arg(long)]
@@ -102,6 +107,7 @@ impl Args {
             metrics_prefix: self.metrics_prefix,
             scheduling_policy: self.scheduling_policy,
             tool_call_parser: self.tool_call_parser.clone(),
+            reasoning_parser: self.reasoning_parser,
             trust_request_chat_template: self.trust_request_chat_template,
             cpu_kernels: self.cpu_kernels.clone(),
         })

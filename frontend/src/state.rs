@@ -14,6 +14,7 @@ use crate::engine::client_config::EngineClientConfig;
 use crate::engine::error::EngineError;
 use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
+use crate::text::reasoning::ReasoningParser;
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 use crate::text::tool_parsers::{serving_parser, ToolCallParser};
 use sluice_common::text::chat_template::{ChatTemplate, ChatTemplateError};
@@ -43,6 +44,8 @@ pub struct ServerConfig {
     pub scheduling_policy: SchedulingPolicy,
     /// `--tool-call-parser`: "auto" or a registered parser's name.
     pub tool_call_parser: String,
+    /// `--reasoning-parser`: how chat splits thinking from the answer, if it does.
+    pub reasoning_parser: Option<ReasoningParser>,
     /// Requests may bring their own `chat_template`.
     pub trust_request_chat_template: bool,
     /// The instruction-set tier of the CPU kernels that the engine core's workers run (`sluice serve`

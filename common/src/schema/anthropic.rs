@@ -270,6 +270,12 @@ pub struct MessagesResponse {
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseBlock {
+    /// With `--reasoning-parser`: the model's thinking. No signature is made here (it is empty):
+    /// a thinking block sent back in a later request is refused.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Text {
         text: String,
     },
@@ -352,6 +358,7 @@ impl StreamEvent {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BlockDelta {
+    ThinkingDelta { thinking: String },
     TextDelta { text: String },
     InputJsonDelta { partial_json: String },
 }

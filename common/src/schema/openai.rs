@@ -369,6 +369,9 @@ pub struct AssistantMessage {
     pub role: String,
     /// None (null) when the assistant only called tools.
     pub content: Option<String>,
+    /// With `--reasoning-parser`: the model's thinking, apart from its answer (vLLM's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
 }
@@ -407,6 +410,9 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// With `--reasoning-parser`: more of the model's thinking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }

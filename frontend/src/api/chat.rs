@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template, n choices,
-//! streamed as `chat.completion.chunk`s or answered whole.
+//! streamed as `chat.completion.chunk`s or answered whole; with `--reasoning-parser`, each
+//! choice's thinking apart from its answer, and tool calls read from the answer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
+use crate::text::reasoning::{split_whole, ReasoningStream};
 use crate::text::tool_call_stream::{read_whole, ToolCallStream};
 use sluice_common::schema::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -60,10 +62,17 @@ impl GenerationEndpoint for Chat {
             .into_iter()
             .enumerate()
             .map(|(index, result)| {
-                let (content, calls) = match tool_calls {
-                    Some(reader) => read_whole(reader.clone(), &result.text),
-                    None => (Some(result.text), Vec::new()),
+                let (reasoning_content, answer) = match request.reasoning_starts_thinking {
+                    Some(starts_thinking) => split_whole(starts_thinking, &result.text),
+                    None => (None, result.text),
                 };
+                let (content, calls) = match tool_calls {
+                    Some(reader) => read_whole(reader.clone(), &answer),
+                    None => (Some(answer), Vec::new()),
+                };
+                // An output that was all thinking has no answer.
+                let content =
+                    content.filter(|text| !text.is_empty() || reasoning_content.is_none());
                 ChatChoice {
                     index: index as u32,
                     token_ids: shown_ids.then_some(result.token_ids),
@@ -74,6 +83,7 @@ impl GenerationEndpoint for Chat {
                     message: AssistantMessage {
                         role: role.to_owned(),
                         content,
+                        reasoning_content,
                         tool_calls: (!calls.is_empty()).then_some(calls),
                     },
                 }
@@ -119,7 +129,7 @@ impl GenerationEndpoint for Chat {
                         delta: ChatDelta {
                             role: Some(role.to_owned()),
                             content: Some(String::new()),
-                            tool_calls: None,
+                            ..ChatDelta::default()
                         },
                         logprobs: None,
                         finish_reason: None,
@@ -133,21 +143,35 @@ impl GenerationEndpoint for Chat {
             .collect();
         let header = Arc::new(header);
         let frame_header = header.clone();
-        // Each choice's output read for calls as it grows, when the request has tools.
+        // Each choice's output split into thinking and answer, with a reasoning parser, and its
+        // answer read for calls as it grows, when the request has tools.
+        let starts_thinking = request.reasoning_starts_thinking;
+        let mut reasoners: HashMap<u32, ReasoningStream> = HashMap::new();
         let mut readers: HashMap<u32, ToolCallStream> = HashMap::new();
         let frame = move |update: ChoiceUpdate| {
             let logprobs =
                 (!update.logprobs.is_empty()).then(|| chat_logprobs(&update.logprobs, label));
             let finished = update.finish_reason.is_some();
+            let (reasoning, answer) = match starts_thinking {
+                Some(starts_thinking) => {
+                    let piece = reasoners
+                        .entry(update.index)
+                        .or_insert_with(|| ReasoningStream::new(starts_thinking))
+                        .push(&update.text, finished);
+                    (piece.reasoning, piece.content)
+                }
+                None => (String::new(), update.text),
+            };
+            let reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
             let (text, calls, made_calls) = match &tool_calls {
                 Some(reader) => {
                     let stream = readers
                         .entry(update.index)
                         .or_insert_with(|| ToolCallStream::new(reader.clone()));
-                    let piece = stream.push(&update.text, finished);
+                    let piece = stream.push(&answer, finished);
                     (piece.content, piece.calls, stream.made_calls())
                 }
-                None => (update.text, Vec::new(), false),
+                None => (answer, Vec::new(), false),
             };
             // The update's token ids go with its first chunk.
             let mut token_ids = shown_ids.then_some(update.token_ids);
@@ -167,9 +191,12 @@ impl GenerationEndpoint for Chat {
                 .finish_reason
                 .map(|reason| finish_reason(reason, made_calls));
             if calls.is_empty() {
-                let content = (!text.is_empty() || !finished).then_some(text);
+                // An update that adds nothing visible still carries an empty content.
+                let empty = reasoning_content.is_none() && !finished;
+                let content = (!text.is_empty() || empty).then_some(text);
                 let delta = ChatDelta {
                     content,
+                    reasoning_content,
                     ..ChatDelta::default()
                 };
                 return chunk(delta, logprobs, finish);
@@ -177,9 +204,10 @@ impl GenerationEndpoint for Chat {
             // As OpenAI streams calls: a call's id and name in one delta, its arguments in the next.
             let mut events = BytesMut::new();
             let mut logprobs = logprobs;
-            if !text.is_empty() {
+            if !text.is_empty() || reasoning_content.is_some() {
                 let delta = ChatDelta {
-                    content: Some(text),
+                    content: (!text.is_empty()).then_some(text),
+                    reasoning_content,
                     ..ChatDelta::default()
                 };
                 events.extend_from_slice(&chunk(delta, logprobs.take(), None));

@@ -24,6 +24,7 @@ use crate::api::sse::{event_stream_response, sse_events, ChoiceTotals, StreamDia
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
 use crate::text::choice_stream::ChoiceUpdate;
+use crate::text::reasoning::{split_whole, ReasoningStream};
 use crate::text::tool_call_stream::{read_whole, ToolCallStream};
 use sluice_common::schema::anthropic::{
     BlockDelta, CountTokensRequest, CountTokensResponse, ErrorDetail, MessageDelta,
@@ -57,15 +58,22 @@ impl GenerationEndpoint for Messages {
     ) -> MessagesResponse {
         assert_eq!(results.len(), 1, "a Messages request has one choice");
         let result = results.into_iter().next().expect("one choice");
-        let (text, calls) = match &request.tool_calls {
-            Some(reader) => read_whole(reader.clone(), &result.text),
-            None => (Some(result.text), Vec::new()),
+        let (thinking, answer) = match request.reasoning_starts_thinking {
+            Some(starts_thinking) => split_whole(starts_thinking, &result.text),
+            None => (None, result.text),
         };
-        let mut content: Vec<ResponseBlock> = text
+        let (text, calls) = match &request.tool_calls {
+            Some(reader) => read_whole(reader.clone(), &answer),
+            None => (Some(answer), Vec::new()),
+        };
+        let thinking = thinking.map(|thinking| ResponseBlock::Thinking {
+            thinking,
+            signature: String::new(),
+        });
+        let text = text
             .filter(|text| !text.is_empty())
-            .map(|text| ResponseBlock::Text { text })
-            .into_iter()
-            .collect();
+            .map(|text| ResponseBlock::Text { text });
+        let mut content: Vec<ResponseBlock> = thinking.into_iter().chain(text).collect();
         let made_calls = !calls.is_empty();
         content.extend(calls.into_iter().map(|call| ResponseBlock::ToolUse {
             id: call.id,
@@ -97,14 +105,23 @@ impl GenerationEndpoint for Messages {
             }),
             event(&StreamEvent::Ping),
         ];
+        let mut reasoning = request.reasoning_starts_thinking.map(ReasoningStream::new);
         let mut calls = request.tool_calls.clone().map(ToolCallStream::new);
         let mut blocks = BlockStream::default();
         let frame = move |update: ChoiceUpdate| {
             let finished = update.finish_reason.is_some();
             let mut events = Vec::new();
-            let made_calls = match &mut calls {
+            let answer = match &mut reasoning {
                 Some(stream) => {
                     let piece = stream.push(&update.text, finished);
+                    blocks.thinking(piece.reasoning, &mut events);
+                    piece.content
+                }
+                None => update.text,
+            };
+            let made_calls = match &mut calls {
+                Some(stream) => {
+                    let piece = stream.push(&answer, finished);
                     blocks.text(piece.content, &mut events);
                     for delta in piece.calls {
                         match (delta.id, delta.function.name) {
@@ -121,7 +138,7 @@ impl GenerationEndpoint for Messages {
                     stream.made_calls()
                 }
                 None => {
-                    blocks.text(update.text, &mut events);
+                    blocks.text(answer, &mut events);
                     false
                 }
             };
@@ -233,20 +250,21 @@ fn tool_input(arguments: &str) -> Value {
     serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()))
 }
 
-/// The content blocks of a streamed message: numbered in order, one open at a time (text, or one
-/// tool call whose arguments arrive as JSON pieces).
+/// The content blocks of a streamed message: numbered in order, one open at a time (thinking,
+/// text, or one tool call whose arguments arrive as JSON pieces).
 #[derive(Default)]
 struct BlockStream {
     opened: u32,
-    open: Option<OpenBlock>,
+    open: Option<(u32, BlockKind)>,
     /// Each call's block, by the call's index.
     call_blocks: HashMap<u32, u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum OpenBlock {
-    Text(u32),
-    Call(u32),
+enum BlockKind {
+    Thinking,
+    Text,
+    Call,
 }
 
 impl BlockStream {
@@ -254,10 +272,12 @@ impl BlockStream {
         self.close(events);
         let index = self.opened;
         self.opened += 1;
-        self.open = Some(match content_block {
-            ResponseBlock::Text { .. } => OpenBlock::Text(index),
-            ResponseBlock::ToolUse { .. } => OpenBlock::Call(index),
-        });
+        let kind = match content_block {
+            ResponseBlock::Thinking { .. } => BlockKind::Thinking,
+            ResponseBlock::Text { .. } => BlockKind::Text,
+            ResponseBlock::ToolUse { .. } => BlockKind::Call,
+        };
+        self.open = Some((index, kind));
         events.push(StreamEvent::ContentBlockStart {
             index,
             content_block,
@@ -266,28 +286,46 @@ impl BlockStream {
     }
 
     fn close(&mut self, events: &mut Vec<StreamEvent>) {
-        if let Some(OpenBlock::Text(index) | OpenBlock::Call(index)) = self.open.take() {
+        if let Some((index, _)) = self.open.take() {
             events.push(StreamEvent::ContentBlockStop { index });
         }
     }
 
+    /// More thinking, in the open thinking block or a new one.
+    fn thinking(&mut self, thinking: String, events: &mut Vec<StreamEvent>) {
+        self.prose(BlockKind::Thinking, thinking, events);
+    }
+
+    /// More text, in the open text block or a new one.
     fn text(&mut self, text: String, events: &mut Vec<StreamEvent>) {
-        if text.is_empty() {
+        self.prose(BlockKind::Text, text, events);
+    }
+
+    fn prose(&mut self, kind: BlockKind, piece: String, events: &mut Vec<StreamEvent>) {
+        if piece.is_empty() {
             return;
         }
-        let index = match self.open {
-            Some(OpenBlock::Text(index)) => index,
-            _ => {
-                let empty = ResponseBlock::Text {
+        let (empty, delta) = match kind {
+            BlockKind::Thinking => (
+                ResponseBlock::Thinking {
+                    thinking: String::new(),
+                    signature: String::new(),
+                },
+                BlockDelta::ThinkingDelta { thinking: piece },
+            ),
+            BlockKind::Text => (
+                ResponseBlock::Text {
                     text: String::new(),
-                };
-                self.start(empty, events)
-            }
+                },
+                BlockDelta::TextDelta { text: piece },
+            ),
+            BlockKind::Call => unreachable!("a call grows by its arguments"),
         };
-        events.push(StreamEvent::ContentBlockDelta {
-            index,
-            delta: BlockDelta::TextDelta { text },
-        });
+        let index = match self.open {
+            Some((index, open)) if open == kind => index,
+            _ => self.start(empty, events),
+        };
+        events.push(StreamEvent::ContentBlockDelta { index, delta });
     }
 
     fn open_call(&mut self, call: u32, id: String, name: String, events: &mut Vec<StreamEvent>) {
@@ -303,7 +341,7 @@ impl BlockStream {
         let index = self.call_blocks[&call];
         // The parsers finish a call's arguments before they name the next call.
         assert!(
-            self.open == Some(OpenBlock::Call(index)),
+            self.open == Some((index, BlockKind::Call)),
             "arguments for a closed call"
         );
         events.push(StreamEvent::ContentBlockDelta {
@@ -329,6 +367,7 @@ mod tests {
     fn blocks_open_in_order_and_each_closes_before_the_next() {
         let mut blocks = BlockStream::default();
         let mut events = Vec::new();
+        blocks.thinking("Hmm.".into(), &mut events);
         blocks.text("Let me ".into(), &mut events);
         blocks.text("check.".into(), &mut events);
         blocks.open_call(0, "call_1".into(), "f".into(), &mut events);
@@ -341,16 +380,19 @@ mod tests {
         assert_eq!(
             json_of(&events),
             [
-                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me "}}),
-                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "check."}}),
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hmm."}}),
                 json!({"type": "content_block_stop", "index": 0}),
-                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}}),
-                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}}),
-                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "1}"}}),
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Let me "}}),
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "check."}}),
                 json!({"type": "content_block_stop", "index": 1}),
-                json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "call_2", "name": "g", "input": {}}}),
+                json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}}),
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}}),
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "1}"}}),
                 json!({"type": "content_block_stop", "index": 2}),
+                json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "call_2", "name": "g", "input": {}}}),
+                json!({"type": "content_block_stop", "index": 3}),
             ]
         );
     }

@@ -166,6 +166,10 @@ pub async fn chat(
         request.chat_template.clone(),
     )
     .await?;
+    let reasoning_starts_thinking = state
+        .config
+        .reasoning_parser
+        .map(|parser| parser.starts_thinking(&text));
     // By default none: the template already wrote the special tokens.
     let add_special_tokens = request.add_special_tokens.unwrap_or(false);
     let token_ids = state.pool.encode(text, add_special_tokens).await?;
@@ -189,6 +193,7 @@ pub async fn chat(
     let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
     valid.tool_calls = reader;
     valid.chat_role = Some(role);
+    valid.reasoning_starts_thinking = reasoning_starts_thinking;
     if forced {
         // A forced call's schema is the tools' parameters: a schema that cannot compile is theirs.
         valid.structured_output_field = Some("tools");

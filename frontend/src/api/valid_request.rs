@@ -179,6 +179,7 @@ impl CheckedSampling<'_> {
             echo_logprobs: self.echo_logprobs,
             tool_calls: None,
             chat_role: None,
+            reasoning_starts_thinking: None,
             return_token_ids: fields.return_token_ids.unwrap_or(false),
             return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
             cache_salt: fields.cache_salt.clone(),
@@ -233,6 +234,9 @@ pub struct ValidRequest {
     pub tool_calls: Option<ToolCallReader>,
     /// Chat: the role its choices' messages have (`chat_answer_role`); completions have none.
     pub chat_role: Option<String>,
+    /// Chat with `--reasoning-parser`: thinking is split from each answer, and this says whether an
+    /// output starts inside it (`ReasoningParser::starts_thinking`). None: no split.
+    pub reasoning_starts_thinking: Option<bool>,
     /// vLLM's `return_token_ids`: the prompt's and each choice's token ids in the response.
     pub return_token_ids: bool,
     /// vLLM's `return_tokens_as_token_ids`: logprobs name their tokens `token_id:N`.

@@ -2,7 +2,9 @@
 //! back into text.
 pub mod choice_stream;
 pub mod detokenizer;
+pub mod partial_marker;
 pub mod prompt_logprobs;
+pub mod reasoning;
 pub mod stop_strings;
 pub mod tokenizer_pool;
 pub mod tool_call_stream;

@@ -22,6 +22,7 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         metrics_prefix: MetricsPrefix::Sluice,
         scheduling_policy: SchedulingPolicy::Fcfs,
         tool_call_parser: "auto".into(),
+        reasoning_parser: None,
         trust_request_chat_template: false,
         cpu_kernels: "avx2".into(),
     }

@@ -2,7 +2,8 @@
 //! call is a JSON object inside `<tool_call>` and `</tool_call>`; everything else is content.
 
 use super::call_json::scan_call;
-use super::{partial_marker_len, CallText, OutputParse, ToolCallParser};
+use super::{CallText, OutputParse, ToolCallParser};
+use crate::text::partial_marker::partial_marker_len;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";

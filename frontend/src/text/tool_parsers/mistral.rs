@@ -3,7 +3,8 @@
 //! objects is read as calls too.
 
 use super::call_json::scan_call_array;
-use super::{partial_marker_len, OutputParse, ToolCallParser};
+use super::{OutputParse, ToolCallParser};
+use crate::text::partial_marker::partial_marker_len;
 
 pub const MARKER: &str = "[TOOL_CALLS]";
 

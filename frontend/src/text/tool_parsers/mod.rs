@@ -115,15 +115,6 @@ pub fn serving_parser(
     })
 }
 
-/// How many bytes at the end of `text` begin `marker` (but are not all of it): text to hold back
-/// while the rest of the marker may still come.
-fn partial_marker_len(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&len| text.ends_with(&marker[..len]))
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,14 +154,5 @@ mod tests {
         );
         let error = serving_parser("qwen", true, mistral).unwrap_err();
         assert!(error.contains("hermes, llama3_json, mistral"), "{error}");
-    }
-
-    #[test]
-    fn partial_markers_are_held_back() {
-        assert_eq!(partial_marker_len("abc <tool_", "<tool_call>"), 6);
-        assert_eq!(partial_marker_len("abc <", "<tool_call>"), 1);
-        assert_eq!(partial_marker_len("abc", "<tool_call>"), 0);
-        // A whole marker is not partial; the parser has found it already.
-        assert_eq!(partial_marker_len("<tool_call>", "<tool_call>"), 0);
     }
 }

@@ -1,0 +1,99 @@
+"""`--reasoning-parser` end to end: `sluice serve --reasoning-parser qwen3` on the default model, driven
+with the `openai` client (chat, whole and streamed) and the `anthropic` client (thinking blocks).
+
+SmolLM2 never writes a think tag by itself. A prompt that ends inside a think block (an assistant
+prefill that opens one) makes its output thinking, as a reasoning model's template does; a plain
+prompt leaves it an answer. How an output that closes its thinking is split, in any pieces, is
+tested on the parser itself (frontend/src/text/reasoning.rs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from serve_fixtures import Server, running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+API_KEY = "sk-sluice-reasoning"
+QUESTION = {"role": "user", "content": "What is the capital of France?"}
+# The answer's prefill opens a think block, so the output goes on inside it.
+THINKING = [QUESTION, {"role": "assistant", "content": "<think>\nThe user asks"}]
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    args = ["--max-model-len", "1024", "--kv-cache-memory", "1", "--reasoning-parser", "qwen3"]
+    with running_server(args, log, api_key=API_KEY) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
+        yield c
+
+
+def chat(client: openai.OpenAI, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=24, extra_body=extra
+    )
+
+
+def completion_text(server: Server, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
+    """The same prompt's output through /v1/completions, which no reasoning parser reads."""
+    prompt = server.request("POST", "/tokenize", {"model": MODEL, "messages": messages, **CONTINUE})
+    assert prompt.status == 200, prompt
+    done = client.completions.create(model=MODEL, prompt=prompt.body["tokens"], temperature=0, max_tokens=24)
+    return done.choices[0].text
+
+
+def test_output_inside_a_think_block_is_reasoning_content(server: Server, client: openai.OpenAI) -> None:
+    reply = chat(client, THINKING, **CONTINUE).choices[0]
+    assert reply.message.content is None, reply.message
+    reasoning = reply.message.reasoning_content  # type: ignore[attr-defined]
+    assert reasoning and reasoning == completion_text(server, client, THINKING), reply.message
+    assert reply.finish_reason in ("stop", "length")
+
+
+def test_a_plain_answer_has_no_reasoning_content(client: openai.OpenAI) -> None:
+    message = chat(client, [QUESTION]).choices[0].message
+    assert message.content and "<think>" not in message.content
+    assert getattr(message, "reasoning_content", None) is None
+
+
+def test_streamed_reasoning_adds_up_to_the_whole(client: openai.OpenAI) -> None:
+    whole = chat(client, THINKING, **CONTINUE).choices[0].message
+    reasoning, content = "", ""
+    stream = client.chat.completions.create(
+        model=MODEL, messages=THINKING, temperature=0, max_tokens=24, stream=True, extra_body=CONTINUE
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            content += choice.delta.content or ""
+    assert reasoning == whole.reasoning_content  # type: ignore[attr-defined]
+    assert content == ""
+
+
+def test_anthropic_clients_get_a_thinking_block(server: Server, client: openai.OpenAI) -> None:
+    whole = chat(client, THINKING, **CONTINUE).choices[0].message
+    with anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0) as messages:
+        message = messages.messages.create(
+            model=MODEL, max_tokens=24, messages=THINKING, extra_body={"temperature": 0}
+        )
+        with messages.messages.stream(
+            model=MODEL, max_tokens=24, messages=THINKING, extra_body={"temperature": 0}
+        ) as stream:
+            streamed = stream.get_final_message()
+    for answer in (message, streamed):
+        (block,) = answer.content
+        assert block.type == "thinking", answer.content
+        assert block.thinking == whole.reasoning_content  # type: ignore[attr-defined]
+        assert answer.stop_reason in ("end_turn", "max_tokens")

@@ -54,7 +54,7 @@ impl FakeEngine {
 
     async fn recv_add(&mut self) -> AddRequest {
         match self.recv().await {
-            Message::AddRequest(request) => request,
+            Message::AddRequest(request) => *request,
             other => panic!("expected add_request, got {other:?}"),
         }
     }

@@ -30,7 +30,24 @@ _ANY_OBJECT_SCHEMA = '{"type": "object"}'
 
 def grammar_text(constraint: StructuredOutput) -> str:
     """The llguidance grammar of a constraint; InvalidRequestError if its spec is malformed."""
-    kind, spec = constraint.kind, constraint.spec
+    grammar = _constraint_grammar(constraint.kind, constraint.spec)
+    return _after(constraint.after, grammar) if constraint.after else grammar
+
+
+def _after(marker: str, grammar: str) -> str:
+    """`grammar` preceded by free text up to and including `marker`'s first occurrence: a grammar of
+    two, the first naming the second (`@answer`), as llguidance composes grammars."""
+    try:
+        # llguidance's builders answer a top-level grammar as JSON; a Lark grammar is its own text.
+        answer = json.loads(grammar)["grammars"][0]
+    except json.JSONDecodeError:
+        answer = {"lark_grammar": grammar}
+    free = f"start: free @answer\nfree[stop={json.dumps(marker)}]: /(?s:.*)/\n"
+    grammars = [{"name": "free_then_answer", "lark_grammar": free}, {**answer, "name": "answer"}]
+    return json.dumps({"grammars": grammars})
+
+
+def _constraint_grammar(kind: str, spec: str) -> str:
     if kind == "json_schema":
         try:
             schema = json.loads(spec)

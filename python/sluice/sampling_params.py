@@ -34,10 +34,15 @@ STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "gra
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
-    """A constraint on the output's text; the engine core compiles it when the request is added."""
+    """A constraint on the output's text; the engine core compiles it when the request is added.
+
+    `after`, when not empty, is where the constraint starts: the output is free text up to and
+    including its first occurrence (a reasoning model's `</think>`: the thinking runs free, the
+    answer is constrained)."""
 
     kind: str
     spec: str
+    after: str = ""
 
 
 @dataclass(slots=True)
@@ -203,7 +208,7 @@ def _params_from_fields(**fields: Any) -> SamplingParams:
 
 
 _STRUCTURED_OUTPUT_RECORD = Record(
-    StructuredOutput, (("kind", one_of(STR, STRUCTURED_OUTPUT_KINDS)), ("spec", STR))
+    StructuredOutput, (("kind", one_of(STR, STRUCTURED_OUTPUT_KINDS)), ("spec", STR), ("after", STR))
 )
 
 

@@ -82,6 +82,17 @@ def test_streamed_reasoning_adds_up_to_the_whole(client: openai.OpenAI) -> None:
     assert content == ""
 
 
+def test_a_response_format_constrains_the_answer_not_the_thinking(client: openai.OpenAI) -> None:
+    # The model never closes its thinking here, so a constraint on the answer leaves the (greedy)
+    # thinking as it is without one, except that it may not end (EOS) before an answer; a constraint
+    # on the whole output would have made it JSON from the first token.
+    free = chat(client, THINKING, **CONTINUE).choices[0].message
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    constrained = chat(client, THINKING, response_format=response_format, **CONTINUE).choices[0].message
+    assert constrained.reasoning_content.startswith(free.reasoning_content)  # type: ignore[attr-defined]
+    assert constrained.content is None
+
+
 def test_anthropic_clients_get_a_thinking_block(server: Server, client: openai.OpenAI) -> None:
     whole = chat(client, THINKING, **CONTINUE).choices[0].message
     with anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0) as messages:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import llguidance
 import pytest
 import torch
 
@@ -49,6 +50,45 @@ def test_choice_mask_allows_only_prefixes_of_the_choices(grammar_tokenizer: Gram
         assert grammar.accept_token(token)
     assert grammar.is_terminated
     assert allowed_ids(grammar, grammar_tokenizer.vocab_size) == {EOS}
+
+
+def accepts(grammar: RequestGrammar, tokenizer: llguidance.LLTokenizer, text: str) -> bool:
+    return all(grammar.accept_token(token) for token in tokenizer.tokenize_str(text))
+
+
+SCHEMA_A = json.dumps(
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "answer"),
+    [
+        ("json_schema", SCHEMA_A, '{"a":12}'),
+        ("regex", "[0-9]{3}/x", "123/x"),
+        ("choice", json.dumps(["yes", "no"]), "no"),
+        ("grammar", 'start: "yes" | "no"', "yes"),
+    ],
+)
+def test_after_lets_the_output_run_free_up_to_its_marker(
+    grammar_tokenizer: GrammarTokenizer, kind: str, spec: str, answer: str
+) -> None:
+    # A reasoning model's thinking, then the constrained answer.
+    tokenizer = grammar_tokenizer.get()
+    thinking = "Let me think: {not json}, maybe 42.\n</think>"
+    grammar = grammar_tokenizer.compile(StructuredOutput(kind, spec, after="</think>"))
+    assert accepts(grammar, tokenizer, thinking + answer)
+    assert grammar.is_terminated
+    off_schema = grammar_tokenizer.compile(StructuredOutput(kind, spec, after="</think>"))
+    assert not accepts(off_schema, tokenizer, thinking + "zz" + answer)
+    # Without `after` the thinking itself breaks the constraint.
+    whole = grammar_tokenizer.compile(StructuredOutput(kind, spec))
+    assert not accepts(whole, tokenizer, thinking + answer)
 
 
 @pytest.mark.parametrize(

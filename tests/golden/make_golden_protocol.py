@@ -73,7 +73,9 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             stop_token_ids=[2, 49152],
             ignore_eos=False,
             min_tokens=4,
-            structured_output=StructuredOutput(kind="json_schema", spec='{"type":"object","title":"Größe"}'),
+            structured_output=StructuredOutput(
+                kind="json_schema", spec='{"type":"object","title":"Größe"}', after="</think>"
+            ),
             prompt_logprobs=3,
             allowed_token_ids=[2, 127, 49151],
             bad_words_token_ids=[[9906], [3658, 27, 12455]],

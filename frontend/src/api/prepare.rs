@@ -18,6 +18,7 @@ use crate::api::validate::{
     DEFAULT_COMPLETION_MAX_TOKENS,
 };
 use crate::state::AppState;
+use crate::text::reasoning::THINK_END;
 use crate::text::tool_prompt;
 use sluice_common::schema::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, TokenizeRequest,
@@ -184,6 +185,12 @@ pub async fn chat(
     let forced = forced_tool_call.is_some();
     if forced_tool_call.is_some() {
         params.structured_output = forced_tool_call;
+    }
+    // A reasoning model's thinking runs free: the constraint is on the answer after it.
+    if let (Some(true), Some(constraint)) =
+        (reasoning_starts_thinking, params.structured_output.as_mut())
+    {
+        constraint.after = THINK_END.into();
     }
     let prompt = ValidPrompt {
         token_ids,

@@ -80,6 +80,7 @@ fn kind(kind: &str, spec: String) -> StructuredOutput {
     StructuredOutput {
         kind: kind.to_owned(),
         spec,
+        after: String::new(),
     }
 }
 

@@ -113,6 +113,7 @@ fn json_schema(schema: &Value) -> Option<StructuredOutput> {
     Some(StructuredOutput {
         kind: "json_schema".into(),
         spec: schema.to_string(),
+        after: String::new(),
     })
 }
 

@@ -41,7 +41,8 @@ impl From<rmp_serde::decode::Error> for ProtocolError {
 /// One message on either socket of the seam.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
-    AddRequest(AddRequest),
+    /// Boxed: a request's parameters are far larger than any other message.
+    AddRequest(Box<AddRequest>),
     Abort(Abort),
     UtilityCall(UtilityCall),
     Ready(Ready),
@@ -149,6 +150,9 @@ pub struct SamplingParams {
 pub struct StructuredOutput {
     pub kind: String,
     pub spec: String,
+    /// Where the constraint starts: empty, at the output's start; else after the first occurrence
+    /// of this text (`</think>`, with a reasoning parser: the thinking runs free).
+    pub after: String,
 }
 
 impl Default for SamplingParams {
@@ -417,14 +421,12 @@ macro_rules! message_from {
         }
     )*};
 }
-message_from!(
-    AddRequest,
-    Abort,
-    UtilityCall,
-    Ready,
-    Outputs,
-    UtilityResult
-);
+impl From<AddRequest> for Message {
+    fn from(body: AddRequest) -> Self {
+        Message::AddRequest(Box::new(body))
+    }
+}
+message_from!(Abort, UtilityCall, Ready, Outputs, UtilityResult);
 
 /// The canonical msgpack body of `message`.
 pub fn encode(message: &Message) -> Vec<u8> {
@@ -452,7 +454,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, ProtocolError> {
         return Err(ProtocolError::UnsupportedVersion(header.v));
     }
     let message = match header.kind.as_str() {
-        "add_request" => Message::AddRequest(rmp_serde::from_slice(bytes)?),
+        "add_request" => Message::AddRequest(Box::new(rmp_serde::from_slice(bytes)?)),
         "abort" => Message::Abort(rmp_serde::from_slice(bytes)?),
         "utility" => Message::UtilityCall(rmp_serde::from_slice(bytes)?),
         "ready" => Message::Ready(rmp_serde::from_slice(bytes)?),
@@ -637,13 +639,13 @@ mod tests {
 
     #[test]
     fn params_keep_documented_order_floats_as_f64_and_nil_for_none() {
-        let message = Message::AddRequest(AddRequest {
+        let message = Message::AddRequest(Box::new(AddRequest {
             params: SamplingParams {
                 logit_bias: Some(BTreeMap::from([(300, 1.0), (7, -1.0)])),
                 ..SamplingParams::default()
             },
             ..sample_add_request()
-        });
+        }));
         let json = serde_json::to_string(&message).unwrap();
         let keys = [
             "\"v\"",

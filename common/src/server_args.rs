@@ -1,13 +1,15 @@
 //! The settings that the frontend and the router both take as an HTTP server: the API key, the
-//! body limit, the slow-client timeouts and the drain on shutdown. Both binaries flatten this one
-//! clap struct, so each setting, its help and its default are declared once, and `sluice serve`
-//! forwards it to every process that declares it (`flag_schema`).
+//! body limit, the slow-client timeouts, the drain on shutdown and the origins allowed (CORS). Both
+//! binaries flatten this one clap struct, so each setting, its help and its default are declared
+//! once, and `sluice serve` forwards it to every process that declares it (`flag_schema`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::auth::load_api_key;
 use crate::connections::ConnectionLimits;
+use crate::cors::cors_layer;
+use tower_http::cors::CorsLayer;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServerArgs {
@@ -36,6 +38,17 @@ pub struct ServerArgs {
     /// Seconds requests in flight get to finish after SIGINT or SIGTERM.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout_s: f64,
+    /// Origins whose pages may call the API from a browser (CORS): a comma-separated list such as
+    /// https://app.example.com, or * for any. Default: none (the playground, on this origin, needs none).
+    #[arg(long)]
+    pub allowed_origins: Option<String>,
+    /// Methods an allowed origin may use, comma-separated, or *. Default: what its browser asks for.
+    #[arg(long)]
+    pub allowed_methods: Option<String>,
+    /// Request headers an allowed origin may send, comma-separated, or *. Default: what its browser
+    /// asks for.
+    #[arg(long)]
+    pub allowed_headers: Option<String>,
 }
 
 impl ServerArgs {
@@ -52,6 +65,15 @@ impl ServerArgs {
             )?,
             drain_timeout: positive_seconds("drain-timeout-s", self.drain_timeout_s)?,
         })
+    }
+
+    /// The CORS layer for `--allowed-origins` and its companions, or None when no origin is allowed.
+    pub fn cors(&self) -> Result<Option<CorsLayer>, String> {
+        cors_layer(
+            self.allowed_origins.as_deref(),
+            self.allowed_methods.as_deref(),
+            self.allowed_headers.as_deref(),
+        )
     }
 
     pub fn body_read_timeout(&self) -> Result<Duration, String> {

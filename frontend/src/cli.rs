@@ -109,6 +109,7 @@ impl Args {
             tool_call_parser: self.tool_call_parser.clone(),
             reasoning_parser: self.reasoning_parser,
             trust_request_chat_template: self.trust_request_chat_template,
+            cors: self.server.cors()?,
             cpu_kernels: self.cpu_kernels.clone(),
         })
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use sluice_common::cors::CorsLayer;
 use tokio::sync::Semaphore;
 
 use crate::engine::client::EngineClient;
@@ -48,6 +49,8 @@ pub struct ServerConfig {
     pub reasoning_parser: Option<ReasoningParser>,
     /// Requests may bring their own `chat_template`.
     pub trust_request_chat_template: bool,
+    /// The origins whose pages may call the API from a browser, if any (`--allowed-origins`).
+    pub cors: Option<CorsLayer>,
     /// The instruction-set tier of the CPU kernels that the engine core's workers run (`sluice serve`
     /// resolves `--cpu-isa` on this machine), or `none`: shown on /version and /metrics.
     pub cpu_kernels: String,

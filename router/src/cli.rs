@@ -158,6 +158,7 @@ impl Args {
                 max_body_bytes: self.server.max_body_bytes,
                 body_read_timeout: self.server.body_read_timeout()?,
                 models_timeout: Duration::from_secs(5),
+                cors: self.server.cors()?,
             },
             replicas: ReplicaSet::new(breaker),
             policy,

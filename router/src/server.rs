@@ -22,7 +22,8 @@ use crate::proxy::{forward, Expect, Forward};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new()
+    let cors = state.settings.cors.clone();
+    let app = axum::Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(completion))
         .route("/v1/completions", post(completion))
@@ -40,7 +41,12 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
         ))
         .layer(middleware::from_fn(bounded_head))
         .layer(middleware::from_fn(error_dialect::anthropic_errors))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: a browser's preflight is answered before the API key is checked.
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
 }
 
 /// A head over the served bounds (the frontend's) is a 431 before anything else reads it.

@@ -9,6 +9,7 @@ use crate::metrics::Metrics;
 use crate::policies::{Policy, ReplicaId};
 use crate::replicas::ReplicaSet;
 use crate::upstream::Upstream;
+use sluice_common::cors::CorsLayer;
 
 pub struct Settings {
     pub api_key: Option<String>,
@@ -23,6 +24,8 @@ pub struct Settings {
     pub body_read_timeout: Duration,
     /// How long `/v1/models` waits for each replica.
     pub models_timeout: Duration,
+    /// The origins whose pages may call the router from a browser, if any (`--allowed-origins`).
+    pub cors: Option<CorsLayer>,
 }
 
 pub struct AppState {

@@ -4,17 +4,23 @@ loads without the key and asks for it; a reply streams in pieces, equals what th
 for the same request and shows its token counts and speed; Stop and Esc end a generation, and the
 server aborts it; markdown and code render while raw HTML in a reply stays text. Each test leaves a
 screenshot in test-artifacts/playground/.
+
+The same browser also calls the API from pages of other origins: the one `--allowed-origins` names
+may (CORS, a preflight before the keyed JSON request), another may not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import openai
@@ -22,7 +28,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, Route, expect, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from serve_fixtures import Server, running_server
+from serve_fixtures import Server, free_port, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-playground-5c1e"
@@ -42,10 +48,44 @@ CHROMIUM_ARGS = [
 STREAM_TIMEOUT_MS = 60_000
 
 
+class BlankPage(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<!doctype html><title>another origin</title>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def page_origin() -> Iterator[str]:
+    """A server of blank pages on a port of its own: an origin other than the API's."""
+    pages = ThreadingHTTPServer(("127.0.0.1", free_port()), BlankPage)
+    thread = threading.Thread(target=pages.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{pages.server_address[1]}"
+    finally:
+        pages.shutdown()
+        pages.server_close()
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def origins() -> Iterator[tuple[str, str]]:
+    """(allowed, not allowed)."""
+    with page_origin() as allowed, page_origin() as other:
+        yield allowed, other
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, origins: tuple[str, str]) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve-playground") / "serve.log"
     args = ["--max-model-len", "2048", "--kv-cache-memory", "0.5", "--max-num-seqs", "4"]
+    args += ["--allowed-origins", origins[0]]
     with running_server(args, log, api_key=API_KEY) as running:
         yield running
 
@@ -291,3 +331,52 @@ def test_markdown_and_code_render_and_html_in_a_reply_stays_text(page: Page) -> 
     expect(content.locator('a[href^="javascript:"]')).to_have_count(0)
     assert page.evaluate("window.pwned") is None
     expect(reply.locator(".stats")).to_contain_text("11 prompt tokens · 42 tokens")
+
+
+CROSS_ORIGIN_CHAT = """async ([url, key, model]) => {
+    try {
+        const response = await fetch(url + "/v1/chat/completions", {
+            method: "POST",
+            headers: {"Authorization": "Bearer " + key, "Content-Type": "application/json"},
+            body: JSON.stringify({model, messages: [{role: "user", content: "Hi"}], max_tokens: 3}),
+        });
+        const ignored = response.headers.get("x-sluice-ignored-fields");
+        return {status: response.status, body: await response.json(), ignored};
+    } catch (error) {
+        return {blocked: String(error)};
+    }
+}"""
+
+
+def test_a_page_of_an_allowed_origin_calls_the_api_and_others_cannot(
+    browser: Browser, server: Server, origins: tuple[str, str]
+) -> None:
+    allowed, other = origins
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(allowed + "/")
+        answer = page.evaluate(CROSS_ORIGIN_CHAT, [server.url, API_KEY, MODEL])
+        assert answer.get("status") == 200, answer
+        assert answer["body"]["object"] == "chat.completion"
+        page.goto(other + "/")
+        refused = page.evaluate(CROSS_ORIGIN_CHAT, [server.url, API_KEY, MODEL])
+        assert "blocked" in refused and "Failed to fetch" in refused["blocked"], refused
+    finally:
+        context.close()
+    # The preflight is answered without the key, for the allowed origin only.
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    for origin, expected in ((allowed, allowed), (other, None)):
+        connection.request(
+            "OPTIONS",
+            "/v1/chat/completions",
+            headers={
+                "Origin": origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
+        response = connection.getresponse()
+        response.read()
+        assert response.getheader("Access-Control-Allow-Origin") == expected, (origin, response.getheaders())
+    connection.close()

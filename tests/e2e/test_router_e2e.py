@@ -269,8 +269,14 @@ def test_other_v1_paths_pass_through_to_a_replica(fleet: Fleet, tmp_path: Path) 
 
 def test_anthropics_client_reaches_a_replica_with_its_x_api_key(fleet: Fleet, tmp_path: Path) -> None:
     # The router takes the key from x-api-key, sends the replica its own Authorization, and answers
-    # its own refusals on Anthropic's routes in Anthropic's shape.
-    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+    # its own refusals on Anthropic's routes in Anthropic's shape. It answers a browser's preflight
+    # from an allowed origin itself, before the key.
+    origin = "https://app.example.com"
+    flags = ["--policy", "round-robin", "--allowed-origins", origin, *fleet.replica_flags]
+    with running_router(flags, tmp_path / "r.log") as router:
+        preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+        status, headers, _ = router.call("OPTIONS", "/v1/messages", key=None, headers=preflight)
+        assert status == 200 and headers.get("access-control-allow-origin") == origin, headers
         with anthropic.Anthropic(base_url=router.url, api_key=API_KEY, max_retries=0, timeout=60) as client:
             message = client.messages.create(
                 model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Hi"}]

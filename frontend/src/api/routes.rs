@@ -30,7 +30,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         state.config.body_read_timeout,
         state.config.max_body_bytes_in_flight,
     ));
-    Router::new()
+    let cors = state.config.cors.clone();
+    let app = Router::new()
         .route("/v1/completions", post(generation::create::<Completions>))
         .route("/v1/chat/completions", post(generation::create::<Chat>))
         .route("/v1/messages", post(generation::create::<Messages>))
@@ -59,7 +60,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(middleware::from_fn(bounded_head))
         .layer(middleware::from_fn(error_dialect::anthropic_errors))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: a browser's preflight is answered before the API key is checked.
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
 }
 
 /// A head over the served bounds is a 431 before anything else reads it.

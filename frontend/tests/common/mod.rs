@@ -24,6 +24,7 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         tool_call_parser: "auto".into(),
         reasoning_parser: None,
         trust_request_chat_template: false,
+        cors: None,
         cpu_kernels: "avx2".into(),
     }
 }

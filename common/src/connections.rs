@@ -2,7 +2,7 @@
 //! cannot set: a header-read timeout (hyper starts it whenever it waits for a request's head, so
 //! it also closes a keep-alive connection left idle) and a bounded drain on shutdown, so that a
 //! client that sent half its headers can hold neither a connection nor the process forever.
-//! The router serves through this too.
+//! The router serves through this too, and both serve TLS through it (`tls`).
 //!
 //! Request heads are bounded twice. hyper refuses a head past its hard limits with a bare 431 and
 //! closes the connection; below those, a head past the served limits is answered by the server's
@@ -15,8 +15,11 @@ use axum::http::HeaderMap;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::tls::TlsAcceptor;
 
 /// The served bounds on a request's head: headers, and their bytes (names and values).
 pub const MAX_HEADERS: usize = 100;
@@ -51,12 +54,13 @@ pub struct ConnectionLimits {
     pub drain_timeout: Duration,
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, lets the requests
-/// in flight finish for at most `limits.drain_timeout`, and returns.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown` resolves, then stops
+/// accepting, lets the requests in flight finish for at most `limits.drain_timeout`, and returns.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopping) = watch::channel(false);
@@ -66,7 +70,22 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(serve_connection(stream, app.clone(), limits, stopping.clone()));
+                    let _ = stream.set_nodelay(true);
+                    let (app, stopping) = (app.clone(), stopping.clone());
+                    match tls.clone() {
+                        None => tokio::spawn(serve_connection(stream, app, limits, stopping)),
+                        Some(tls) => tokio::spawn(async move {
+                            // The handshake is bounded as a head is: a client that stalls in it
+                            // holds nothing for long.
+                            let handshake = tokio::time::timeout(
+                                limits.header_read_timeout,
+                                tls.accept(stream),
+                            );
+                            if let Ok(Ok(stream)) = handshake.await {
+                                serve_connection(stream, app, limits, stopping).await;
+                            }
+                        }),
+                    };
                 }
                 // Out of file descriptors and the like: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -89,13 +108,14 @@ pub async fn serve(
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     app: Router,
     limits: ConnectionLimits,
     mut stopping: watch::Receiver<bool>,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)

@@ -1,5 +1,5 @@
 //! The settings that the frontend and the router both take as an HTTP server: the API key, the
-//! body limit, the slow-client timeouts, the drain on shutdown and the origins allowed (CORS). Both
+//! body limit, the slow-client timeouts, the drain on shutdown, the origins allowed (CORS) and HTTPS. Both
 //! binaries flatten this one clap struct, so each setting, its help and its default are declared
 //! once, and `sluice serve` forwards it to every process that declares it (`flag_schema`).
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::auth::load_api_key;
 use crate::connections::ConnectionLimits;
 use crate::cors::cors_layer;
+use crate::tls::{tls_acceptor, TlsAcceptor};
 use tower_http::cors::CorsLayer;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -49,6 +50,12 @@ pub struct ServerArgs {
     /// asks for.
     #[arg(long)]
     pub allowed_headers: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (with --ssl-keyfile).
+    #[arg(long)]
+    pub ssl_certfile: Option<PathBuf>,
+    /// The PEM private key of --ssl-certfile.
+    #[arg(long)]
+    pub ssl_keyfile: Option<PathBuf>,
 }
 
 impl ServerArgs {
@@ -74,6 +81,11 @@ impl ServerArgs {
             self.allowed_methods.as_deref(),
             self.allowed_headers.as_deref(),
         )
+    }
+
+    /// The TLS acceptor of `--ssl-certfile` and `--ssl-keyfile`, or None to serve plain HTTP.
+    pub fn tls(&self) -> Result<Option<TlsAcceptor>, String> {
+        tls_acceptor(self.ssl_certfile.as_deref(), self.ssl_keyfile.as_deref())
     }
 
     pub fn body_read_timeout(&self) -> Result<Duration, String> {

@@ -127,11 +127,11 @@ pub async fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let args = Args::parse();
-    let (config, limits) = match args
+    let (config, limits, tls) = match args
         .server_config()
-        .and_then(|config| Ok((config, args.server.connection_limits()?)))
+        .and_then(|config| Ok((config, args.server.connection_limits()?, args.server.tls()?)))
     {
-        Ok(both) => both,
+        Ok(all) => all,
         Err(error) => {
             eprintln!("sluice-frontend: {error}");
             return ExitCode::from(EXIT_STARTUP);
@@ -182,7 +182,7 @@ pub async fn main() -> ExitCode {
 
     let app = routes::router(state);
     tokio::select! {
-        () = connections::serve(listener, app, limits, shutdown_signal()) => ExitCode::SUCCESS,
+        () = connections::serve(listener, app, limits, tls, shutdown_signal()) => ExitCode::SUCCESS,
         Some(()) = engine_exited.recv() => ExitCode::from(EXIT_ENGINE_DEAD),
     }
 }

@@ -20,6 +20,7 @@ use crate::upstream::Upstream;
 use sluice_common::connections::{self, ConnectionLimits};
 use sluice_common::flag_schema;
 use sluice_common::server_args::{positive_seconds, ServerArgs};
+use sluice_common::tls::TlsAcceptor;
 
 /// Sluice's router: spreads OpenAI requests over Sluice replicas.
 #[derive(Parser, Debug)]
@@ -180,11 +181,14 @@ pub fn main() -> ExitCode {
         .expect("a tokio runtime");
     // Inside the runtime, so that a policy may start tasks as it is built.
     runtime.block_on(async {
-        let setup = args
-            .replica_source()
-            .and_then(|source| Ok((source, args.state()?, args.server.connection_limits()?)));
+        let setup = args.replica_source().and_then(|source| {
+            let limits = args.server.connection_limits()?;
+            Ok((source, args.state()?, limits, args.server.tls()?))
+        });
         match setup {
-            Ok((source, state, limits)) => serve(args, source, Arc::new(state), limits).await,
+            Ok((source, state, limits, tls)) => {
+                serve(args, source, Arc::new(state), limits, tls).await
+            }
             Err(error) => {
                 eprintln!("sluice-router: error: {error}");
                 ExitCode::from(EXIT_STARTUP)
@@ -198,6 +202,7 @@ async fn serve(
     source: ReplicaSource,
     state: Arc<AppState>,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
 ) -> ExitCode {
     match source {
         ReplicaSource::Static(ids) => state.set_replicas(ids),
@@ -228,12 +233,13 @@ async fn serve(
         }
     };
     tokio::spawn(run_health_checks(state.clone()));
+    let scheme = if tls.is_some() { "https" } else { "http" };
     eprintln!(
-        "sluice-router: listening on http://{}:{}",
+        "sluice-router: listening on {scheme}://{}:{}",
         args.host, args.port
     );
     let app = crate::server::router(state);
-    connections::serve(listener, app, limits, shutdown_signal()).await;
+    connections::serve(listener, app, limits, tls, shutdown_signal()).await;
     ExitCode::SUCCESS
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import ssl
 import subprocess
 import sys
 import time
@@ -23,8 +24,24 @@ ENGINE_DIED_STATUS = 3
 _FRONTEND_AFTER_ENGINE_S = 10.0
 
 
-def health_ok(host: str, port: int) -> bool:
-    connection = http.client.HTTPConnection(host, port, timeout=2.0)
+def serves_tls(args: argparse.Namespace) -> bool:
+    """Whether the frontend (or the router) started with `args` serves HTTPS."""
+    return args.ssl_certfile is not None
+
+
+def health_ok(host: str, port: int, tls: bool = False) -> bool:
+    """Whether the server on `host`:`port` answers /health with 200. Over TLS the certificate is
+    not checked: the probe goes to a child of this process on this machine, whose certificate may
+    name another host."""
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, port, timeout=2.0, context=context
+        )
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=2.0)
     try:
         connection.request("GET", "/health")
         return connection.getresponse().status == 200
@@ -53,6 +70,8 @@ class Replica:
     cores: Sequence[int] | None
     # None: --no-restart-engine.
     restarts: RestartBudget | None
+    # Whether the frontend serves HTTPS (--ssl-certfile).
+    tls: bool = False
     # When the dead engine core's replacement starts (time.monotonic()); None when none is due.
     restart_at: float | None = None
 
@@ -87,10 +106,10 @@ class Replica:
         supervisor.children.append(frontend)
         frontend.forward_output()
         restarts = RestartBudget(restart_config_from_args(args)) if args.restart_engine else None
-        return cls(engine, frontend, host, port, engine_command, label, cores, restarts)
+        return cls(engine, frontend, host, port, engine_command, label, cores, restarts, serves_tls(args))
 
     def ready(self) -> bool:
-        return health_ok(connect_host(self.host), self.port)
+        return health_ok(connect_host(self.host), self.port, self.tls)
 
     def exit_status(self, supervisor: Supervisor, args: argparse.Namespace) -> int | None:
         """None while both run or the engine core is being restarted; else, once the other has

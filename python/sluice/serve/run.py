@@ -23,7 +23,7 @@ from sluice.gguf_model import gguf_model_folder, is_gguf_file
 from sluice.model_spec import read_model_spec
 from sluice.serve.argv import child_environment, router_argv
 from sluice.serve.child import STOP_TIMEOUT_S, Child
-from sluice.serve.replica import Replica, connect_host, health_ok, own_exit_status
+from sluice.serve.replica import Replica, connect_host, health_ok, own_exit_status, serves_tls
 from sluice.serve.supervisor import Supervisor
 
 # Where the replicas behind the router listen: this machine only.
@@ -35,9 +35,10 @@ class ServeError(SluiceError):
     """The server could not start."""
 
 
-def _url(host: str, port: int) -> str:
+def _url(host: str, port: int, tls: bool) -> str:
     host = host.strip("[]")
-    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}/v1" if ":" in host else f"{scheme}://{host}:{port}/v1"
 
 
 def free_port(taken: set[int]) -> int:
@@ -95,6 +96,8 @@ def _start_replicas(
     ):
         replica_args = copy.copy(args)
         replica_args.kv_events_port = events_port
+        # The router faces clients, and serves TLS if asked; the replicas behind it, on loopback, do not.
+        replica_args.ssl_certfile = replica_args.ssl_keyfile = None
         where = (_REPLICA_HOST, free_port(taken))
         own_dir = socket_dir / str(index)
         own_dir.mkdir(mode=0o700)
@@ -161,7 +164,9 @@ def _supervise(
 ) -> int:
     host = connect_host(args.host)
     watched = supervisor.children
-    while not (all(r.ready() for r in replicas) and (router is None or health_ok(host, args.port))):
+    while not (
+        all(r.ready() for r in replicas) and (router is None or health_ok(host, args.port, serves_tls(args)))
+    ):
         if supervisor.signals:
             return _shut_down(supervisor, replicas, router)
         dead = next((child for child in watched if not child.alive()), None)
@@ -171,7 +176,7 @@ def _supervise(
             return 1
         supervisor.wait(_HEALTH_POLL_S, watched)
     behind = "" if router is None else f" ({len(replicas)} replicas behind {ROUTER})"
-    print(f"Sluice is serving {name} at {_url(args.host, args.port)}{behind}", flush=True)
+    print(f"Sluice is serving {name} at {_url(args.host, args.port, serves_tls(args))}{behind}", flush=True)
 
     while True:
         supervisor.wait(_next_restart_in(replicas), watched)

@@ -73,8 +73,9 @@ struct Args {
     /// The engine core's scheduling policy: a request's `priority` other than 0 needs `priority`.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
     scheduling_policy: SchedulingPolicy,
-    /// How `tool_choice: "auto"` finds calls in outputs: hermes, llama3_json or mistral; auto picks
-    /// by the model's vocabulary. A chat template without tools gets a Hermes prompt, so hermes.
+    /// How `tool_choice: "auto"` finds calls in outputs: hermes, llama3_json, mistral, pythonic or
+    /// qwen3_coder; auto picks by the chat template, then the model's vocabulary. A chat template
+    /// without tools gets a Hermes prompt, so hermes.
     #[arg(long, default_value = "auto", value_parser = PossibleValuesParser::new(parser_choices()))]
     tool_call_parser: String,
     /// Split a reasoning model's thinking (`<think>...</think>`) out of chat's answer, as

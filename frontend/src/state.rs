@@ -112,7 +112,10 @@ impl AppState {
         };
         let tool_call_parser = serving_parser(
             &config.tool_call_parser,
-            chat_template.as_ref().is_some_and(|t| t.uses_tools()),
+            chat_template
+                .as_ref()
+                .filter(|template| template.uses_tools())
+                .map(|template| template.source()),
             |token| tokenizer.token_to_id(token).is_some(),
         )
         .map_err(StartupError::ToolCallParser)?;

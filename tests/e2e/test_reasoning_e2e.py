@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from serve_fixtures import Server, running_server
+from serve_fixtures import Server, openai_client, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-reasoning"
@@ -36,7 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
+    with openai_client(server) as c:
         yield c
 
 

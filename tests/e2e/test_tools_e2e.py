@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from serve_fixtures import Server, running_server
+from serve_fixtures import Server, openai_client, running_server
 from sluice.serve.argv import frontend_argv
 from sluice.serve.flags import add_serve_arguments
 
@@ -79,7 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
+    with openai_client(server) as c:
         yield c
 
 

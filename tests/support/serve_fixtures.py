@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from sluice.stress.server_state import summed_metrics
 
 SLUICE = Path(sys.executable).parent / "sluice"
@@ -174,6 +176,15 @@ def _wait_ready(process: subprocess.Popen[bytes], log: Path) -> None:
             break
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
     raise RuntimeError(f"sluice serve did not become ready (exit status {process.poll()}):\n{tail}")
+
+
+@contextlib.contextmanager
+def openai_client(server: Server) -> Iterator[openai.OpenAI]:
+    """The `openai` client on `server`'s API with its key: no retries, so a failure shows at once."""
+    with openai.OpenAI(
+        base_url=server.url + "/v1", api_key=server.api_key, max_retries=0, timeout=120
+    ) as client:
+        yield client
 
 
 @contextlib.contextmanager

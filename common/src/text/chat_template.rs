@@ -82,6 +82,8 @@ pub struct ChatTemplate {
     eos_token: Option<String>,
     /// Whether the template reads the `tools` variable (else tools go in a system prompt).
     uses_tools: bool,
+    /// The template's text, by which a tool-call format is recognised.
+    source: String,
 }
 
 #[derive(Deserialize)]
@@ -215,7 +217,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", python_compat::strftime_now);
         env.add_filter("tojson", python_compat::python_tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(ChatTemplateError::Syntax)?;
         let uses_tools = env
             .get_template(TEMPLATE_NAME)
@@ -227,6 +229,7 @@ impl ChatTemplate {
             bos_token,
             eos_token,
             uses_tools,
+            source,
         })
     }
 
@@ -242,6 +245,11 @@ impl ChatTemplate {
 
     pub fn uses_tools(&self) -> bool {
         self.uses_tools
+    }
+
+    /// The template's text (what a tool-call format is recognised by).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders the conversation into the prompt text.

@@ -156,11 +156,13 @@ pub fn check_tools(
             ))
         }
         ToolChoice::Mode(mode) if mode == "auto" => {
+            // A format that types values by the tools' schemas reads with this request's.
+            let parser = auto_parser.for_tools(&tools).unwrap_or(auto_parser);
             return Ok(ValidTools {
                 rendered: Some(tools),
-                reader: reader(auto_parser),
+                reader: reader(parser),
                 structured_output: None,
-            })
+            });
         }
         ToolChoice::Mode(mode) if mode == "required" => {
             let schema = required_calls_schema(&tools, max_calls.is_some());

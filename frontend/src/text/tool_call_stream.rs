@@ -238,6 +238,9 @@ mod tests {
             ("hermes", "No calls here, just <b>text</b> and a < sign.  "),
             ("llama3_json", "{\"name\": \"f\", \"parameters\": {\"q\": \"a;b\"}}; {\"name\": \"g\", \"parameters\": {}}"),
             ("mistral", "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": [1, 2]}}]"),
+            ("pythonic", "[f(q='a, b', n=[1, 2]), g()]"),
+            ("pythonic", "[Not a call] but text"),
+            ("qwen3_coder", "Let me see.\n<tool_call>\n<function=f>\n<parameter=q>\na</b>\n</parameter>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>"),
         ];
         for (name, text) in cases {
             let (content, calls) = read_whole(reader(name), text);

@@ -1,5 +1,6 @@
 //! Tool-call parsers: each reads a model's output format (Hermes' `<tool_call>` blocks, Llama 3's
-//! bare JSON, Mistral's `[TOOL_CALLS]` array, and the JSON that forced calls are constrained to)
+//! bare JSON, Mistral's `[TOOL_CALLS]` array, Qwen3-Coder's XML, pythonic call lists, and the JSON
+//! that forced calls are constrained to)
 //! into content and calls, behind one trait. [`REGISTRY`] names the ones `--tool-call-parser`
 //! picks from: a new format is a file implementing [`ToolCallParser`] and one line there.
 
@@ -8,14 +9,20 @@ mod forced;
 mod hermes;
 mod llama3_json;
 mod mistral;
+mod pythonic;
+mod qwen3_coder;
 
 use std::fmt::Debug;
 use std::sync::Arc;
+
+use sluice_common::schema::openai_tools::Tool;
 
 pub use forced::{NamedFunction, RequiredCalls};
 pub use hermes::Hermes;
 pub use llama3_json::Llama3Json;
 pub use mistral::Mistral;
+pub use pythonic::Pythonic;
+pub use qwen3_coder::Qwen3Coder;
 
 /// One tool call found in an output, perhaps still being written.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -53,6 +60,11 @@ pub trait ToolCallParser: Send + Sync + Debug {
     fn name(&self) -> String;
     /// Reads `text`, the whole output so far; `finished` once no more text will come.
     fn parse(&self, text: &str, finished: bool) -> OutputParse;
+    /// The parser for one request's `tools`, for a format that needs them (to type values); None:
+    /// this one serves every request.
+    fn for_tools(&self, _tools: &[Tool]) -> Option<Arc<dyn ToolCallParser>> {
+        None
+    }
 }
 
 type MakeParser = fn() -> Arc<dyn ToolCallParser>;
@@ -62,6 +74,8 @@ pub const REGISTRY: &[(&str, MakeParser)] = &[
     ("hermes", || Arc::new(Hermes)),
     ("llama3_json", || Arc::new(Llama3Json)),
     ("mistral", || Arc::new(Mistral)),
+    ("pythonic", || Arc::new(Pythonic)),
+    ("qwen3_coder", || Arc::new(Qwen3Coder::default())),
 ];
 
 pub fn parser_by_name(name: &str) -> Option<Arc<dyn ToolCallParser>> {
@@ -78,10 +92,16 @@ pub fn parser_choices() -> Vec<&'static str> {
         .collect()
 }
 
-/// The parser a model's vocabulary suggests: Mistral's `[TOOL_CALLS]` token, Llama 3's
+/// The parser a model's chat template and vocabulary suggest: Qwen3-Coder's XML calls where the
+/// template writes `<function=` and `<parameter=` tags, pythonic calls where it shows them (Llama
+/// 3.2's `[func_name1(params_name1=...`), Mistral's `[TOOL_CALLS]` token, Llama 3's
 /// `<|python_tag|>`, else Hermes (also the format of the prompt given to templates without tools).
-pub fn default_parser_name(has_token: impl Fn(&str) -> bool) -> &'static str {
-    if has_token(mistral::MARKER) {
+pub fn default_parser_name(template: &str, has_token: impl Fn(&str) -> bool) -> &'static str {
+    if template.contains("<function=") && template.contains("<parameter=") {
+        "qwen3_coder"
+    } else if template.contains("[func_name1(") {
+        "pythonic"
+    } else if has_token(mistral::MARKER) {
         "mistral"
     } else if has_token(llama3_json::PYTHON_TAG) {
         "llama3_json"
@@ -91,15 +111,16 @@ pub fn default_parser_name(has_token: impl Fn(&str) -> bool) -> &'static str {
 }
 
 /// The parser `auto` tool choice reads outputs with: `choice` ("auto" or a registered name; auto
-/// follows the vocabulary), except that a template without tools gets the Hermes prompt and so
-/// the Hermes parser.
+/// follows the template and the vocabulary), except that a template without tools (`tools_template`
+/// None: the source of the chat template when it renders tools) gets the Hermes prompt and so the
+/// Hermes parser.
 pub fn serving_parser(
     choice: &str,
-    template_uses_tools: bool,
+    tools_template: Option<&str>,
     has_token: impl Fn(&str) -> bool,
 ) -> Result<Arc<dyn ToolCallParser>, String> {
     let name = match choice {
-        "auto" => default_parser_name(has_token),
+        "auto" => default_parser_name(tools_template.unwrap_or(""), has_token),
         name => name,
     };
     let parser = parser_by_name(name).ok_or_else(|| {
@@ -108,7 +129,7 @@ pub fn serving_parser(
             parser_choices().join(", ")
         )
     })?;
-    Ok(if template_uses_tools {
+    Ok(if tools_template.is_some() {
         parser
     } else {
         Arc::new(Hermes)
@@ -128,31 +149,48 @@ mod tests {
     }
 
     #[test]
-    fn the_default_follows_the_vocabulary() {
-        assert_eq!(default_parser_name(|t| t == "[TOOL_CALLS]"), "mistral");
+    fn the_default_follows_the_template_then_the_vocabulary() {
+        let qwen3_coder = "{{- '<tool_call>\\n<function=' + name }}<parameter=";
+        assert_eq!(default_parser_name(qwen3_coder, |_| true), "qwen3_coder");
+        let llama32 = "[func_name1(params_name1=params_value1, params_name2=params_value2...)]";
+        assert_eq!(default_parser_name(llama32, |_| true), "pythonic");
+        assert_eq!(default_parser_name("", |t| t == "[TOOL_CALLS]"), "mistral");
         assert_eq!(
-            default_parser_name(|t| t == "<|python_tag|>"),
+            default_parser_name("", |t| t == "<|python_tag|>"),
             "llama3_json"
         );
-        assert_eq!(default_parser_name(|_| false), "hermes");
+        assert_eq!(default_parser_name("<tool_call>", |_| false), "hermes");
     }
 
     #[test]
     fn serving_parser_takes_the_choice_unless_the_template_has_no_tools() {
         let mistral = |t: &str| t == "[TOOL_CALLS]";
+        let tools = Some("{{ tools }}");
         assert_eq!(
-            serving_parser("auto", true, mistral).unwrap().name(),
+            serving_parser("auto", tools, mistral).unwrap().name(),
             "mistral"
         );
         assert_eq!(
-            serving_parser("llama3_json", true, mistral).unwrap().name(),
+            serving_parser("llama3_json", tools, mistral)
+                .unwrap()
+                .name(),
             "llama3_json"
         );
         assert_eq!(
-            serving_parser("auto", false, mistral).unwrap().name(),
+            serving_parser("auto", None, mistral).unwrap().name(),
             "hermes"
         );
-        let error = serving_parser("qwen", true, mistral).unwrap_err();
-        assert!(error.contains("hermes, llama3_json, mistral"), "{error}");
+        let error = serving_parser("qwen", tools, mistral).unwrap_err();
+        assert!(
+            error.contains("hermes, llama3_json, mistral, pythonic, qwen3_coder"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_a_format_that_needs_the_tools_is_made_per_request() {
+        assert!(Hermes.for_tools(&[]).is_none());
+        let typed = Qwen3Coder::default().for_tools(&[]).unwrap();
+        assert_eq!(typed.name(), "qwen3_coder");
     }
 }

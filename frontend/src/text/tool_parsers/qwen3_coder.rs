@@ -1,0 +1,311 @@
+//! Qwen3-Coder's XML calls:
+//!
+//! ```text
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Paris
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! A parameter's value is text, one newline trimmed at each end. It becomes JSON by the type that
+//! its tool's schema gives it (the request's tools: `for_tools`): a string stays the text; an
+//! integer, number, boolean, null, object or array is read as JSON, and a value that does not read
+//! as its type stays a string rather than being lost. A parameter the schema does not name is a
+//! string. The arguments grow one whole parameter at a time, so a stream never sends half a value.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{CallText, OutputParse, ToolCallParser};
+use crate::text::partial_marker::partial_marker_len;
+use sluice_common::schema::openai_tools::Tool;
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const FUNCTION: &str = "<function=";
+const FUNCTION_END: &str = "</function>";
+const PARAMETER: &str = "<parameter=";
+const PARAMETER_END: &str = "</parameter>";
+
+/// The JSON type of each parameter, by function name and parameter name.
+type ParameterTypes = HashMap<String, HashMap<String, String>>;
+
+#[derive(Debug, Clone, Default)]
+pub struct Qwen3Coder {
+    types: Arc<ParameterTypes>,
+}
+
+/// A schema's type: its `type`, or the first non-null one of a list of types.
+fn schema_type(schema: &Value) -> Option<String> {
+    match schema.get("type")? {
+        Value::String(kind) => Some(kind.clone()),
+        Value::Array(kinds) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|kind| *kind != "null")
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// A parameter's text as the JSON value of its type.
+fn typed_value(text: &str, kind: Option<&str>) -> Value {
+    let as_json = || serde_json::from_str::<Value>(text.trim()).ok();
+    let read = match kind {
+        Some("integer" | "number") => as_json().filter(Value::is_number),
+        Some("boolean") => match text.trim().to_ascii_lowercase().as_str() {
+            "true" => Some(Value::Bool(true)),
+            "false" => Some(Value::Bool(false)),
+            _ => None,
+        },
+        Some("null") => as_json().filter(Value::is_null),
+        Some("object") => as_json().filter(Value::is_object),
+        Some("array") => as_json().filter(Value::is_array),
+        _ => None,
+    };
+    read.unwrap_or_else(|| Value::String(text.to_owned()))
+}
+
+/// `text` with at most one newline trimmed at each end (the format puts the value on lines of its
+/// own; any other whitespace is the value's).
+fn trim_one_newline(text: &str) -> &str {
+    let text = text.strip_prefix('\n').unwrap_or(text);
+    text.strip_suffix('\n').unwrap_or(text)
+}
+
+impl Qwen3Coder {
+    /// The call in a block's inner text, and whether it is complete and well formed; None when the
+    /// text cannot be (or become) one call.
+    fn block_call(&self, inner: &str, closed: bool) -> Option<(CallText, bool)> {
+        let body = inner.trim_start();
+        if body.is_empty() || (FUNCTION.starts_with(body) && body.len() < FUNCTION.len()) {
+            return (!closed).then(|| (CallText::default(), false));
+        }
+        let after_tag = body.strip_prefix(FUNCTION)?;
+        let Some(name_end) = after_tag.find('>') else {
+            return (!closed).then(|| (CallText::default(), false));
+        };
+        let name = after_tag[..name_end].trim();
+        if name.is_empty() || name.contains(['<', '\n']) {
+            return None;
+        }
+        let types = self.types.get(name);
+        let mut arguments = String::from("{");
+        let mut rest = &after_tag[name_end + 1..];
+        let mut pairs = 0;
+        loop {
+            let trimmed = rest.trim_start();
+            if let Some(after) = trimmed.strip_prefix(FUNCTION_END) {
+                if !after.trim().is_empty() {
+                    return None;
+                }
+                arguments.push('}');
+                return Some((CallText::named(name, &arguments), true));
+            }
+            let Some(parameter) = trimmed.strip_prefix(PARAMETER) else {
+                // Whitespace, or the start of a tag, while the output may still grow.
+                let may_grow = [FUNCTION_END, PARAMETER]
+                    .iter()
+                    .any(|tag| tag.starts_with(trimmed));
+                return match (may_grow, closed) {
+                    (true, false) => Some((CallText::named(name, &arguments), false)),
+                    // A finished output that stopped between parameters: the call is whole.
+                    (_, true) if trimmed.is_empty() => {
+                        arguments.push('}');
+                        Some((CallText::named(name, &arguments), true))
+                    }
+                    _ => None,
+                };
+            };
+            let Some(key_end) = parameter.find('>') else {
+                return (!closed).then(|| (CallText::named(name, &arguments), false));
+            };
+            let key = parameter[..key_end].trim();
+            let value_text = &parameter[key_end + 1..];
+            let Some(value_end) = value_text.find(PARAMETER_END) else {
+                // The value is still being written: it goes out whole, later.
+                return (!closed).then(|| (CallText::named(name, &arguments), false));
+            };
+            let kind = types.and_then(|types| types.get(key)).map(String::as_str);
+            let value = typed_value(trim_one_newline(&value_text[..value_end]), kind);
+            if pairs > 0 {
+                arguments.push(',');
+            }
+            arguments.push_str(&Value::String(key.to_owned()).to_string());
+            arguments.push(':');
+            arguments.push_str(&value.to_string());
+            pairs += 1;
+            rest = &value_text[value_end + PARAMETER_END.len()..];
+        }
+    }
+}
+
+impl ToolCallParser for Qwen3Coder {
+    fn name(&self) -> String {
+        "qwen3_coder".into()
+    }
+
+    fn for_tools(&self, tools: &[Tool]) -> Option<Arc<dyn ToolCallParser>> {
+        let types = tools
+            .iter()
+            .map(|tool| {
+                let properties = tool
+                    .function
+                    .parameters
+                    .as_ref()
+                    .and_then(|schema| schema.get("properties"))
+                    .and_then(Value::as_object);
+                let kinds = properties
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(name, schema)| Some((name.clone(), schema_type(schema)?)))
+                    .collect();
+                (tool.function.name.clone(), kinds)
+            })
+            .collect();
+        Some(Arc::new(Qwen3Coder {
+            types: Arc::new(types),
+        }))
+    }
+
+    fn parse(&self, text: &str, finished: bool) -> OutputParse {
+        let mut parse = OutputParse::default();
+        let mut at = 0;
+        loop {
+            let rest = &text[at..];
+            let Some(found) = rest.find(OPEN) else {
+                let held = if finished {
+                    0
+                } else {
+                    partial_marker_len(rest, OPEN)
+                };
+                parse.content.push_str(&rest[..rest.len() - held]);
+                return parse;
+            };
+            let open = at + found;
+            parse.content.push_str(&text[at..open]);
+            let body = open + OPEN.len();
+            let (inner, next) = match text[body..].find(CLOSE) {
+                Some(close) => (&text[body..body + close], Some(body + close + CLOSE.len())),
+                None => (&text[body..], None),
+            };
+            let closed = next.is_some() || finished;
+            match self.block_call(inner, closed) {
+                Some((call, complete)) if complete || !closed => parse.calls.push(call),
+                _ if closed => parse
+                    .content
+                    .push_str(&text[open..next.unwrap_or(text.len())]),
+                _ => {}
+            }
+            match next {
+                Some(next) => at = next,
+                None => return parse,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parser() -> Arc<dyn ToolCallParser> {
+        let tools: Vec<Tool> = serde_json::from_value(json!([{
+            "type": "function",
+            "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"},
+                "metric": {"type": ["boolean", "null"]}, "where": {"type": "object"},
+                "tags": {"type": "array"}
+            }}}
+        }]))
+        .unwrap();
+        Qwen3Coder::default().for_tools(&tools).unwrap()
+    }
+
+    const CALL: &str = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n\
+        New York\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n\
+        </parameter>\n<parameter=where>\n{\"lat\": 1.5}\n</parameter>\n<parameter=tags>\n[\"a\"]\n\
+        </parameter>\n<parameter=note>\n  two\nlines \n</parameter>\n</function>\n</tool_call>";
+
+    #[test]
+    fn parameters_become_json_of_their_schema_types() {
+        let parse = parser().parse(CALL, true);
+        assert_eq!(parse.content, "Checking.\n");
+        let [call] = &parse.calls[..] else {
+            panic!("{:?}", parse.calls)
+        };
+        assert_eq!(call.name.as_deref(), Some("get_weather"));
+        assert_eq!(
+            serde_json::from_str::<Value>(&call.arguments).unwrap(),
+            json!({"city": "New York", "days": 3, "metric": true, "where": {"lat": 1.5},
+                   "tags": ["a"], "note": "  two\nlines "})
+        );
+    }
+
+    #[test]
+    fn a_growing_output_grows_its_arguments_whole_parameters_at_a_time() {
+        let parser = parser();
+        let whole = parser.parse(CALL, true).calls[0].arguments.clone();
+        let mut last = String::new();
+        for end in (0..=CALL.len()).filter(|&end| CALL.is_char_boundary(end)) {
+            let parse = parser.parse(&CALL[..end], false);
+            assert!(
+                "Checking.\n".starts_with(&parse.content),
+                "{:?}",
+                parse.content
+            );
+            // A call is announced once its name is known.
+            if let Some(call) = parse.calls.first().filter(|call| call.name.is_some()) {
+                assert!(whole.starts_with(&call.arguments), "{}", call.arguments);
+                assert!(call.arguments.starts_with(&last));
+                // Only ever whole values: each prefix is valid JSON, or is once closed.
+                let valid = |text: &str| serde_json::from_str::<Value>(text).is_ok();
+                assert!(
+                    valid(&call.arguments) || valid(&format!("{}}}", call.arguments)),
+                    "{}",
+                    call.arguments
+                );
+                last = call.arguments.clone();
+            }
+        }
+        assert_eq!(last, whole);
+    }
+
+    #[test]
+    fn untyped_and_mistyped_values_stay_strings_and_malformed_blocks_stay_content() {
+        let parse = Qwen3Coder::default().parse(
+            "<tool_call><function=f><parameter=n>\n7\n</parameter></function></tool_call>",
+            true,
+        );
+        assert_eq!(parse.calls, vec![CallText::named("f", "{\"n\":\"7\"}")]);
+        let parse = parser().parse(
+            "<tool_call><function=get_weather><parameter=days>soon</parameter></function></tool_call>",
+            true,
+        );
+        assert_eq!(parse.calls[0].arguments, "{\"days\":\"soon\"}");
+        for malformed in [
+            "<tool_call>{\"name\": \"f\"}</tool_call>",
+            "<tool_call><function=f><parameter=a>1</tool_call>",
+            "<tool_call><function=f></function> trailing</tool_call>",
+        ] {
+            let parse = parser().parse(malformed, true);
+            assert!(parse.calls.is_empty(), "{malformed}");
+            assert_eq!(parse.content, malformed);
+        }
+        // Cut off after its last parameter, a finished call is still whole.
+        let parse = parser().parse(
+            "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n",
+            true,
+        );
+        assert_eq!(
+            parse.calls,
+            vec![CallText::named("get_weather", "{\"days\":2}")]
+        );
+    }
+}

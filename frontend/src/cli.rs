@@ -78,6 +78,10 @@ struct Args {
     /// without tools gets a Hermes prompt, so hermes.
     #[arg(long, default_value = "auto", value_parser = PossibleValuesParser::new(parser_choices()))]
     tool_call_parser: String,
+    /// Leave `tool_choice: "auto"` unconstrained: without this, a parser that has a lazy grammar
+    /// (hermes) makes every call the model opens well formed and one of the request's tools.
+    #[arg(long)]
+    no_tool_call_grammar: bool,
     /// Split a reasoning model's thinking (`<think>...</think>`) out of chat's answer, as
     /// `reasoning_content`: qwen3 or deepseek_r1. Without it the thinking stays in `content`.
     #[arg(long, value_enum)]
@@ -109,6 +113,7 @@ impl Args {
             scheduling_policy: self.scheduling_policy,
             tool_call_parser: self.tool_call_parser.clone(),
             reasoning_parser: self.reasoning_parser,
+            tool_call_grammar: !self.no_tool_call_grammar,
             trust_request_chat_template: self.trust_request_chat_template,
             cors: self.server.cors()?,
             cpu_kernels: self.cpu_kernels.clone(),

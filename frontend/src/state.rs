@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub scheduling_policy: SchedulingPolicy,
     /// `--tool-call-parser`: "auto" or a registered parser's name.
     pub tool_call_parser: String,
+    /// `tool_choice: "auto"` is held to the parser's lazy grammar (off: `--no-tool-call-grammar`).
+    pub tool_call_grammar: bool,
     /// `--reasoning-parser`: how chat splits thinking from the answer, if it does.
     pub reasoning_parser: Option<ReasoningParser>,
     /// Requests may bring their own `chat_template`.

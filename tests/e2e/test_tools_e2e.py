@@ -137,6 +137,23 @@ def test_auto_reads_a_call_from_the_output(client: openai.OpenAI) -> None:
     assert choice.message.content is None
 
 
+def test_a_call_that_auto_opens_is_held_to_the_tool_schema(client: openai.OpenAI) -> None:
+    # The lazy grammar (hermes): text is free, but once the model opens a call it must be one of
+    # the tools with arguments its schema allows; greedy, this history is answered with Paris.
+    lyon_only = json.loads(json.dumps(WEATHER))
+    lyon_only["function"]["parameters"]["properties"]["city"] = {"type": "string", "enum": ["Lyon"]}
+    for stream in (False, True):
+        if stream:
+            _, calls, finish = streamed(client, COPY_A_CALL, tools=[lyon_only])
+            arguments = [call[2] for call in calls]
+        else:
+            choice = chat(client, COPY_A_CALL, tools=[lyon_only]).choices[0]
+            finish = choice.finish_reason
+            arguments = [call.function.arguments for call in choice.message.tool_calls]
+        assert finish == "tool_calls"
+        assert [json.loads(text) for text in arguments] == [{"city": "Lyon"}]
+
+
 def test_a_streamed_call_adds_up_to_the_whole_one(client: openai.OpenAI) -> None:
     whole = chat(client, COPY_A_CALL, tools=[WEATHER]).choices[0]
     content, calls, finish = streamed(client, COPY_A_CALL, tools=[WEATHER])

@@ -138,6 +138,7 @@ pub async fn chat(
         rendered,
         reader,
         structured_output: forced_tool_call,
+        lazy_grammar,
     } = tools::check_tools(&request, state.tool_call_parser.clone())?;
     if let (Some(_), Some(constraint)) = (&forced_tool_call, &sampling.structured_output) {
         return Err(out_of_range(
@@ -182,9 +183,14 @@ pub async fn chat(
     )?;
     let max_tokens = effective_max_tokens(token_ids.len(), max_tokens, None, max_model_len)?;
     let mut params = sampling.params(max_tokens);
-    let forced = forced_tool_call.is_some();
-    if forced_tool_call.is_some() {
-        params.structured_output = forced_tool_call;
+    // The tools' constraint: a forced call, or auto's lazy grammar, unless it is switched off or
+    // the request brings a constraint of its own (which then decides what the output is).
+    let lazy_grammar = lazy_grammar
+        .filter(|_| state.config.tool_call_grammar && params.structured_output.is_none());
+    let tools_constraint = forced_tool_call.or(lazy_grammar);
+    let constrained_by_tools = tools_constraint.is_some();
+    if tools_constraint.is_some() {
+        params.structured_output = tools_constraint;
     }
     // A reasoning model's thinking runs free: the constraint is on the answer after it.
     if let (Some(true), Some(constraint)) =
@@ -201,8 +207,8 @@ pub async fn chat(
     valid.tool_calls = reader;
     valid.chat_role = Some(role);
     valid.reasoning_starts_thinking = reasoning_starts_thinking;
-    if forced {
-        // A forced call's schema is the tools' parameters: a schema that cannot compile is theirs.
+    if constrained_by_tools {
+        // The constraint's schemas are the tools' parameters: a schema that cannot compile is theirs.
         valid.structured_output_field = Some("tools");
     }
     Ok(valid)

@@ -22,6 +22,9 @@ pub struct ValidTools {
     pub reader: Option<ToolCallReader>,
     /// What forces a call (`"required"` or a named function).
     pub structured_output: Option<StructuredOutput>,
+    /// `"auto"`'s lazy grammar, when the parser has one: free text, but a call that the model
+    /// opens is well formed and one of the tools (applied unless `--no-tool-call-grammar`).
+    pub lazy_grammar: Option<StructuredOutput>,
 }
 
 fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
@@ -86,8 +89,8 @@ fn arguments_schema(tool: &Tool) -> Value {
         .unwrap_or_else(|| serde_json::json!({"type": "object"}))
 }
 
-/// The schema of `"required"`'s output: an array of one or more calls of the given tools.
-fn required_calls_schema(tools: &[Tool], at_most_one: bool) -> Value {
+/// One call of any of `tools`: `{"name": <its name>, "arguments": <its parameters>}`.
+fn call_schema(tools: &[Tool]) -> Value {
     let calls: Vec<Value> = tools
         .iter()
         .map(|tool| {
@@ -102,7 +105,13 @@ fn required_calls_schema(tools: &[Tool], at_most_one: bool) -> Value {
             })
         })
         .collect();
-    let mut schema = serde_json::json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+    serde_json::json!({"anyOf": calls})
+}
+
+/// The schema of `"required"`'s output: an array of one or more calls of the given tools.
+fn required_calls_schema(tools: &[Tool], at_most_one: bool) -> Value {
+    let mut schema =
+        serde_json::json!({"type": "array", "minItems": 1, "items": call_schema(tools)});
     if at_most_one {
         schema["maxItems"] = 1.into();
     }
@@ -115,6 +124,14 @@ fn json_schema(schema: &Value) -> Option<StructuredOutput> {
         spec: schema.to_string(),
         after: String::new(),
     })
+}
+
+fn grammar(lark: String) -> StructuredOutput {
+    StructuredOutput {
+        kind: "grammar".into(),
+        spec: lark,
+        after: String::new(),
+    }
 }
 
 /// Checks a chat request's tool fields. `auto_parser` reads `"auto"`'s output: the server's
@@ -158,10 +175,14 @@ pub fn check_tools(
         ToolChoice::Mode(mode) if mode == "auto" => {
             // A format that types values by the tools' schemas reads with this request's.
             let parser = auto_parser.for_tools(&tools).unwrap_or(auto_parser);
+            let lazy_grammar = parser
+                .lazy_grammar(&call_schema(&tools), max_calls.is_some())
+                .map(grammar);
             return Ok(ValidTools {
                 rendered: Some(tools),
                 reader: reader(parser),
                 structured_output: None,
+                lazy_grammar,
             });
         }
         ToolChoice::Mode(mode) if mode == "required" => {
@@ -170,6 +191,7 @@ pub fn check_tools(
                 structured_output: json_schema(&schema),
                 rendered: Some(tools),
                 reader: reader(Arc::new(RequiredCalls)),
+                lazy_grammar: None,
             });
         }
         ToolChoice::Mode(mode) => {
@@ -202,6 +224,7 @@ pub fn check_tools(
         structured_output: json_schema(&arguments_schema(tool)),
         reader: reader(Arc::new(NamedFunction(named))),
         rendered: Some(tools),
+        lazy_grammar: None,
     })
 }
 

@@ -23,6 +23,7 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         scheduling_policy: SchedulingPolicy::Fcfs,
         tool_call_parser: "auto".into(),
         reasoning_parser: None,
+        tool_call_grammar: true,
         trust_request_chat_template: false,
         cors: None,
         cpu_kernels: "avx2".into(),

@@ -1,6 +1,8 @@
 //! Hermes-style calls (Qwen, Hermes, and the prompt Sluice gives templates without tools): each
 //! call is a JSON object inside `<tool_call>` and `</tool_call>`; everything else is content.
 
+use serde_json::Value;
+
 use super::call_json::scan_call;
 use super::{CallText, OutputParse, ToolCallParser};
 use crate::text::partial_marker::partial_marker_len;
@@ -33,6 +35,26 @@ fn block_call(inner: &str, closed: bool) -> Option<CallText> {
 impl ToolCallParser for Hermes {
     fn name(&self) -> String {
         "hermes".into()
+    }
+
+    fn lazy_grammar(&self, call_schema: &Value, at_most_one: bool) -> Option<String> {
+        // TEXT never holds the opening tag; `prefix` is text that ends at it (llguidance's `stop`).
+        // Free text ends the output; each call is the schema's JSON between the tags.
+        let more = if at_most_one {
+            "TEXT"
+        } else {
+            "TEXT | prefix call more"
+        };
+        Some(format!(
+            "start: TEXT | prefix call more\n\
+             more: {more}\n\
+             TEXT: /(?s:.*)/ & ~/(?s:.*{open}.*)/\n\
+             prefix[stop={open_json}]: /(?s:.*)/\n\
+             call: /[ \\t\\r\\n]*/ %json {call_schema} /[ \\t\\r\\n]*/ {close_json}\n",
+            open = OPEN,
+            open_json = Value::String(OPEN.into()),
+            close_json = Value::String(CLOSE.into()),
+        ))
     }
 
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
@@ -77,6 +99,24 @@ impl ToolCallParser for Hermes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lazy_grammar_frees_text_and_holds_calls_to_the_schema() {
+        let schema = serde_json::json!({"anyOf": [{"type": "object"}]});
+        let many = Hermes.lazy_grammar(&schema, false).unwrap();
+        assert!(
+            many.contains("TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"),
+            "{many}"
+        );
+        assert!(many.contains("prefix[stop=\"<tool_call>\"]"), "{many}");
+        assert!(
+            many.contains("%json {\"anyOf\":[{\"type\":\"object\"}]}"),
+            "{many}"
+        );
+        assert!(many.contains("more: TEXT | prefix call more"), "{many}");
+        let one = Hermes.lazy_grammar(&schema, true).unwrap();
+        assert!(one.contains("more: TEXT\n"), "{one}");
+    }
 
     #[test]
     fn blocks_are_calls_and_the_rest_is_content() {

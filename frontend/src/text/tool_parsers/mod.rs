@@ -15,6 +15,7 @@ mod qwen3_coder;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use serde_json::Value;
 use sluice_common::schema::openai_tools::Tool;
 
 pub use forced::{NamedFunction, RequiredCalls};
@@ -63,6 +64,13 @@ pub trait ToolCallParser: Send + Sync + Debug {
     /// The parser for one request's `tools`, for a format that needs them (to type values); None:
     /// this one serves every request.
     fn for_tools(&self, _tools: &[Tool]) -> Option<Arc<dyn ToolCallParser>> {
+        None
+    }
+    /// `tool_choice: "auto"`'s lazy grammar in this format (llguidance's Lark), for a format that
+    /// has one: text runs free until the model opens a call; from there the call must be well
+    /// formed and one of `call_schema` (a call object's JSON schema); `at_most_one` allows one
+    /// call. None: outputs are only read, never constrained.
+    fn lazy_grammar(&self, _call_schema: &Value, _at_most_one: bool) -> Option<String> {
         None
     }
 }

@@ -16,6 +16,8 @@ SEED = 20261123
 ROUTES = {
     "/v1/completions": {"post"},
     "/v1/chat/completions": {"post"},
+    "/v1/messages": {"post"},
+    "/v1/messages/count_tokens": {"post"},
     "/v1/models": {"get"},
     "/v1/models/{model}": {"get"},
     "/tokenize": {"post"},

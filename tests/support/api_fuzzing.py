@@ -3,13 +3,14 @@
 Every operation the document lists is fuzzed with a fixed seed: bodies that fit the schema (positive) and,
 for operations that take a body, bodies that break it (negative). Each case is one real HTTP request with a
 timeout. A case fails on a 5xx, a hang, a reset connection, any of schemathesis's conformance checks (status
-documented, content type, response schema, negative data rejected), a 4xx that is not OpenAI's error shape,
-or an event stream that does not end with `[DONE]`.
+documented, content type, response schema, negative data rejected), a 4xx that is not the route's error
+shape (OpenAI's; Anthropic's on /v1/messages...), or an event stream that does not end as its API ends one
+(`[DONE]`; Anthropic's `message_stop` or `error` event).
 
 Generation is kept cheap, not narrowed, so that most cases reach the engine instead of stopping at the
 first check: every generation request gets a small max_tokens and n (an absent max_tokens means the whole
 context in chat), a string `model` becomes the served one, a chat role outside the accepted ones becomes
-one of them (and null content ""), token ids fall inside the default model's vocabulary, /tokenize gets a
+one of them (and null content ""; user or assistant on /v1/messages), token ids fall inside the default model's vocabulary, /tokenize gets a
 prompt or messages but not both, and integral floats (5.0 is an integer to JSON Schema) become ints.
 
 Shared by tests/e2e/test_openapi_fuzz.py (the CI budget) and scripts/fuzz_api (longer runs).
@@ -46,8 +47,9 @@ MAX_TOKENS_CAP = 2
 N_CAP = 2
 # Below the vocabulary of the default model (49,152), so that most generated token ids are real ones.
 TOKEN_ID_LIMIT = 49_152
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 CHAT_ROLES = ("user", "assistant", "system")
+MESSAGES_ROLES = ("user", "assistant")
 ERROR_FIELDS = {"message", "type", "param", "code"}
 FAILURE_EXAMPLES_KEPT = 20
 # Operations fuzzed at once: the server overlaps tokenization, validation and engine steps across them.
@@ -124,11 +126,12 @@ def _cheapen(case: Case, served_model: str) -> None:
     if isinstance(body.get("model"), str):
         body["model"] = served_model
     messages = body.get("messages")
+    roles = MESSAGES_ROLES if is_anthropic_path(case.operation.path) else CHAT_ROLES
     for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and isinstance(message.get("role"), str):
             role = message["role"]
-            if role not in CHAT_ROLES:
-                message["role"] = CHAT_ROLES[zlib.crc32(role.encode()) % len(CHAT_ROLES)]
+            if role not in roles:
+                message["role"] = roles[zlib.crc32(role.encode()) % len(roles)]
             # The default template concatenates content, so a null one is a 400 on every message.
             if message.get("content", None) is None:
                 message["content"] = ""
@@ -143,6 +146,27 @@ def _cheapen(case: Case, served_model: str) -> None:
             body["max_completion_tokens"] = _capped(body.get("max_completion_tokens"), MAX_TOKENS_CAP)
         if "n" in body:
             body["n"] = _capped(body["n"], N_CAP)
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Anthropic's routes, whose errors and streams are in Anthropic's shapes."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error_shape_problem(status: int, text: str) -> str | None:
+    """Why a 4xx body is not `{"type": "error", "error": {"type", "message"}}`, or None when it is."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return f"{status} with a body that is not JSON: {text[:200]!r}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or body.get("type") != "error" or not isinstance(error, dict):
+        return f"{status} body is not {{'type': 'error', 'error': {{...}}}}: {text[:200]!r}"
+    if set(error) != {"type", "message"} or not all(
+        isinstance(error[key], str) and error[key] for key in error
+    ):
+        return f"{status} error is not a non-empty type and message: {text[:200]!r}"
+    return None
 
 
 def openai_error_shape_problem(status: int, text: str) -> str | None:
@@ -163,8 +187,14 @@ def openai_error_shape_problem(status: int, text: str) -> str | None:
     return None
 
 
-def _stream_problem(content_type: str, text: str) -> str | None:
-    if content_type.startswith("text/event-stream") and not text.rstrip().endswith("data: [DONE]"):
+def _stream_problem(path: str, content_type: str, text: str) -> str | None:
+    if not content_type.startswith("text/event-stream"):
+        return None
+    if is_anthropic_path(path):
+        last_event = text.rstrip().rsplit("\n\n", 1)[-1]
+        if not last_event.startswith(("event: message_stop\n", "event: error\n")):
+            return f"an Anthropic stream that does not end with message_stop or error: ...{text[-200:]!r}"
+    elif not text.rstrip().endswith("data: [DONE]"):
         return f"an event stream that does not end with [DONE]: ...{text[-200:]!r}"
     return None
 
@@ -203,9 +233,14 @@ def _check_case(
         problems.append(str(failure).strip())
     text = response.content.decode(errors="replace")
     if 400 <= response.status_code < 500:
-        problems.append(openai_error_shape_problem(response.status_code, text) or "")
+        shape = (
+            anthropic_error_shape_problem
+            if is_anthropic_path(case.operation.path)
+            else openai_error_shape_problem
+        )
+        problems.append(shape(response.status_code, text) or "")
     content_type = (response.headers.get("content-type") or [""])[0]
-    problems.append(_stream_problem(content_type, text) or "")
+    problems.append(_stream_problem(case.operation.path, content_type, text) or "")
     problems = [problem for problem in problems if problem]
     if problems:
         report.record_failure(case, base_url, f"{label} -> {response.status_code}: " + "\n".join(problems))

@@ -4,11 +4,8 @@
 use serde_json::Value;
 
 use super::call_json::scan_call;
+use super::tool_call_blocks::{read_blocks, CLOSE, OPEN};
 use super::{CallText, OutputParse, ToolCallParser};
-use crate::text::partial_marker::partial_marker_len;
-
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hermes;
@@ -58,41 +55,7 @@ impl ToolCallParser for Hermes {
     }
 
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
-        let mut parse = OutputParse::default();
-        let mut at = 0;
-        loop {
-            let rest = &text[at..];
-            let Some(found) = rest.find(OPEN) else {
-                let held = if finished {
-                    0
-                } else {
-                    partial_marker_len(rest, OPEN)
-                };
-                parse.content.push_str(&rest[..rest.len() - held]);
-                return parse;
-            };
-            let open = at + found;
-            parse.content.push_str(&text[at..open]);
-            let body = open + OPEN.len();
-            let (inner, next) = match text[body..].find(CLOSE) {
-                Some(close) => (&text[body..body + close], Some(body + close + CLOSE.len())),
-                None => (&text[body..], None),
-            };
-            // An unclosed block at the end of a finished output still counts: the model may stop
-            // right after the object.
-            let closed = next.is_some() || finished;
-            match block_call(inner, closed) {
-                Some(call) => parse.calls.push(call),
-                None if closed => parse
-                    .content
-                    .push_str(&text[open..next.unwrap_or(text.len())]),
-                None => {}
-            }
-            match next {
-                Some(next) => at = next,
-                None => return parse,
-            }
-        }
+        read_blocks(text, finished, block_call)
     }
 }
 

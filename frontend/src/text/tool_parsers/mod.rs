@@ -11,6 +11,7 @@ mod llama3_json;
 mod mistral;
 mod pythonic;
 mod qwen3_coder;
+mod tool_call_blocks;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -21,12 +21,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::tool_call_blocks::read_blocks;
 use super::{CallText, OutputParse, ToolCallParser};
-use crate::text::partial_marker::partial_marker_len;
 use sluice_common::schema::openai_tools::Tool;
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
 const FUNCTION: &str = "<function=";
 const FUNCTION_END: &str = "</function>";
 const PARAMETER: &str = "<parameter=";
@@ -79,16 +77,16 @@ fn trim_one_newline(text: &str) -> &str {
 }
 
 impl Qwen3Coder {
-    /// The call in a block's inner text, and whether it is complete and well formed; None when the
-    /// text cannot be (or become) one call.
-    fn block_call(&self, inner: &str, closed: bool) -> Option<(CallText, bool)> {
+    /// The call in a block's inner text: whole, or (not `closed`) as far as it has come; None when
+    /// the text is not (and, closed, will not become) one call.
+    fn block_call(&self, inner: &str, closed: bool) -> Option<CallText> {
         let body = inner.trim_start();
         if body.is_empty() || (FUNCTION.starts_with(body) && body.len() < FUNCTION.len()) {
-            return (!closed).then(|| (CallText::default(), false));
+            return (!closed).then(CallText::default);
         }
         let after_tag = body.strip_prefix(FUNCTION)?;
         let Some(name_end) = after_tag.find('>') else {
-            return (!closed).then(|| (CallText::default(), false));
+            return (!closed).then(CallText::default);
         };
         let name = after_tag[..name_end].trim();
         if name.is_empty() || name.contains(['<', '\n']) {
@@ -105,7 +103,7 @@ impl Qwen3Coder {
                     return None;
                 }
                 arguments.push('}');
-                return Some((CallText::named(name, &arguments), true));
+                return Some(CallText::named(name, &arguments));
             }
             let Some(parameter) = trimmed.strip_prefix(PARAMETER) else {
                 // Whitespace, or the start of a tag, while the output may still grow.
@@ -113,23 +111,23 @@ impl Qwen3Coder {
                     .iter()
                     .any(|tag| tag.starts_with(trimmed));
                 return match (may_grow, closed) {
-                    (true, false) => Some((CallText::named(name, &arguments), false)),
+                    (true, false) => Some(CallText::named(name, &arguments)),
                     // A finished output that stopped between parameters: the call is whole.
                     (_, true) if trimmed.is_empty() => {
                         arguments.push('}');
-                        Some((CallText::named(name, &arguments), true))
+                        Some(CallText::named(name, &arguments))
                     }
                     _ => None,
                 };
             };
             let Some(key_end) = parameter.find('>') else {
-                return (!closed).then(|| (CallText::named(name, &arguments), false));
+                return (!closed).then(|| CallText::named(name, &arguments));
             };
             let key = parameter[..key_end].trim();
             let value_text = &parameter[key_end + 1..];
             let Some(value_end) = value_text.find(PARAMETER_END) else {
                 // The value is still being written: it goes out whole, later.
-                return (!closed).then(|| (CallText::named(name, &arguments), false));
+                return (!closed).then(|| CallText::named(name, &arguments));
             };
             let kind = types.and_then(|types| types.get(key)).map(String::as_str);
             let value = typed_value(trim_one_newline(&value_text[..value_end]), kind);
@@ -174,39 +172,9 @@ impl ToolCallParser for Qwen3Coder {
     }
 
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
-        let mut parse = OutputParse::default();
-        let mut at = 0;
-        loop {
-            let rest = &text[at..];
-            let Some(found) = rest.find(OPEN) else {
-                let held = if finished {
-                    0
-                } else {
-                    partial_marker_len(rest, OPEN)
-                };
-                parse.content.push_str(&rest[..rest.len() - held]);
-                return parse;
-            };
-            let open = at + found;
-            parse.content.push_str(&text[at..open]);
-            let body = open + OPEN.len();
-            let (inner, next) = match text[body..].find(CLOSE) {
-                Some(close) => (&text[body..body + close], Some(body + close + CLOSE.len())),
-                None => (&text[body..], None),
-            };
-            let closed = next.is_some() || finished;
-            match self.block_call(inner, closed) {
-                Some((call, complete)) if complete || !closed => parse.calls.push(call),
-                _ if closed => parse
-                    .content
-                    .push_str(&text[open..next.unwrap_or(text.len())]),
-                _ => {}
-            }
-            match next {
-                Some(next) => at = next,
-                None => return parse,
-            }
-        }
+        read_blocks(text, finished, |inner, closed| {
+            self.block_call(inner, closed)
+        })
     }
 }
 

@@ -12,7 +12,9 @@ the small model opens calls often enough to count):
   tool's JSON schema (jsonschema) is `invalid`;
 - an opened call that the parser could not read, so that `<tool_call>` stayed in the content, is
   `unparsed`;
-- a request that failed is an `error`.
+- a request that failed is an `error`;
+- an output that `max_tokens` cut off inside its last call is `cut_off`, not a failure to parse: the
+  grammar keeps a call well formed, but cannot make it fit.
 
 The target is 0 invalid and 0 unparsed calls with the grammar on. These are counts over all the
 requests of one run, not timings, so there is nothing to take a median of; the wall time of each
@@ -123,7 +125,7 @@ QUESTIONS = [
 def ask(server: Server, index: int, max_tokens: int) -> dict[str, Any]:
     """One streamed request, joined as a client joins it: its content and its calls."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    content, calls = "", []
+    content, calls, finish = "", [], None
     try:
         stream = client.chat.completions.create(
             model=MODEL,
@@ -136,6 +138,7 @@ def ask(server: Server, index: int, max_tokens: int) -> dict[str, Any]:
         )
         for chunk in stream:
             for choice in chunk.choices:
+                finish = choice.finish_reason or finish
                 content += choice.delta.content or ""
                 for delta in choice.delta.tool_calls or []:
                     if delta.id is not None:
@@ -145,7 +148,7 @@ def ask(server: Server, index: int, max_tokens: int) -> dict[str, Any]:
         return {"error": str(error)}
     finally:
         client.close()
-    return {"content": content, "calls": calls}
+    return {"content": content, "calls": calls, "finish_reason": finish}
 
 
 def invalid_call(name: str, arguments: str) -> str | None:
@@ -167,7 +170,7 @@ def run_mode(name: str, extra_args: list[str], args: argparse.Namespace, log_dir
     server = start_sluice(name, None, ["--enable-prefix-caching", *extra_args], log_dir)
     try:
         server.wait_ready()
-        counts = {"requests": 0, "calls": 0, "invalid": 0, "unparsed": 0, "errors": 0}
+        counts = {"requests": 0, "calls": 0, "invalid": 0, "unparsed": 0, "cut_off": 0, "errors": 0}
         examples: list[str] = []
         started = time.monotonic()
         with ThreadPoolExecutor(args.concurrency) as pool:
@@ -178,15 +181,22 @@ def run_mode(name: str, extra_args: list[str], args: argparse.Namespace, log_dir
                     counts["errors"] += 1
                     examples.append(f"error: {answer['error']}")
                     continue
+                cut = answer["finish_reason"] == "length"
                 if "<tool_call>" in answer["content"]:
-                    counts["unparsed"] += 1
-                    examples.append(f"unparsed: {answer['content'][-200:]!r}")
-                for call_name, arguments in answer["calls"]:
+                    # A call still open when max_tokens ended the output stays in the content.
+                    still_open = "</tool_call>" not in answer["content"].rsplit("<tool_call>", 1)[1]
+                    kind = "cut_off" if cut and still_open else "unparsed"
+                    counts[kind] += 1
+                    examples.append(f"{kind}: {answer['content'][-200:]!r}")
+                for at, (call_name, arguments) in enumerate(answer["calls"]):
                     counts["calls"] += 1
                     why = invalid_call(call_name, arguments)
-                    if why is not None:
-                        counts["invalid"] += 1
-                        examples.append(f"invalid {call_name}({arguments}): {why}")
+                    if why is None:
+                        continue
+                    # A streamed call is announced before its arguments; max_tokens may end them.
+                    kind = "cut_off" if cut and at == len(answer["calls"]) - 1 else "invalid"
+                    counts[kind] += 1
+                    examples.append(f"{kind} {call_name}({arguments}): {why}")
                 if counts["requests"] % 100 == 0:
                     log(f"{name}: {counts['requests']}/{args.requests} {counts}")
         return {**counts, "wall_s": round(time.monotonic() - started, 1), "examples": examples[:20]}
@@ -212,12 +222,13 @@ def main() -> None:
             results[name] = run_mode(name, extra_args, args, Path(log_dir))
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(
-        f"{'mode':<12} {'requests':>8} {'calls':>6} {'invalid':>7} {'unparsed':>8} {'errors':>6} {'wall s':>7}"
+        f"{'mode':<12} {'requests':>8} {'calls':>6} {'invalid':>7} {'unparsed':>8} {'cut_off':>7} "
+        f"{'errors':>6} {'wall s':>7}"
     )
     for name, result in results.items():
         print(
             f"{name:<12} {result['requests']:>8} {result['calls']:>6} {result['invalid']:>7} "
-            f"{result['unparsed']:>8} {result['errors']:>6} {result['wall_s']:>7}"
+            f"{result['unparsed']:>8} {result['cut_off']:>7} {result['errors']:>6} {result['wall_s']:>7}"
         )
     for name, result in results.items():
         for example in result["examples"][:5]:

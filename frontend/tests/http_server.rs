@@ -1117,7 +1117,19 @@ async fn auto_tool_calls_are_read_from_the_output_whole_and_streamed() {
         prompt.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\""),
         "{prompt}"
     );
-    assert_eq!(request.params.structured_output, None);
+    // `auto` is held to the hermes parser's lazy grammar: free text, then calls of these tools.
+    let grammar = request
+        .params
+        .structured_output
+        .as_ref()
+        .expect("auto's lazy grammar");
+    assert_eq!(grammar.kind, "grammar");
+    assert!(
+        grammar.spec.contains("prefix[stop=\"<tool_call>\"]")
+            && grammar.spec.contains("\"enum\":[\"get_weather\"]"),
+        "{}",
+        grammar.spec
+    );
 
     let mut streamed = body;
     streamed["stream"] = json!(true);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::api::routes;
 use crate::engine::client_config::EngineClientConfig;
 use crate::metrics::MetricsPrefix;
+use crate::response_store::StoreBounds;
 use crate::state::{self, AppState, SchedulingPolicy, ServerConfig};
 use crate::text::reasoning::ReasoningParser;
 use crate::text::tool_parsers::parser_choices;
@@ -15,7 +16,7 @@ use clap::builder::PossibleValuesParser;
 use clap::Parser;
 use sluice_common::connections;
 use sluice_common::flag_schema;
-use sluice_common::server_args::ServerArgs;
+use sluice_common::server_args::{positive_seconds, ServerArgs};
 use sluice_common::text::piecewise_encoder::DEFAULT_PIECE_BYTES;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -94,6 +95,17 @@ struct Args {
     /// what its `--cpu-isa` resolves to here), shown on /version and as /metrics' cpu_kernels_info.
     #[arg(long, default_value = "none")]
     cpu_kernels: String,
+    /// The SQLite file that keeps /v1/responses' stored conversations (created at the first stored
+    /// response). Default: responses-<port>.sqlite3 in the cache folder ($SLUICE_CACHE, or
+    /// ~/.cache/sluice).
+    #[arg(long)]
+    responses_store: Option<PathBuf>,
+    /// The megabytes of responses the store keeps: past it the oldest are evicted.
+    #[arg(long, default_value_t = 1024.0)]
+    responses_store_max_mb: f64,
+    /// Seconds a stored response stays retrievable (default 30 days, as OpenAI's).
+    #[arg(long, default_value_t = 2_592_000.0)]
+    responses_store_max_age_s: f64,
 }
 
 impl Args {
@@ -117,8 +129,36 @@ impl Args {
             trust_request_chat_template: self.trust_request_chat_template,
             cors: self.server.cors()?,
             cpu_kernels: self.cpu_kernels.clone(),
+            responses_store: self
+                .responses_store
+                .clone()
+                .unwrap_or_else(|| cache_folder().join(format!("responses-{}.sqlite3", self.port))),
+            responses_bounds: self.responses_bounds()?,
         })
     }
+
+    fn responses_bounds(&self) -> Result<StoreBounds, String> {
+        let max_mb = self.responses_store_max_mb;
+        if !(max_mb.is_finite() && max_mb > 0.0) {
+            return Err(format!(
+                "--responses-store-max-mb must be a positive number, got {max_mb}"
+            ));
+        }
+        Ok(StoreBounds {
+            max_bytes: (max_mb * 1e6) as u64,
+            max_age: positive_seconds("responses-store-max-age-s", self.responses_store_max_age_s)?,
+        })
+    }
+}
+
+/// Sluice's cache folder, as the Python side has it (`sluice_cache_dir`): $SLUICE_CACHE, else
+/// ~/.cache/sluice.
+fn cache_folder() -> PathBuf {
+    std::env::var_os("SLUICE_CACHE")
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/sluice")))
+        .unwrap_or_else(|| std::env::temp_dir().join("sluice"))
 }
 
 /// Exit status when the engine core dies or never becomes ready, so a supervisor restarts us.

@@ -9,5 +9,6 @@ pub mod api;
 pub mod cli;
 pub mod engine;
 pub mod metrics;
+pub mod response_store;
 pub mod state;
 pub mod text;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::engine::protocol::{EngineStats, FinishReason, ITERATION_TOKENS_BOUNDS};
+use crate::response_store::StoreStats;
 
 /// Latency buckets in seconds, from vLLM's choices for the same histograms.
 const TTFT_BUCKETS: &[f64] = &[
@@ -166,6 +167,39 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric, with the engine's as `engine` reported them.
+    /// The response store's gauges and eviction counters (`/v1/responses`).
+    pub fn render_store(&self, store: &StoreStats) -> String {
+        let prefix = self.prefix.as_str();
+        let labels = format!("model_name=\"{}\"", escape_label(&self.model_name));
+        let mut out = String::with_capacity(1024);
+        for (name, help, value) in [
+            (
+                "responses_stored",
+                "Responses kept for previous_response_id.",
+                store.stored,
+            ),
+            (
+                "responses_stored_bytes",
+                "Bytes of the responses kept.",
+                store.bytes,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {prefix}:{name} {help}\n# TYPE {prefix}:{name} gauge\n{prefix}:{name}{{{labels}}} {value}"
+            );
+        }
+        let name = format!("{prefix}:responses_evicted_total");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Stored responses dropped: the oldest past --responses-store-max-mb \
+             (size), or older than --responses-store-max-age-s (age).\n# TYPE {name} counter\n\
+             {name}{{{labels},reason=\"size\"}} {}\n{name}{{{labels},reason=\"age\"}} {}",
+            store.evicted_for_size, store.evicted_for_age
+        );
+        out
+    }
+
     /// `engine_restarts` counts the engine cores that took over after one was lost.
     pub fn render(&self, engine: &EngineStats, engine_restarts: u64) -> String {
         let prefix = self.prefix.as_str();
@@ -487,6 +521,39 @@ mod tests {
 
     fn metrics() -> Arc<Metrics> {
         Arc::new(Metrics::new("m", MetricsPrefix::Sluice))
+    }
+
+    #[test]
+    fn the_response_store_is_two_gauges_and_evictions_by_reason() {
+        let text = Metrics::new("m", MetricsPrefix::Sluice).render_store(&StoreStats {
+            stored: 3,
+            bytes: 300,
+            evicted_for_size: 2,
+            evicted_for_age: 1,
+        });
+        assert_eq!(
+            line(&text, "sluice:responses_stored{"),
+            "sluice:responses_stored{model_name=\"m\"} 3"
+        );
+        assert_eq!(
+            line(&text, "sluice:responses_stored_bytes{"),
+            "sluice:responses_stored_bytes{model_name=\"m\"} 300"
+        );
+        assert_eq!(
+            line(
+                &text,
+                "sluice:responses_evicted_total{model_name=\"m\",reason=\"size\"}"
+            ),
+            "sluice:responses_evicted_total{model_name=\"m\",reason=\"size\"} 2"
+        );
+        assert_eq!(
+            line(
+                &text,
+                "sluice:responses_evicted_total{model_name=\"m\",reason=\"age\"}"
+            ),
+            "sluice:responses_evicted_total{model_name=\"m\",reason=\"age\"} 1"
+        );
+        assert!(text.contains("# TYPE sluice:responses_evicted_total counter\n"));
     }
 
     #[test]

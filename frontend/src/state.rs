@@ -15,6 +15,7 @@ use crate::engine::client_config::EngineClientConfig;
 use crate::engine::error::EngineError;
 use crate::engine::protocol::EngineStats;
 use crate::metrics::{Metrics, MetricsPrefix};
+use crate::response_store::{ResponseStore, StoreBounds};
 use crate::text::reasoning::ReasoningParser;
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 use crate::text::tool_parsers::{serving_parser, ToolCallParser};
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     /// The instruction-set tier of the CPU kernels that the engine core's workers run (`sluice serve`
     /// resolves `--cpu-isa` on this machine), or `none`: shown on /version and /metrics.
     pub cpu_kernels: String,
+    /// The SQLite file of `/v1/responses`' stored conversations, and its bounds.
+    pub responses_store: PathBuf,
+    pub responses_bounds: StoreBounds,
 }
 
 /// The engine core's `--scheduling-policy`, mirrored here: `sluice serve` passes the same value to both.
@@ -90,6 +94,8 @@ pub struct AppState {
     pub vocab_size: u32,
     /// What `tool_choice: "auto"` reads outputs with.
     pub tool_call_parser: Arc<dyn ToolCallParser>,
+    /// `/v1/responses`' stored conversations.
+    pub responses: Arc<ResponseStore>,
     engine: OnceLock<EngineClient>,
     next_id: AtomicU64,
 }
@@ -136,6 +142,10 @@ impl AppState {
             permits: Arc::new(Semaphore::new(config.max_waiting_requests)),
             vocab_size,
             tool_call_parser,
+            responses: Arc::new(ResponseStore::new(
+                config.responses_store.clone(),
+                config.responses_bounds.clone(),
+            )),
             engine: OnceLock::new(),
             next_id: AtomicU64::new(0),
             config,

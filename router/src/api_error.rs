@@ -31,6 +31,16 @@ pub enum RouterError {
     BodyReadTimeout(Duration),
     #[error("this router keeps no KV index: only --policy cache-aware follows KV events")]
     NoKvIndex,
+    /// A stored response whose replica (by the tag in its id) is no longer one of the router's.
+    #[error(
+        "no response with id '{id}' can be reached: the replica that stored it (tag {tag}) is no \
+         longer serving, and its conversations are gone with it"
+    )]
+    ResponseGone {
+        id: String,
+        tag: String,
+        param: Option<&'static str>,
+    },
     /// No replica is healthy, or every attempt failed before the first byte.
     #[error("no replica is available: {reason}")]
     NoReplica {
@@ -50,7 +60,7 @@ impl RouterError {
             RouterError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             RouterError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             RouterError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            RouterError::NoKvIndex => StatusCode::NOT_FOUND,
+            RouterError::NoKvIndex | RouterError::ResponseGone { .. } => StatusCode::NOT_FOUND,
             RouterError::NoReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -70,6 +80,12 @@ impl RouterError {
             }
             RouterError::BodyReadTimeout(_) => ("invalid_request_error", "request_timeout"),
             RouterError::NoKvIndex => ("invalid_request_error", "no_kv_index"),
+            RouterError::ResponseGone { param: Some(_), .. } => {
+                ("invalid_request_error", "previous_response_not_found")
+            }
+            RouterError::ResponseGone { param: None, .. } => {
+                ("invalid_request_error", "response_not_found")
+            }
             RouterError::NoReplica { .. } => ("server_error", "no_replica_available"),
         }
     }
@@ -77,7 +93,11 @@ impl RouterError {
     /// OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind_and_code();
-        json!({"error": {"message": self.to_string(), "type": kind, "param": null, "code": code}})
+        let param = match self {
+            RouterError::ResponseGone { param, .. } => *param,
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
     }
 }
 

@@ -1,6 +1,7 @@
 //! The router in front of Sluice replicas: it shares nothing with them but HTTP (and, for
 //! cache-aware routing, the engine cores' KV-cache events).
 
+pub mod affinity;
 pub mod api_error;
 pub mod backoff;
 pub mod breaker;

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 
 use crate::api_error::RouterError;
 use crate::metrics::Metrics;
-use crate::policies::{ReplicaId, RouteRequest};
+use crate::policies::{Candidate, ReplicaId, RouteRequest};
 use crate::replicas::Outstanding;
 use crate::state::AppState;
 
@@ -39,6 +39,8 @@ pub struct Forward<'a> {
     pub body: Bytes,
     pub route: RouteRequest<'a>,
     pub expect: Expect,
+    /// The one replica that may take it: the one that stored the response it is about.
+    pub pin: Option<ReplicaId>,
 }
 
 pub async fn forward(state: &AppState, request: &Forward<'_>) -> Response {
@@ -47,7 +49,7 @@ pub async fn forward(state: &AppState, request: &Forward<'_>) -> Response {
     for attempt in 0u32.. {
         if attempt > 0 {
             let retry = &state.settings.retry;
-            if !retry.may_retry(attempt - 1, false) || state.replicas.candidates(&tried).is_empty()
+            if !retry.may_retry(attempt - 1, false) || candidates(state, request, &tried).is_empty()
             {
                 break;
             }
@@ -56,7 +58,7 @@ pub async fn forward(state: &AppState, request: &Forward<'_>) -> Response {
                 .retry(tried.last().expect("an attempt was made"));
             tokio::time::sleep(retry.delay(attempt, rand::random_range(0.0..1.0))).await;
         }
-        let candidates = state.replicas.candidates(&tried);
+        let candidates = candidates(state, request, &tried);
         if candidates.is_empty() {
             break;
         }
@@ -95,6 +97,16 @@ pub async fn forward(state: &AppState, request: &Forward<'_>) -> Response {
         retry_after: state.settings.health.interval,
     }
     .into_response()
+}
+
+/// The replicas that may take `request` now: routable, not tried yet, and the pinned one if it is
+/// pinned.
+fn candidates(state: &AppState, request: &Forward<'_>, tried: &[ReplicaId]) -> Vec<Candidate> {
+    let mut candidates = state.replicas.candidates(tried);
+    if let Some(pin) = &request.pin {
+        candidates.retain(|candidate| candidate.id == *pin);
+    }
+    candidates
 }
 
 /// A replica's answer that was found sound, not yet sent.

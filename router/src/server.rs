@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -16,8 +16,9 @@ use sluice_common::auth::{authorize, AuthFailure};
 use sluice_common::playground;
 use sluice_common::{connections, error_dialect};
 
+use crate::affinity::home_of;
 use crate::api_error::RouterError;
-use crate::policies::RouteRequest;
+use crate::policies::{ReplicaId, RouteRequest};
 use crate::proxy::{forward, Expect, Forward};
 use crate::state::AppState;
 
@@ -27,6 +28,11 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(completion))
         .route("/v1/completions", post(completion))
+        .route("/v1/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response).delete(stored_response),
+        )
         .route("/v1/{*rest}", any(pass_through))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -136,22 +142,79 @@ fn session_key<'a>(state: &AppState, headers: &'a HeaderMap, body: &'a Value) ->
 }
 
 async fn completion(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
-    let bytes = match body_bytes(&state, body).await {
-        Ok(bytes) => bytes,
+    let (parts, bytes, json, expect) = match generation_request(&state, request).await {
+        Ok(read) => read,
         Err(error) => return error.into_response(),
     };
+    forward_read(&state, &parts, bytes, &json, expect, None).await
+}
+
+/// A generation request read whole: its head, body, body as JSON (an object) and what its answer
+/// looks like.
+async fn generation_request(
+    state: &AppState,
+    request: Request,
+) -> Result<(Parts, Bytes, Value, Expect), RouterError> {
+    let (parts, body) = request.into_parts();
+    let bytes = body_bytes(state, body).await?;
     let json: Value = match serde_json::from_slice(&bytes) {
         Ok(json @ Value::Object(_)) => json,
-        Ok(_) => return RouterError::InvalidJson("expected a JSON object".into()).into_response(),
-        Err(error) => return RouterError::InvalidJson(error.to_string()).into_response(),
+        Ok(_) => return Err(RouterError::InvalidJson("expected a JSON object".into())),
+        Err(error) => return Err(RouterError::InvalidJson(error.to_string())),
     };
     let expect = if json.get("stream").and_then(Value::as_bool) == Some(true) {
         Expect::EventStream
     } else {
         Expect::Json
     };
-    forward_read(&state, &parts, bytes, &json, expect).await
+    Ok((parts, bytes, json, expect))
+}
+
+/// `POST /v1/responses`: a follow-up goes to the replica that stored the response it continues.
+async fn responses(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (parts, bytes, json, expect) = match generation_request(&state, request).await {
+        Ok(read) => read,
+        Err(error) => return error.into_response(),
+    };
+    let previous = json.get("previous_response_id").and_then(Value::as_str);
+    let pin = match previous.map(|id| home(&state, id, Some("previous_response_id"))) {
+        Some(Ok(pin)) => pin,
+        Some(Err(gone)) => return gone.into_response(),
+        None => None,
+    };
+    forward_read(&state, &parts, bytes, &json, expect, pin).await
+}
+
+/// `GET` and `DELETE /v1/responses/{id}`: sent to the replica that stored it.
+async fn stored_response(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    let pin = match home(&state, &id, None) {
+        Ok(pin) => pin,
+        Err(gone) => return gone.into_response(),
+    };
+    let (parts, body) = request.into_parts();
+    let bytes = match body_bytes(&state, body).await {
+        Ok(bytes) => bytes,
+        Err(error) => return error.into_response(),
+    };
+    forward_read(&state, &parts, bytes, &Value::Null, Expect::Json, pin).await
+}
+
+/// The replica that stored response `id`, if its id names one; a 404 naming the id when that
+/// replica is gone.
+fn home(
+    state: &AppState,
+    id: &str,
+    param: Option<&'static str>,
+) -> Result<Option<ReplicaId>, RouterError> {
+    home_of(&state.replicas, id).map_err(|tag| RouterError::ResponseGone {
+        id: id.to_owned(),
+        tag,
+        param,
+    })
 }
 
 async fn pass_through(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -160,7 +223,7 @@ async fn pass_through(State(state): State<Arc<AppState>>, request: Request) -> R
         Ok(bytes) => bytes,
         Err(error) => return error.into_response(),
     };
-    forward_read(&state, &parts, bytes, &Value::Null, Expect::Anything).await
+    forward_read(&state, &parts, bytes, &Value::Null, Expect::Anything, None).await
 }
 
 /// Forwards a request whose body is read: `json` is that body parsed, or Null where it is passed
@@ -171,6 +234,7 @@ async fn forward_read(
     bytes: Bytes,
     json: &Value,
     expect: Expect,
+    pin: Option<ReplicaId>,
 ) -> Response {
     let request = Forward {
         method: parts.method.clone(),
@@ -183,6 +247,7 @@ async fn forward_read(
             session_key: session_key(state, &parts.headers, json),
         },
         expect,
+        pin,
     };
     forward(state, &request).await
 }

@@ -10,7 +10,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::affinity::replica_tag;
 use crate::policies::ReplicaId;
+use sluice_common::schema::responses::REPLICA_TAG_HEADER;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -79,6 +81,12 @@ impl Upstream {
         if let Some(authorization) = &self.authorization {
             headers.insert(header::AUTHORIZATION, authorization.clone());
         }
+        // Which replica this is, for the ids of the responses it stores (`affinity`); whatever a
+        // client sent in its place is replaced.
+        headers.insert(
+            REPLICA_TAG_HEADER,
+            HeaderValue::from_str(&replica_tag(replica)).expect("hex digits are a header value"),
+        );
         self.client
             .request(request)
             .await

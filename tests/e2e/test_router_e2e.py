@@ -47,8 +47,10 @@ class Fleet:
     def start(self, index: int) -> Server:
         assert self.servers[index] is None
         log = self.log_dir / f"replica{index}-{time.monotonic_ns()}.log"
+        # Each replica's stored responses in its own file, which outlives a restart.
+        store = ["--responses-store", str(self.log_dir / f"responses{index}.sqlite3")]
         server = self.stacks[index].enter_context(
-            running_server(REPLICA_ARGS, log, api_key=API_KEY, port=self.ports[index])
+            running_server([*REPLICA_ARGS, *store], log, api_key=API_KEY, port=self.ports[index])
         )
         self.servers[index] = server
         return server
@@ -331,6 +333,44 @@ def test_round_robin_alternates_between_the_replicas(fleet: Fleet, tmp_path: Pat
             complete(client)
         assert fleet.served_since(before, 6) == [3, 3]
         assert router.counter("routing_decisions_total", reason="round_robin") == 6
+
+
+def test_a_responses_follow_up_reaches_the_replica_that_stored_its_conversation(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Round-robin alone would send every other follow-up to the replica that does not hold the
+    # conversation, which answers 404: the router reads the holder's tag from the response id.
+    def holders(response_id: str) -> list[int]:
+        path = f"/v1/responses/{response_id}"
+        return [i for i in range(2) if fleet.replica(i).request("GET", path).status == 200]
+
+    greedy: dict[str, Any] = {"model": MODEL, "max_output_tokens": 4, "temperature": 0}
+    with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
+        client = client_of(router)
+        first = client.responses.create(input="Hi", **greedy)
+        (holder,) = holders(first.id)
+        latest = first
+        for _ in range(4):
+            latest = client.responses.create(previous_response_id=latest.id, input="More.", **greedy)
+            assert holders(latest.id) == [holder]
+        with client.responses.stream(previous_response_id=latest.id, input="Go on.", **greedy) as stream:
+            # Four tokens cut the answer: it ends with response.incomplete, not .completed.
+            last = list(stream)[-1]
+        assert last.type == "response.incomplete"
+        assert holders(last.response.id) == [holder]
+        assert client.responses.retrieve(latest.id).id == latest.id
+        client.responses.delete(first.id)
+        assert holders(first.id) == []
+    # Behind a router without that replica, the conversation is gone with it: a 404 naming the id.
+    alone = [f"--replica={fleet.urls[1 - holder]}"]
+    with running_router(["--policy", "round-robin", *alone], tmp_path / "r2.log") as router:
+        with pytest.raises(openai.NotFoundError) as raised:
+            client_of(router).responses.create(previous_response_id=latest.id, input="x", **greedy)
+        error = raised.value.body
+        assert isinstance(error, dict) and latest.id in error["message"]
+        assert error["param"] == "previous_response_id" and error["code"] == "previous_response_not_found"
+        status, _, body = router.call("GET", f"/v1/responses/{latest.id}")
+        assert status == 404 and json.loads(body)["error"]["code"] == "response_not_found"
 
 
 @pytest.mark.parametrize("policy", ["least-outstanding", "power-of-two"])

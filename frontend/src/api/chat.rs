@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::BytesMut;
 
@@ -19,9 +20,10 @@ use crate::api::sse::{
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
+use crate::text::answer_parts::{whole_answer, WholeAnswer};
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
-use crate::text::reasoning::{split_whole, ReasoningStream};
-use crate::text::tool_call_stream::{read_whole, ToolCallStream};
+use crate::text::reasoning::ReasoningStream;
+use crate::text::tool_call_stream::ToolCallStream;
 use sluice_common::schema::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, TopLogprob, Usage,
@@ -33,13 +35,15 @@ pub struct Chat;
 impl GenerationEndpoint for Chat {
     type Request = ChatCompletionRequest;
     type Answer = ChatCompletionResponse;
+    type Context = ();
     const ID_PREFIX: &'static str = "chatcmpl";
 
     async fn prepare(
         state: &AppState,
         request: ChatCompletionRequest,
-    ) -> Result<ValidRequest, ApiError> {
-        prepare::chat(state, request).await
+        _headers: &HeaderMap,
+    ) -> Result<(ValidRequest, ()), ApiError> {
+        prepare::chat(state, request).await.map(|valid| (valid, ()))
     }
 
     fn whole(
@@ -47,6 +51,7 @@ impl GenerationEndpoint for Chat {
         results: Vec<ChoiceResult>,
         usage: Usage,
         request: &ValidRequest,
+        _context: (),
     ) -> ChatCompletionResponse {
         // Every choice has the one prompt: the first one's logprobs stand for all.
         let prompt_logprobs = request.prompt_logprobs.and_then(|top_n| {
@@ -62,14 +67,15 @@ impl GenerationEndpoint for Chat {
             .into_iter()
             .enumerate()
             .map(|(index, result)| {
-                let (reasoning_content, answer) = match request.reasoning_starts_thinking {
-                    Some(starts_thinking) => split_whole(starts_thinking, &result.text),
-                    None => (None, result.text),
-                };
-                let (content, calls) = match tool_calls {
-                    Some(reader) => read_whole(reader.clone(), &answer),
-                    None => (Some(answer), Vec::new()),
-                };
+                let WholeAnswer {
+                    thinking: reasoning_content,
+                    text: content,
+                    calls,
+                } = whole_answer(
+                    request.reasoning_starts_thinking,
+                    tool_calls.clone(),
+                    result.text,
+                );
                 // An output that was all thinking has no answer.
                 let content =
                     content.filter(|text| !text.is_empty() || reasoning_content.is_none());
@@ -105,6 +111,7 @@ impl GenerationEndpoint for Chat {
         choices: Choices,
         prompt_tokens: u32,
         request: &ValidRequest,
+        _context: (),
     ) -> Result<Response, ApiError> {
         let include_usage = request.include_usage;
         // vLLM's continuous usage: each chunk counts its choice's tokens so far.

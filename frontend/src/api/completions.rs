@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::http::HeaderMap;
 use axum::response::Response;
 
 use crate::api::error::ApiError;
@@ -28,13 +29,17 @@ pub struct Completions;
 impl GenerationEndpoint for Completions {
     type Request = CompletionRequest;
     type Answer = CompletionResponse;
+    type Context = ();
     const ID_PREFIX: &'static str = "cmpl";
 
     async fn prepare(
         state: &AppState,
         request: CompletionRequest,
-    ) -> Result<ValidRequest, ApiError> {
-        prepare::completion(state, request).await
+        _headers: &HeaderMap,
+    ) -> Result<(ValidRequest, ()), ApiError> {
+        prepare::completion(state, request)
+            .await
+            .map(|valid| (valid, ()))
     }
 
     fn whole(
@@ -42,6 +47,7 @@ impl GenerationEndpoint for Completions {
         results: Vec<ChoiceResult>,
         usage: Usage,
         request: &ValidRequest,
+        _context: (),
     ) -> CompletionResponse {
         let n = request.n as usize;
         let shown_ids = request.return_token_ids;
@@ -77,6 +83,7 @@ impl GenerationEndpoint for Completions {
         choices: Choices,
         prompt_tokens: u32,
         request: &ValidRequest,
+        _context: (),
     ) -> Result<Response, ApiError> {
         let include_usage = request.include_usage;
         // vLLM's continuous usage: each chunk counts its own prompt and its choice's tokens so far.

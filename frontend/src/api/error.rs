@@ -32,6 +32,16 @@ pub enum ApiError {
         param: &'static str,
         message: String,
     },
+    /// A stored response that is not (or no longer) here; `param` is `previous_response_id` when the
+    /// id came from that field.
+    #[error(
+        "no response with id '{id}' is stored here: it was never stored (store: false), was \
+         deleted, or has expired or been evicted"
+    )]
+    ResponseNotFound {
+        id: String,
+        param: Option<&'static str>,
+    },
     #[error("messages must not be empty")]
     EmptyMessages,
     #[error("request body is too large")]
@@ -81,7 +91,7 @@ impl ApiError {
             | ApiError::InvalidParameter { .. }
             | ApiError::ContextLengthExceeded { .. }
             | ApiError::EmptyMessages => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::ResponseNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::BodiesInFlight => StatusCode::TOO_MANY_REQUESTS,
@@ -110,6 +120,7 @@ impl ApiError {
             | ApiError::ContextLengthExceeded { param, .. } => Some(param),
             ApiError::EmptyMessages => Some("messages"),
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ResponseNotFound { param, .. } => *param,
             _ => None,
         }
     }
@@ -118,6 +129,10 @@ impl ApiError {
     pub fn code(&self) -> Option<&'static str> {
         match self {
             ApiError::ModelNotFound(_) => Some("model_not_found"),
+            ApiError::ResponseNotFound { param: Some(_), .. } => {
+                Some("previous_response_not_found")
+            }
+            ApiError::ResponseNotFound { param: None, .. } => Some("response_not_found"),
             ApiError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             ApiError::InvalidApiKey => Some("invalid_api_key"),
             ApiError::QueueFull | ApiError::BodiesInFlight => Some("rate_limit_exceeded"),

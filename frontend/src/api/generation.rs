@@ -1,12 +1,13 @@
-//! The handler that chat and completions share: the request prepared, fanned out to the engine,
-//! answered whole or streamed. Each endpoint says how it prepares a request and renders its
-//! answers ([`GenerationEndpoint`]).
+//! The handler that completions, chat, Anthropic's messages and OpenAI's responses share: the
+//! request prepared, fanned out to the engine, answered whole or streamed. Each endpoint says how it
+//! prepares a request and renders its answers ([`GenerationEndpoint`]).
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
@@ -20,20 +21,29 @@ use crate::api::valid_request::ValidRequest;
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::Usage;
 
-/// What differs between `/v1/chat/completions` and `/v1/completions`.
+/// What differs between the endpoints that generate.
 pub trait GenerationEndpoint {
     /// The request body as the client sends it.
     type Request: DeserializeOwned + Send + 'static;
     /// The whole (not streamed) answer.
     type Answer: Serialize;
+    /// What an answer is made of besides the valid request and its choices: a Responses turn's
+    /// conversation and store; nothing for the others.
+    type Context: Send + 'static;
     /// The prefix of the response id (`chatcmpl`, `cmpl`).
     const ID_PREFIX: &'static str;
 
-    /// The request validated and made complete (`prepare`).
+    /// The request validated and made complete (`prepare`), and its context.
     fn prepare(
         state: &AppState,
         request: Self::Request,
-    ) -> impl Future<Output = Result<ValidRequest, ApiError>> + Send;
+        headers: &HeaderMap,
+    ) -> impl Future<Output = Result<(ValidRequest, Self::Context), ApiError>> + Send;
+
+    /// The first part of the response's id.
+    fn id_kind(_context: &Self::Context) -> String {
+        Self::ID_PREFIX.to_owned()
+    }
 
     /// The answer from every choice's result, `best_of` already applied, and their usage.
     fn whole(
@@ -41,6 +51,7 @@ pub trait GenerationEndpoint {
         results: Vec<ChoiceResult>,
         usage: Usage,
         request: &ValidRequest,
+        context: Self::Context,
     ) -> Self::Answer;
 
     /// The answer as server-sent events.
@@ -48,25 +59,27 @@ pub trait GenerationEndpoint {
         choices: Choices,
         prompt_tokens: u32,
         request: &ValidRequest,
+        context: Self::Context,
     ) -> impl Future<Output = Result<Response, ApiError>> + Send;
 }
 
 pub async fn create<E: GenerationEndpoint>(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Json<E::Request>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
     let Json(request) = body?;
-    let request = E::prepare(&state, request).await?;
-    let choices = fan_out::start(&state, E::ID_PREFIX, &request, arrival)?;
+    let (request, context) = E::prepare(&state, request, &headers).await?;
+    let choices = fan_out::start(&state, &E::id_kind(&context), &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
     let response = if request.stream {
-        E::stream(choices, prompt_tokens, &request).await?
+        E::stream(choices, prompt_tokens, &request, context).await?
     } else {
         let header = choices.header.clone();
         let results = best_of::select(choices.collect().await?, request.best_of, request.n);
         let usage = fan_out::whole_usage(&results, prompt_tokens, request.n);
-        Json(E::whole(header, results, usage, &request)).into_response()
+        Json(E::whole(header, results, usage, &request, context)).into_response()
     };
     Ok(with_ignored_fields(response, &request.ignored_fields))
 }

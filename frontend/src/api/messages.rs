@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -23,9 +24,8 @@ use crate::api::request_fields::with_ignored_fields;
 use crate::api::sse::{event_stream_response, sse_events, ChoiceTotals, StreamDialect};
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
+use crate::text::answer_parts::{whole_answer, AnswerPart, AnswerStream, WholeAnswer};
 use crate::text::choice_stream::ChoiceUpdate;
-use crate::text::reasoning::{split_whole, ReasoningStream};
-use crate::text::tool_call_stream::{read_whole, ToolCallStream};
 use sluice_common::schema::anthropic::{
     BlockDelta, CountTokensRequest, CountTokensResponse, ErrorDetail, MessageDelta,
     MessagesRequest, MessagesResponse, ResponseBlock, StreamEvent, Usage as AnthropicUsage,
@@ -38,16 +38,21 @@ pub struct Messages;
 impl GenerationEndpoint for Messages {
     type Request = MessagesRequest;
     type Answer = MessagesResponse;
+    type Context = ();
     const ID_PREFIX: &'static str = "msg";
 
-    async fn prepare(state: &AppState, request: MessagesRequest) -> Result<ValidRequest, ApiError> {
+    async fn prepare(
+        state: &AppState,
+        request: MessagesRequest,
+        _headers: &HeaderMap,
+    ) -> Result<(ValidRequest, ()), ApiError> {
         let Translated {
             chat,
             ignored_fields,
         } = chat_request(request)?;
         let mut valid = prepare::chat(state, chat).await?;
         valid.ignored_fields.extend(ignored_fields);
-        Ok(valid)
+        Ok((valid, ()))
     }
 
     fn whole(
@@ -55,17 +60,19 @@ impl GenerationEndpoint for Messages {
         results: Vec<ChoiceResult>,
         usage: Usage,
         request: &ValidRequest,
+        _context: (),
     ) -> MessagesResponse {
         assert_eq!(results.len(), 1, "a Messages request has one choice");
         let result = results.into_iter().next().expect("one choice");
-        let (thinking, answer) = match request.reasoning_starts_thinking {
-            Some(starts_thinking) => split_whole(starts_thinking, &result.text),
-            None => (None, result.text),
-        };
-        let (text, calls) = match &request.tool_calls {
-            Some(reader) => read_whole(reader.clone(), &answer),
-            None => (Some(answer), Vec::new()),
-        };
+        let WholeAnswer {
+            thinking,
+            text,
+            calls,
+        } = whole_answer(
+            request.reasoning_starts_thinking,
+            request.tool_calls.clone(),
+            result.text,
+        );
         let thinking = thinking.map(|thinking| ResponseBlock::Thinking {
             thinking,
             signature: String::new(),
@@ -98,6 +105,7 @@ impl GenerationEndpoint for Messages {
         choices: Choices,
         prompt_tokens: u32,
         request: &ValidRequest,
+        _context: (),
     ) -> Result<Response, ApiError> {
         let opening = vec![
             event(&StreamEvent::MessageStart {
@@ -105,43 +113,18 @@ impl GenerationEndpoint for Messages {
             }),
             event(&StreamEvent::Ping),
         ];
-        let mut reasoning = request.reasoning_starts_thinking.map(ReasoningStream::new);
-        let mut calls = request.tool_calls.clone().map(ToolCallStream::new);
+        let mut answer = AnswerStream::new(
+            request.reasoning_starts_thinking,
+            request.tool_calls.clone(),
+        );
         let mut blocks = BlockStream::default();
         let frame = move |update: ChoiceUpdate| {
             let finished = update.finish_reason.is_some();
             let mut events = Vec::new();
-            let answer = match &mut reasoning {
-                Some(stream) => {
-                    let piece = stream.push(&update.text, finished);
-                    blocks.thinking(piece.reasoning, &mut events);
-                    piece.content
-                }
-                None => update.text,
-            };
-            let made_calls = match &mut calls {
-                Some(stream) => {
-                    let piece = stream.push(&answer, finished);
-                    blocks.text(piece.content, &mut events);
-                    for delta in piece.calls {
-                        match (delta.id, delta.function.name) {
-                            (Some(id), Some(name)) => {
-                                blocks.open_call(delta.index, id, name, &mut events)
-                            }
-                            _ => blocks.call_arguments(
-                                delta.index,
-                                delta.function.arguments.unwrap_or_default(),
-                                &mut events,
-                            ),
-                        }
-                    }
-                    stream.made_calls()
-                }
-                None => {
-                    blocks.text(answer, &mut events);
-                    false
-                }
-            };
+            for part in answer.push(&update.text, finished) {
+                blocks.part(part, &mut events);
+            }
+            let made_calls = answer.made_calls();
             if let Some(reason) = update.finish_reason {
                 blocks.close(&mut events);
                 events.push(StreamEvent::MessageDelta {
@@ -291,14 +274,15 @@ impl BlockStream {
         }
     }
 
-    /// More thinking, in the open thinking block or a new one.
-    fn thinking(&mut self, thinking: String, events: &mut Vec<StreamEvent>) {
-        self.prose(BlockKind::Thinking, thinking, events);
-    }
-
-    /// More text, in the open text block or a new one.
-    fn text(&mut self, text: String, events: &mut Vec<StreamEvent>) {
-        self.prose(BlockKind::Text, text, events);
+    /// One part of the answer: more thinking or text (in the open block of its kind, or a new
+    /// one), a call's block, or more of its arguments.
+    fn part(&mut self, part: AnswerPart, events: &mut Vec<StreamEvent>) {
+        match part {
+            AnswerPart::Thinking(thinking) => self.prose(BlockKind::Thinking, thinking, events),
+            AnswerPart::Text(text) => self.prose(BlockKind::Text, text, events),
+            AnswerPart::CallOpened { call, id, name } => self.open_call(call, id, name, events),
+            AnswerPart::CallArguments { call, json } => self.call_arguments(call, json, events),
+        }
     }
 
     fn prose(&mut self, kind: BlockKind, piece: String, events: &mut Vec<StreamEvent>) {
@@ -367,14 +351,31 @@ mod tests {
     fn blocks_open_in_order_and_each_closes_before_the_next() {
         let mut blocks = BlockStream::default();
         let mut events = Vec::new();
-        blocks.thinking("Hmm.".into(), &mut events);
-        blocks.text("Let me ".into(), &mut events);
-        blocks.text("check.".into(), &mut events);
-        blocks.open_call(0, "call_1".into(), "f".into(), &mut events);
-        blocks.call_arguments(0, "{\"a\":".into(), &mut events);
-        blocks.call_arguments(0, "1}".into(), &mut events);
-        blocks.open_call(1, "call_2".into(), "g".into(), &mut events);
-        blocks.call_arguments(1, String::new(), &mut events);
+        for part in [
+            AnswerPart::Thinking("Hmm.".into()),
+            AnswerPart::Text("Let me ".into()),
+            AnswerPart::Text("check.".into()),
+            AnswerPart::CallOpened {
+                call: 0,
+                id: "call_1".into(),
+                name: "f".into(),
+            },
+            AnswerPart::CallArguments {
+                call: 0,
+                json: "{\"a\":".into(),
+            },
+            AnswerPart::CallArguments {
+                call: 0,
+                json: "1}".into(),
+            },
+            AnswerPart::CallOpened {
+                call: 1,
+                id: "call_2".into(),
+                name: "g".into(),
+            },
+        ] {
+            blocks.part(part, &mut events);
+        }
         blocks.close(&mut events);
         blocks.close(&mut events);
         assert_eq!(

@@ -212,7 +212,7 @@ pub struct Ignored {
 }
 
 impl Ignored {
-    fn fields<'a>(&mut self, place: &str, names: impl IntoIterator<Item = &'a String>) {
+    pub fn fields<'a>(&mut self, place: &str, names: impl IntoIterator<Item = &'a String>) {
         for name in names {
             if name != CACHE_CONTROL {
                 self.names.insert(format!("{place}.{name}"));

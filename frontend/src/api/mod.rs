@@ -1,6 +1,7 @@
-//! The OpenAI-compatible HTTP API (and Anthropic's Messages API, translated to chat): routes, validation (`validate`'s field rules, `valid_request`'s typed
+//! The OpenAI-compatible HTTP API (with OpenAI's Responses API and Anthropic's Messages API, both
+//! translated to chat): routes, validation (`validate`'s field rules, `valid_request`'s typed
 //! values, `prepare`'s rendering and tokenizing), fan-out and SSE framing (the wire types are
-//! `crate::schema`'s).
+//! `sluice_common::schema`'s).
 pub mod admission;
 pub mod auth;
 pub mod best_of;
@@ -16,6 +17,8 @@ pub mod prepare;
 pub mod prompt_logprobs;
 pub mod request_body;
 pub mod request_fields;
+pub mod responses;
+pub mod responses_request;
 pub mod routes;
 pub mod sse;
 pub mod structured_output;

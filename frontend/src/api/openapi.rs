@@ -29,6 +29,7 @@ use sluice_common::schema::openai::{
     CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
     TokenizeResponse,
 };
+use sluice_common::schema::responses::{DeletedResponse, ResponseObject, ResponsesRequest};
 
 /// The component schemas; every schema these reference is collected with them.
 #[derive(OpenApi)]
@@ -36,8 +37,8 @@ use sluice_common::schema::openai::{
     info(
         title = "Sluice",
         description = "An OpenAI-compatible inference server: completions, chat completions, \
-                       models, vLLM's tokenize and detokenize, Anthropic's messages and \
-                       count_tokens, health, version, Prometheus metrics."
+                       OpenAI's responses (stored conversations), models, vLLM's tokenize and \
+                       detokenize, Anthropic's messages and count_tokens, health, version, Prometheus metrics."
     ),
     components(schemas(
         CompletionRequest,
@@ -58,6 +59,9 @@ use sluice_common::schema::openai::{
         CountTokensRequest,
         CountTokensResponse,
         AnthropicErrorResponse,
+        ResponsesRequest,
+        ResponseObject,
+        DeletedResponse,
     ))
 )]
 struct Components;
@@ -68,8 +72,9 @@ enum Success {
     Json(&'static str),
     /// JSON of the first schema, or (with `"stream": true`) server-sent events of the second.
     JsonOrEvents(&'static str, &'static str),
-    /// JSON of the schema, or (with `"stream": true`) Anthropic's named server-sent events.
-    JsonOrAnthropicEvents(&'static str),
+    /// JSON of the schema, or (with `"stream": true`) named server-sent events (`event:` and
+    /// `data:`), as the description says (Anthropic's and the Responses API's).
+    JsonOrNamedEvents(&'static str, &'static str),
     /// `{"version": "...", "cpu_kernels": "..."}`.
     Version,
     /// The Prometheus text exposition format.
@@ -118,7 +123,13 @@ const ROUTES: &[Route] = &[
         path: "/v1/messages",
         summary: "Answer a conversation in Anthropic's Messages API (served as a chat request)",
         request: Some("MessagesRequest"),
-        success: Success::JsonOrAnthropicEvents("MessagesResponse"),
+        success: Success::JsonOrNamedEvents(
+            "MessagesResponse",
+            "The event as JSON: message_start, ping, then per content block \
+             content_block_start, content_block_delta (text_delta, thinking_delta or \
+             input_json_delta) and content_block_stop, then message_delta and message_stop; a \
+             failure mid-stream is an `error` event",
+        ),
         errors: GENERATION_ERRORS,
     },
     Route {
@@ -128,6 +139,40 @@ const ROUTES: &[Route] = &[
         request: Some("CountTokensRequest"),
         success: Success::Json("CountTokensResponse"),
         errors: TOKENIZER_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/responses",
+        summary: "Answer a turn in OpenAI's Responses API (served as a chat request), stored for \
+                  previous_response_id follow-ups unless `store` is false",
+        request: Some("ResponsesRequest"),
+        success: Success::JsonOrNamedEvents(
+            "ResponseObject",
+            "The event as JSON with its sequence_number: response.created, \
+             response.in_progress, then per output item response.output_item.added, its deltas \
+             (response.content_part.added and response.output_text.delta or \
+             response.reasoning_text.delta, or response.function_call_arguments.delta), their \
+             .done events and response.output_item.done; then response.completed, or \
+             response.incomplete when max_output_tokens cut the answer; a failure mid-stream is \
+             an `error` event",
+        ),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/v1/responses/{id}",
+        summary: "A stored response, as it was answered",
+        request: None,
+        success: Success::Json("ResponseObject"),
+        errors: &[400, 404, 500],
+    },
+    Route {
+        method: HttpMethod::Delete,
+        path: "/v1/responses/{id}",
+        summary: "Delete a stored response",
+        request: None,
+        success: Success::Json("DeletedResponse"),
+        errors: &[404, 500],
     },
     Route {
         method: HttpMethod::Get,
@@ -248,19 +293,14 @@ fn success_response(success: &Success) -> ResponseBuilder {
             ok.content("application/json", json(whole))
                 .content("text/event-stream", Content::new(Some(events)))
         }
-        Success::JsonOrAnthropicEvents(whole) => {
+        Success::JsonOrNamedEvents(whole, sequence) => {
             let name = ObjectBuilder::new()
                 .schema_type(Type::String)
                 .description(Some("The event's type"));
             let data = ObjectBuilder::new()
                 .schema_type(Type::String)
                 .content_media_type("application/json")
-                .description(Some(
-                    "The event as JSON: message_start, ping, then per content block \
-                     content_block_start, content_block_delta (text_delta or input_json_delta) and \
-                     content_block_stop, then message_delta and message_stop; a failure mid-stream \
-                     is an `error` event",
-                ));
+                .description(Some(*sequence));
             let events = ObjectBuilder::new()
                 .property("event", name)
                 .property("data", data)

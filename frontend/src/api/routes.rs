@@ -18,7 +18,8 @@ use crate::api::completions::Completions;
 use crate::api::error::ApiError;
 use crate::api::messages::Messages;
 use crate::api::request_body::{self, BodyLimits};
-use crate::api::{auth, generation, messages, openapi, prepare, tokenize};
+use crate::api::responses::Responses;
+use crate::api::{auth, generation, messages, openapi, prepare, responses, tokenize};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 use sluice_common::schema::openai::{ModelCard, ModelList};
@@ -36,6 +37,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generation::create::<Chat>))
         .route("/v1/messages", post(generation::create::<Messages>))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(generation::create::<Responses>))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
@@ -151,10 +157,9 @@ async fn version(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.latest_stats().unwrap_or_default();
-    let mut response = state
-        .metrics
-        .render(&stats, state.engine_restarts())
-        .into_response();
+    let mut text = state.metrics.render(&stats, state.engine_restarts());
+    text.push_str(&state.metrics.render_store(&state.responses.stats()));
+    let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -1,5 +1,6 @@
 //! Text on both sides of the engine: tokenization, chat templates, and generated tokens turned
 //! back into text.
+pub mod answer_parts;
 pub mod choice_stream;
 pub mod detokenizer;
 pub mod partial_marker;

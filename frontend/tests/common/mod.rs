@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use sluice_common::text::default_model::default_model_dir;
 use sluice_frontend::metrics::MetricsPrefix;
+use sluice_frontend::response_store::StoreBounds;
 use sluice_frontend::state::{SchedulingPolicy, ServerConfig};
 
 /// A server of the default model serving it as `served_model_name`, without an API key.
@@ -27,5 +28,13 @@ pub fn server_config(served_model_name: &str) -> ServerConfig {
         trust_request_chat_template: false,
         cors: None,
         cpu_kernels: "avx2".into(),
+        responses_store: std::env::temp_dir().join(format!(
+            "sluice-test-responses-{}-{served_model_name}.sqlite3",
+            std::process::id()
+        )),
+        responses_bounds: StoreBounds {
+            max_bytes: 1 << 20,
+            max_age: Duration::from_secs(3600),
+        },
     }
 }

@@ -1,0 +1,358 @@
+//! The stored conversations of `/v1/responses`: each stored response, as its object and as the chat
+//! conversation it ended (the history a `previous_response_id` follow-up continues), in an embedded
+//! SQLite file under the cache folder. The store is bounded in bytes and in age: a put past the size
+//! bound evicts the oldest responses first, and responses older than the age bound are gone. Neither
+//! ever fails a request; both are counted for /metrics.
+//!
+//! The file is opened at first use, so a server that never stores a response never creates one.
+//! Its totals are kept in this process: one file per frontend (the default path names the port).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// How much the store keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreBounds {
+    /// The bytes of all stored objects and histories together.
+    pub max_bytes: u64,
+    /// How long a response stays retrievable.
+    pub max_age: Duration,
+}
+
+/// A stored response: its object and its conversation, both as JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResponse {
+    pub response: String,
+    pub history: String,
+}
+
+/// What /metrics shows of the store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreStats {
+    pub stored: u64,
+    pub bytes: u64,
+    pub evicted_for_size: u64,
+    pub evicted_for_age: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the response store {path}: {source}")]
+pub struct StoreError {
+    path: String,
+    source: rusqlite::Error,
+}
+
+pub struct ResponseStore {
+    path: PathBuf,
+    bounds: StoreBounds,
+    db: Mutex<Option<Db>>,
+    evicted_for_size: AtomicU64,
+    evicted_for_age: AtomicU64,
+}
+
+/// The open file and its totals.
+struct Db {
+    connection: Connection,
+    stored: u64,
+    bytes: u64,
+}
+
+const SCHEMA: &str = "
+    PRAGMA journal_mode = WAL;
+    PRAGMA synchronous = NORMAL;
+    CREATE TABLE IF NOT EXISTS responses (
+        id TEXT PRIMARY KEY,
+        created_at INTEGER NOT NULL,
+        bytes INTEGER NOT NULL,
+        response TEXT NOT NULL,
+        history TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+";
+
+impl ResponseStore {
+    pub fn new(path: PathBuf, bounds: StoreBounds) -> Self {
+        assert!(bounds.max_bytes > 0, "a store must hold something");
+        ResponseStore {
+            path,
+            bounds,
+            db: Mutex::new(None),
+            evicted_for_size: AtomicU64::new(0),
+            evicted_for_age: AtomicU64::new(0),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stores a response made at `created_at` (unix seconds), evicting the oldest ones while the
+    /// store would be over its size bound. A response larger than the whole bound is not kept.
+    pub fn put(
+        &self,
+        id: &str,
+        created_at: u64,
+        response: &str,
+        history: &str,
+    ) -> Result<(), StoreError> {
+        let bytes = (response.len() + history.len()) as u64;
+        self.with_db(true, |db, now| {
+            self.expire(db, now)?;
+            if bytes > self.bounds.max_bytes {
+                self.evicted_for_size.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            self.evict_oldest(db, self.bounds.max_bytes - bytes)?;
+            db.connection.execute(
+                "INSERT OR REPLACE INTO responses (id, created_at, bytes, response, history) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, created_at as i64, bytes as i64, response, history],
+            )?;
+            db.recount()
+        })
+        .map(|_| ())
+    }
+
+    /// The stored response `id`, unless it was never stored, was deleted, or has been evicted or
+    /// has expired.
+    pub fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        self.with_db(false, |db, now| {
+            self.expire(db, now)?;
+            db.connection
+                .query_row(
+                    "SELECT response, history FROM responses WHERE id = ?1",
+                    params![id],
+                    |row| {
+                        Ok(StoredResponse {
+                            response: row.get(0)?,
+                            history: row.get(1)?,
+                        })
+                    },
+                )
+                .optional()
+        })
+        .map(Option::flatten)
+    }
+
+    /// Deletes `id`; whether it was there.
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.with_db(false, |db, now| {
+            self.expire(db, now)?;
+            let deleted = db
+                .connection
+                .execute("DELETE FROM responses WHERE id = ?1", params![id])?;
+            db.recount()?;
+            Ok(deleted > 0)
+        })
+        .map(|deleted| deleted == Some(true))
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let guard = self.db.lock().expect("the store's lock is never poisoned");
+        let (stored, bytes) = guard.as_ref().map_or((0, 0), |db| (db.stored, db.bytes));
+        StoreStats {
+            stored,
+            bytes,
+            evicted_for_size: self.evicted_for_size.load(Ordering::Relaxed),
+            evicted_for_age: self.evicted_for_age.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `work` on the open file (opening it first if need be), with the time now in unix
+    /// seconds; None, without running it, when the file does not exist and `create` is false (a
+    /// read before anything was stored).
+    fn with_db<T>(
+        &self,
+        create: bool,
+        work: impl FnOnce(&mut Db, u64) -> rusqlite::Result<T>,
+    ) -> Result<Option<T>, StoreError> {
+        let mut guard = self.db.lock().expect("the store's lock is never poisoned");
+        if guard.is_none() && !create && !self.path.exists() {
+            return Ok(None);
+        }
+        let result = match &mut *guard {
+            Some(db) => work(db, crate::state::unix_time()),
+            None => Db::open(&self.path).and_then(|mut db| {
+                let result = work(&mut db, crate::state::unix_time());
+                *guard = Some(db);
+                result
+            }),
+        };
+        result.map(Some).map_err(|source| StoreError {
+            path: self.path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Deletes what is older than the age bound.
+    fn expire(&self, db: &mut Db, now: u64) -> rusqlite::Result<()> {
+        let cutoff = now.saturating_sub(self.bounds.max_age.as_secs());
+        let expired = db.connection.execute(
+            "DELETE FROM responses WHERE created_at < ?1",
+            params![cutoff as i64],
+        )?;
+        if expired > 0 {
+            self.evicted_for_age
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            db.recount()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the oldest responses until at most `keep_bytes` remain.
+    fn evict_oldest(&self, db: &mut Db, keep_bytes: u64) -> rusqlite::Result<()> {
+        if db.bytes <= keep_bytes {
+            return Ok(());
+        }
+        let mut to_free = db.bytes - keep_bytes;
+        let mut evicted = 0u64;
+        {
+            let mut oldest = db
+                .connection
+                .prepare("SELECT bytes FROM responses ORDER BY created_at, rowid")?;
+            let mut rows = oldest.query([])?;
+            while to_free > 0 {
+                let Some(row) = rows.next()? else { break };
+                to_free = to_free.saturating_sub(row.get::<_, i64>(0)? as u64);
+                evicted += 1;
+            }
+        }
+        db.connection.execute(
+            "DELETE FROM responses WHERE rowid IN (SELECT rowid FROM responses \
+             ORDER BY created_at, rowid LIMIT ?1)",
+            params![evicted as i64],
+        )?;
+        self.evicted_for_size.fetch_add(evicted, Ordering::Relaxed);
+        db.recount()
+    }
+}
+
+impl Db {
+    fn open(path: &Path) -> rusqlite::Result<Db> {
+        if let Some(folder) = path.parent() {
+            // An error here comes back from the open below, which names the file.
+            let _ = std::fs::create_dir_all(folder);
+        }
+        let connection = Connection::open(path)?;
+        connection.busy_timeout(Duration::from_secs(5))?;
+        connection.execute_batch(SCHEMA)?;
+        let mut db = Db {
+            connection,
+            stored: 0,
+            bytes: 0,
+        };
+        db.recount()?;
+        Ok(db)
+    }
+
+    fn recount(&mut self) -> rusqlite::Result<()> {
+        let (stored, bytes): (i64, i64) = self.connection.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM responses",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
+        self.stored = stored as u64;
+        self.bytes = bytes as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_in(folder: &Path, max_bytes: u64, max_age: Duration) -> ResponseStore {
+        ResponseStore::new(
+            folder.join("responses.sqlite3"),
+            StoreBounds { max_bytes, max_age },
+        )
+    }
+
+    fn temp_folder(name: &str) -> PathBuf {
+        let folder = std::env::temp_dir().join(format!(
+            "sluice-store-test-{name}-{}-{}",
+            std::process::id(),
+            crate::state::unix_time()
+        ));
+        let _ = std::fs::remove_dir_all(&folder);
+        folder
+    }
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn a_stored_response_reads_back_until_deleted() {
+        let folder = temp_folder("roundtrip");
+        let store = store_in(&folder, 1 << 20, DAY);
+        assert_eq!(store.get("resp_1").unwrap(), None);
+        assert!(!store.delete("resp_1").unwrap());
+        assert!(!store.path().exists(), "created only by the first put");
+        let now = crate::state::unix_time();
+        store.put("resp_1", now, "{\"id\":1}", "[]").unwrap();
+        assert!(store.path().exists());
+        assert_eq!(
+            store.get("resp_1").unwrap(),
+            Some(StoredResponse {
+                response: "{\"id\":1}".into(),
+                history: "[]".into()
+            })
+        );
+        assert_eq!(store.get("resp_2").unwrap(), None);
+        assert_eq!(store.stats().stored, 1);
+        assert_eq!(store.stats().bytes, 10);
+        assert!(store.delete("resp_1").unwrap());
+        assert!(!store.delete("resp_1").unwrap());
+        assert_eq!(store.get("resp_1").unwrap(), None);
+        assert_eq!(store.stats().stored, 0);
+        // A new process finds what the file holds.
+        store.put("resp_3", now, "{}", "[]").unwrap();
+        drop(store);
+        let reopened = store_in(&folder, 1 << 20, DAY);
+        assert!(reopened.get("resp_3").unwrap().is_some());
+        assert_eq!(reopened.stats().stored, 1);
+        std::fs::remove_dir_all(folder).unwrap();
+    }
+
+    #[test]
+    fn past_the_size_bound_the_oldest_go_first_and_are_counted() {
+        let folder = temp_folder("size");
+        // Each response is 100 bytes; the bound holds 3.
+        let store = store_in(&folder, 350, DAY);
+        let now = crate::state::unix_time();
+        let body = "x".repeat(98);
+        for i in 0..5 {
+            store.put(&format!("r{i}"), now, &body, "[]").unwrap();
+        }
+        let kept: Vec<bool> = (0..5)
+            .map(|i| store.get(&format!("r{i}")).unwrap().is_some())
+            .collect();
+        assert_eq!(kept, [false, false, true, true, true]);
+        let stats = store.stats();
+        assert_eq!((stats.stored, stats.bytes), (3, 300));
+        assert_eq!(stats.evicted_for_size, 2);
+        // One larger than the whole bound is not kept, and evicts nothing.
+        store.put("huge", now, &"y".repeat(400), "[]").unwrap();
+        assert_eq!(store.get("huge").unwrap(), None);
+        assert_eq!(store.stats().stored, 3);
+        assert_eq!(store.stats().evicted_for_size, 3);
+        std::fs::remove_dir_all(folder).unwrap();
+    }
+
+    #[test]
+    fn responses_older_than_the_age_bound_are_gone_and_counted() {
+        let folder = temp_folder("age");
+        let store = store_in(&folder, 1 << 20, Duration::from_secs(60));
+        let now = crate::state::unix_time();
+        store.put("old", now - 120, "{}", "[]").unwrap();
+        store.put("new", now, "{}", "[]").unwrap();
+        assert_eq!(store.get("old").unwrap(), None);
+        assert!(store.get("new").unwrap().is_some());
+        assert_eq!(store.stats().evicted_for_age, 1);
+        assert_eq!(store.stats().stored, 1);
+        std::fs::remove_dir_all(folder).unwrap();
+    }
+}

@@ -1049,12 +1049,39 @@ async fn echo_prepends_the_prompt() {
 /// The status of `GET path` on the binary's port, or None while nothing listens there.
 /// A server whose fake engine generates `text` and stops.
 async fn generating(text: &str) -> Server {
-    let mut server = unready(config()).await;
+    generating_with(config(), text).await
+}
+
+async fn generating_with(config: ServerConfig, text: &str) -> Server {
+    let mut server = unready(config).await;
     // The engine stops on the model's end-of-turn token, whose text is not part of the output.
     server.tokens = server.encode(&format!("{text}<|im_end|>"));
     server.script(Script::Finish(FinishReason::Stop));
     server.send_ready().await;
     server
+}
+
+#[tokio::test]
+async fn no_tool_call_grammar_leaves_auto_unconstrained_and_still_reads_calls() {
+    // The off switch of auto's lazy grammar (`--no-tool-call-grammar`): the output is only read.
+    let output = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    let config = ServerConfig {
+        tool_call_grammar: false,
+        ..config()
+    };
+    let mut server = generating_with(config, output).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": weather_tools()});
+    let (status, whole) = server.post("/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    assert_eq!(
+        whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        "{\"city\": \"Oslo\"}"
+    );
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    assert_eq!(request.params.structured_output, None);
 }
 
 /// The tool calls of a stream, joined as a client joins them: [id, name, arguments] each.

@@ -121,9 +121,10 @@ fn assert_refused_cleanly_or_accepted(path: &str, body: Vec<u8>) -> Result<(), T
         .as_object()
         .map(|e| e.keys().collect())
         .unwrap_or_default();
+    // In OpenAI's order.
     prop_assert_eq!(
         fields,
-        ["code", "message", "param", "type"],
+        ["message", "type", "param", "code"],
         "{}: {}",
         status,
         text

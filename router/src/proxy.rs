@@ -92,8 +92,14 @@ pub async fn forward(state: &AppState, request: &Forward<'_>) -> Response {
             }
         }
     }
+    let none_healthy = match &request.pin {
+        Some(pin) => {
+            format!("{pin}, which holds the conversation this request continues, is not healthy")
+        }
+        None => "no replica is healthy".to_string(),
+    };
     RouterError::NoReplica {
-        reason: last_failure.unwrap_or_else(|| "no replica is healthy".to_string()),
+        reason: last_failure.unwrap_or(none_healthy),
         retry_after: state.settings.health.interval,
     }
     .into_response()

@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::api::error::ApiError;
 use crate::engine::protocol::StructuredOutput;
 use crate::text::tool_call_stream::ToolCallReader;
+use crate::text::tool_parsers::call_schema::{arguments_schema, call_schema};
 use crate::text::tool_parsers::{NamedFunction, RequiredCalls, ToolCallParser};
 use sluice_common::schema::openai::ChatCompletionRequest;
 use sluice_common::schema::openai_tools::{Tool, ToolChoice};
@@ -81,37 +82,9 @@ pub fn check_tool_definitions(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The arguments' schema of a function; a function without one takes any object.
-fn arguments_schema(tool: &Tool) -> Value {
-    tool.function
-        .parameters
-        .clone()
-        .unwrap_or_else(|| serde_json::json!({"type": "object"}))
-}
-
-/// One call of any of `tools`: `{"name": <its name>, "arguments": <its parameters>}`.
-fn call_schema(tools: &[Tool]) -> Value {
-    let calls: Vec<Value> = tools
-        .iter()
-        .map(|tool| {
-            serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "enum": [tool.function.name]},
-                    "arguments": arguments_schema(tool),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    serde_json::json!({"anyOf": calls})
-}
-
 /// The schema of `"required"`'s output: an array of one or more calls of the given tools.
 fn required_calls_schema(tools: &[Tool], at_most_one: bool) -> Value {
-    let mut schema =
-        serde_json::json!({"type": "array", "minItems": 1, "items": call_schema(tools)});
+    let mut schema = serde_json::json!({"type": "array", "minItems": 1, "items": call_schema(tools, "arguments")});
     if at_most_one {
         schema["maxItems"] = 1.into();
     }
@@ -176,7 +149,7 @@ pub fn check_tools(
             // A format that types values by the tools' schemas reads with this request's.
             let parser = auto_parser.for_tools(&tools).unwrap_or(auto_parser);
             let lazy_grammar = parser
-                .lazy_grammar(&call_schema(&tools), max_calls.is_some())
+                .lazy_grammar(&tools, max_calls.is_some())
                 .map(grammar);
             return Ok(ValidTools {
                 rendered: Some(tools),

@@ -2,8 +2,10 @@
 //! call is a JSON object inside `<tool_call>` and `</tool_call>`; everything else is content.
 
 use serde_json::Value;
+use sluice_common::schema::openai_tools::Tool;
 
 use super::call_json::scan_call;
+use super::call_schema::call_schema;
 use super::tool_call_blocks::{read_blocks, CLOSE, OPEN};
 use super::{CallText, OutputParse, ToolCallParser};
 
@@ -34,7 +36,7 @@ impl ToolCallParser for Hermes {
         "hermes".into()
     }
 
-    fn lazy_grammar(&self, call_schema: &Value, at_most_one: bool) -> Option<String> {
+    fn lazy_grammar(&self, tools: &[Tool], at_most_one: bool) -> Option<String> {
         // TEXT never holds the opening tag; `prefix` is text that ends at it (llguidance's `stop`).
         // Free text ends the output; each call is the schema's JSON between the tags.
         let more = if at_most_one {
@@ -51,6 +53,7 @@ impl ToolCallParser for Hermes {
             open = OPEN,
             open_json = Value::String(OPEN.into()),
             close_json = Value::String(CLOSE.into()),
+            call_schema = call_schema(tools, "arguments"),
         ))
     }
 
@@ -65,19 +68,20 @@ mod tests {
 
     #[test]
     fn the_lazy_grammar_frees_text_and_holds_calls_to_the_schema() {
-        let schema = serde_json::json!({"anyOf": [{"type": "object"}]});
-        let many = Hermes.lazy_grammar(&schema, false).unwrap();
+        let tools: Vec<Tool> = serde_json::from_value(serde_json::json!(
+            [{"type": "function", "function": {"name": "f"}}]
+        ))
+        .unwrap();
+        let many = Hermes.lazy_grammar(&tools, false).unwrap();
         assert!(
             many.contains("TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/"),
             "{many}"
         );
         assert!(many.contains("prefix[stop=\"<tool_call>\"]"), "{many}");
-        assert!(
-            many.contains("%json {\"anyOf\":[{\"type\":\"object\"}]}"),
-            "{many}"
-        );
+        let schema = call_schema(&tools, "arguments");
+        assert!(many.contains(&format!("%json {schema}")), "{many}");
         assert!(many.contains("more: TEXT | prefix call more"), "{many}");
-        let one = Hermes.lazy_grammar(&schema, true).unwrap();
+        let one = Hermes.lazy_grammar(&tools, true).unwrap();
         assert!(one.contains("more: TEXT\n"), "{one}");
     }
 

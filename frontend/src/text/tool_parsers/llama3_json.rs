@@ -3,7 +3,9 @@
 //! Any other output is content.
 
 use super::call_json::scan_call;
+use super::call_schema::call_schema;
 use super::{CallText, OutputParse, ToolCallParser};
+use sluice_common::schema::openai_tools::Tool;
 
 pub const PYTHON_TAG: &str = "<|python_tag|>";
 
@@ -35,6 +37,21 @@ fn call_sequence(text: &str, mut at: usize, finished: bool) -> Option<Vec<CallTe
 impl ToolCallParser for Llama3Json {
     fn name(&self) -> String {
         "llama3_json".into()
+    }
+
+    fn lazy_grammar(&self, tools: &[Tool], at_most_one: bool) -> Option<String> {
+        // An output is prose (TEXT never opens with `{`), or calls from its start: the schema's
+        // JSON objects, `;` between them. `<|python_tag|>` is a special token, which a grammar
+        // leaves out: the calls are written without it, as the parser also reads them.
+        let more = if at_most_one { "" } else { " (SEP call)*" };
+        Some(format!(
+            "start: TEXT | WS call{more} WS\n\
+             TEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*\\{{(?s:.*)/\n\
+             WS: /[ \\t\\r\\n]*/\n\
+             SEP: /[ \\t\\r\\n]*;[ \\t\\r\\n]*/\n\
+             call: %json {schema}\n",
+            schema = call_schema(tools, "parameters"),
+        ))
     }
 
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
@@ -77,6 +94,28 @@ mod tests {
             .collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(parse.calls[0].arguments, "{\"x\": 1}");
+    }
+
+    #[test]
+    fn the_lazy_grammar_is_prose_or_calls_with_parameters_from_the_start() {
+        let tools: Vec<Tool> = serde_json::from_value(serde_json::json!(
+            [{"type": "function", "function": {"name": "f"}}]
+        ))
+        .unwrap();
+        let many = Llama3Json.lazy_grammar(&tools, false).unwrap();
+        let schema = call_schema(&tools, "parameters");
+        assert_eq!(
+            many,
+            format!(
+                "start: TEXT | WS call (SEP call)* WS\n\
+                 TEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*\\{{(?s:.*)/\n\
+                 WS: /[ \\t\\r\\n]*/\n\
+                 SEP: /[ \\t\\r\\n]*;[ \\t\\r\\n]*/\n\
+                 call: %json {schema}\n"
+            )
+        );
+        let one = Llama3Json.lazy_grammar(&tools, true).unwrap();
+        assert!(one.starts_with("start: TEXT | WS call WS\n"), "{one}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! picks from: a new format is a file implementing [`ToolCallParser`] and one line there.
 
 mod call_json;
+pub mod call_schema;
 mod forced;
 mod hermes;
 mod llama3_json;
@@ -16,7 +17,6 @@ mod tool_call_blocks;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use serde_json::Value;
 use sluice_common::schema::openai_tools::Tool;
 
 pub use forced::{NamedFunction, RequiredCalls};
@@ -69,9 +69,9 @@ pub trait ToolCallParser: Send + Sync + Debug {
     }
     /// `tool_choice: "auto"`'s lazy grammar in this format (llguidance's Lark), for a format that
     /// has one: text runs free until the model opens a call; from there the call must be well
-    /// formed and one of `call_schema` (a call object's JSON schema); `at_most_one` allows one
-    /// call. None: outputs are only read, never constrained.
-    fn lazy_grammar(&self, _call_schema: &Value, _at_most_one: bool) -> Option<String> {
+    /// formed and a call of one of `tools`; `at_most_one` allows one call. None: outputs are only
+    /// read, never constrained.
+    fn lazy_grammar(&self, _tools: &[Tool], _at_most_one: bool) -> Option<String> {
         None
     }
 }
@@ -148,6 +148,7 @@ pub fn serving_parser(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn every_registered_parser_answers_to_its_name() {
@@ -169,6 +170,40 @@ mod tests {
             "llama3_json"
         );
         assert_eq!(default_parser_name("<tool_call>", |_| false), "hermes");
+    }
+
+    /// tests/golden/lazy_grammars.json, whose grammars the engine's llguidance compiles and runs
+    /// on calls and prose in `tests/golden/test_lazy_grammars.py`: each parser's lazy grammar for
+    /// the golden tools is the golden text (SLUICE_REGENERATE_GOLDEN=1 writes it).
+    #[test]
+    fn lazy_grammars_follow_the_golden_file() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/golden/lazy_grammars.json"
+        );
+        let mut golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let tools: Vec<Tool> = serde_json::from_value(golden["tools"].clone()).unwrap();
+        let mut made = serde_json::Map::new();
+        for (name, make) in REGISTRY {
+            let parser = make();
+            if let (Some(many), Some(one)) = (
+                parser.lazy_grammar(&tools, false),
+                parser.lazy_grammar(&tools, true),
+            ) {
+                made.insert(
+                    (*name).into(),
+                    serde_json::json!({"many": many, "one": one}),
+                );
+            }
+        }
+        if std::env::var_os("SLUICE_REGENERATE_GOLDEN").is_some() {
+            golden["grammars"] = Value::Object(made);
+            let text = serde_json::to_string_pretty(&golden).unwrap() + "\n";
+            std::fs::write(path, text).unwrap();
+            return;
+        }
+        assert_eq!(golden["grammars"], Value::Object(made));
     }
 
     #[test]

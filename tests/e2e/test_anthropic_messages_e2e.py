@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from serve_fixtures import Server, running_server
+from weather_tool import ANTHROPIC_TOOL
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-messages"
@@ -25,16 +26,7 @@ QUESTION = "What is the capital of France?"
 # Greedy. The `anthropic` client of today has no `temperature` argument (Anthropic's newest models take
 # none); older clients and raw requests send it, as the API still takes it.
 GREEDY = {"temperature": 0}
-WEATHER = {
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 20}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = ANTHROPIC_TOOL
 # A conversation the model answers with a call (greedy), as in test_tools_e2e.py.
 PARIS_CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
 COPY_A_CALL = [

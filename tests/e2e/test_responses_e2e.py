@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from serve_fixtures import Server, openai_client, running_server
+from weather_tool import RESPONSES_TOOL
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-responses"
@@ -28,17 +29,7 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 40}
 BLOCK_SIZE = 16
 # Small, so that a test fills it; each stored response here takes about 2 kB.
 STORE_MB = "0.03"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 20}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = RESPONSES_TOOL
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +158,8 @@ def test_max_output_tokens_makes_the_response_incomplete(client: openai.OpenAI) 
     assert cut.status == "incomplete"
     assert cut.incomplete_details is not None and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage is not None and cut.usage.output_tokens == 2
+    (message,) = cut.output
+    assert message.type == "message" and message.status == "incomplete"
 
 
 def test_a_function_call_and_its_output_continue_the_conversation(client: openai.OpenAI) -> None:

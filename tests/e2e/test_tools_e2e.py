@@ -20,22 +20,11 @@ import pytest
 from serve_fixtures import Server, openai_client, running_server
 from sluice.serve.argv import frontend_argv
 from sluice.serve.flags import add_serve_arguments
+from weather_tool import CHAT_TOOL
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "sk-sluice-tools"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = CHAT_TOOL
 TIME = {"type": "function", "function": {"name": "get_time", "description": "The time now"}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 # A conversation the model answers with a call (greedy): twice before, it called get_weather for the

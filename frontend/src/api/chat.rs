@@ -20,7 +20,7 @@ use crate::api::sse::{
 use crate::api::token_label::TokenLabel;
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
-use crate::text::answer_parts::{whole_answer, WholeAnswer};
+use crate::text::answer_parts::WholeAnswer;
 use crate::text::choice_stream::{ChoiceUpdate, TokenLogprob};
 use crate::text::reasoning::ReasoningStream;
 use crate::text::tool_call_stream::ToolCallStream;
@@ -60,7 +60,6 @@ impl GenerationEndpoint for Chat {
         });
         let logprobs = request.logprobs;
         let label = TokenLabel::new(request.return_tokens_as_token_ids);
-        let tool_calls = &request.tool_calls;
         let shown_ids = request.return_token_ids;
         let role = answer_role(request);
         let choices = results
@@ -71,11 +70,7 @@ impl GenerationEndpoint for Chat {
                     thinking: reasoning_content,
                     text: content,
                     calls,
-                } = whole_answer(
-                    request.reasoning_starts_thinking,
-                    tool_calls.clone(),
-                    result.text,
-                );
+                } = request.answer_of(result.text);
                 // An output that was all thinking has no answer.
                 let content =
                     content.filter(|text| !text.is_empty() || reasoning_content.is_none());

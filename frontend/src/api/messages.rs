@@ -21,10 +21,10 @@ use crate::api::generation::GenerationEndpoint;
 use crate::api::messages_request::{chat_conversation, chat_request, Ignored, Translated};
 use crate::api::prepare;
 use crate::api::request_fields::with_ignored_fields;
-use crate::api::sse::{event_stream_response, sse_events, ChoiceTotals, StreamDialect};
+use crate::api::sse::{self_closing_stream, StreamDialect};
 use crate::api::valid_request::ValidRequest;
 use crate::state::AppState;
-use crate::text::answer_parts::{whole_answer, AnswerPart, AnswerStream, WholeAnswer};
+use crate::text::answer_parts::{AnswerPart, AnswerStream, WholeAnswer};
 use crate::text::choice_stream::ChoiceUpdate;
 use sluice_common::schema::anthropic::{
     BlockDelta, CountTokensRequest, CountTokensResponse, ErrorDetail, MessageDelta,
@@ -68,11 +68,7 @@ impl GenerationEndpoint for Messages {
             thinking,
             text,
             calls,
-        } = whole_answer(
-            request.reasoning_starts_thinking,
-            request.tool_calls.clone(),
-            result.text,
-        );
+        } = request.answer_of(result.text);
         let thinking = thinking.map(|thinking| ResponseBlock::Thinking {
             thinking,
             signature: String::new(),
@@ -140,22 +136,10 @@ impl GenerationEndpoint for Messages {
                 });
                 events.push(StreamEvent::MessageStop);
             }
-            let mut bytes = BytesMut::new();
-            for one in &events {
-                bytes.extend_from_slice(&event(one));
-            }
-            bytes.freeze()
+            let frames: Vec<Bytes> = events.iter().map(event).collect();
+            Bytes::from(frames.concat())
         };
-        // The finishing update already closed the message.
-        let closing = |_: ChoiceTotals| None;
-        let updates = choices.stream_updates().await?;
-        Ok(event_stream_response(sse_events(
-            ANTHROPIC_STREAM,
-            opening,
-            updates,
-            frame,
-            closing,
-        )))
+        self_closing_stream(ANTHROPIC_STREAM, opening, choices, frame).await
     }
 }
 
@@ -338,6 +322,7 @@ impl BlockStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::answer_parts::sample_parts;
     use serde_json::json;
 
     fn json_of(events: &[StreamEvent]) -> Vec<Value> {
@@ -351,29 +336,12 @@ mod tests {
     fn blocks_open_in_order_and_each_closes_before_the_next() {
         let mut blocks = BlockStream::default();
         let mut events = Vec::new();
-        for part in [
-            AnswerPart::Thinking("Hmm.".into()),
-            AnswerPart::Text("Let me ".into()),
-            AnswerPart::Text("check.".into()),
-            AnswerPart::CallOpened {
-                call: 0,
-                id: "call_1".into(),
-                name: "f".into(),
-            },
-            AnswerPart::CallArguments {
-                call: 0,
-                json: "{\"a\":".into(),
-            },
-            AnswerPart::CallArguments {
-                call: 0,
-                json: "1}".into(),
-            },
-            AnswerPart::CallOpened {
-                call: 1,
-                id: "call_2".into(),
-                name: "g".into(),
-            },
-        ] {
+        let second_call = AnswerPart::CallOpened {
+            call: 1,
+            id: "call_2".into(),
+            name: "g".into(),
+        };
+        for part in sample_parts().into_iter().chain([second_call]) {
             blocks.part(part, &mut events);
         }
         blocks.close(&mut events);

@@ -23,11 +23,11 @@ use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
 use crate::api::responses_request::{answer_message, chat_request, Translated, Turn};
-use crate::api::sse::{event_stream_response, sse_events, ChoiceTotals, StreamDialect};
+use crate::api::sse::{self_closing_stream, StreamDialect};
 use crate::api::valid_request::ValidRequest;
 use crate::response_store::ResponseStore;
 use crate::state::AppState;
-use crate::text::answer_parts::{whole_answer, AnswerPart, AnswerStream, WholeAnswer};
+use crate::text::answer_parts::{AnswerPart, AnswerStream, WholeAnswer};
 use crate::text::choice_stream::ChoiceUpdate;
 use sluice_common::schema::openai::{ChatMessage, Usage};
 use sluice_common::schema::openai_tools::{FunctionCall, ToolCall};
@@ -101,11 +101,7 @@ impl GenerationEndpoint for Responses {
             thinking,
             text,
             calls,
-        } = whole_answer(
-            request.reasoning_starts_thinking,
-            request.tool_calls.clone(),
-            result.text,
-        );
+        } = request.answer_of(result.text);
         let id = &header.id;
         let mut output = Vec::new();
         if let Some(thinking) = thinking.filter(|thinking| !thinking.is_empty()) {
@@ -133,6 +129,9 @@ impl GenerationEndpoint for Responses {
                 arguments: call.function.arguments,
                 status: "completed".into(),
             });
+        }
+        if result.finish_reason == LENGTH {
+            mark_cut(&mut output);
         }
         let cached = usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
         let usage = ResponseUsage::new(usage.prompt_tokens, cached, usage.completion_tokens, 0);
@@ -170,7 +169,7 @@ impl GenerationEndpoint for Responses {
                 items.part(part, &mut events);
             }
             if let Some(reason) = update.finish_reason {
-                let output = items.finish(&mut events);
+                let output = items.finish(reason == LENGTH, &mut events);
                 let usage = ResponseUsage::new(
                     prompt_tokens,
                     update.num_cached_tokens,
@@ -185,22 +184,10 @@ impl GenerationEndpoint for Responses {
                     StreamEvent::Completed { response }
                 });
             }
-            let mut bytes = BytesMut::new();
-            for one in &events {
-                bytes.extend_from_slice(&event(one, &mut sequence));
-            }
-            bytes.freeze()
+            let frames: Vec<Bytes> = events.iter().map(|one| event(one, &mut sequence)).collect();
+            Bytes::from(frames.concat())
         };
-        // The finishing update already completed the response.
-        let closing = |_: ChoiceTotals| None;
-        let updates = choices.stream_updates().await?;
-        Ok(event_stream_response(sse_events(
-            RESPONSES_STREAM,
-            opening,
-            updates,
-            frame,
-            closing,
-        )))
+        self_closing_stream(RESPONSES_STREAM, opening, choices, frame).await
     }
 }
 
@@ -226,7 +213,7 @@ impl TurnContext {
         output: Vec<OutputItem>,
         usage: ResponseUsage,
     ) -> ResponseObject {
-        let cut = finish_reason == "length";
+        let cut = finish_reason == LENGTH;
         let mut response = ResponseObject {
             output,
             usage: Some(usage),
@@ -250,6 +237,23 @@ impl TurnContext {
             }
         }
         response
+    }
+}
+
+/// The engine's finish reason when `max_output_tokens` cut the answer.
+const LENGTH: &str = "length";
+
+fn status_mut(item: &mut OutputItem) -> &mut String {
+    let (OutputItem::Reasoning { status, .. }
+    | OutputItem::Message { status, .. }
+    | OutputItem::FunctionCall { status, .. }) = item;
+    status
+}
+
+/// The status of an item that `max_output_tokens` cut: the last one, as OpenAI marks it.
+fn mark_cut(output: &mut [OutputItem]) {
+    if let Some(last) = output.last_mut() {
+        *status_mut(last) = "incomplete".into();
     }
 }
 
@@ -362,6 +366,8 @@ struct ItemStream {
     open: bool,
     /// Each call's item, by the call's index in the answer.
     call_items: HashMap<u32, usize>,
+    /// The answer was cut by `max_output_tokens`: the last item closes incomplete.
+    cut: bool,
 }
 
 impl ItemStream {
@@ -371,6 +377,7 @@ impl ItemStream {
             output: Vec::new(),
             open: false,
             call_items: HashMap::new(),
+            cut: false,
         }
     }
 
@@ -510,14 +517,9 @@ impl ItemStream {
         }
         let index = self.output.len() - 1;
         let output_index = index as u32;
+        *status_mut(&mut self.output[index]) = "completed".into();
         match &mut self.output[index] {
-            OutputItem::Reasoning {
-                id,
-                content,
-                status,
-                ..
-            } => {
-                *status = "completed".into();
+            OutputItem::Reasoning { id, content, .. } => {
                 let text = content[0].text.clone();
                 events.push(StreamEvent::ReasoningTextDone {
                     item_id: id.clone(),
@@ -532,13 +534,7 @@ impl ItemStream {
                     part: ContentPart::ReasoningText(ReasoningText { text }),
                 });
             }
-            OutputItem::Message {
-                id,
-                content,
-                status,
-                ..
-            } => {
-                *status = "completed".into();
+            OutputItem::Message { id, content, .. } => {
                 let text = content[0].text.clone();
                 events.push(StreamEvent::OutputTextDone {
                     item_id: id.clone(),
@@ -558,10 +554,8 @@ impl ItemStream {
                 id,
                 name,
                 arguments,
-                status,
                 ..
             } => {
-                *status = "completed".into();
                 events.push(StreamEvent::FunctionCallArgumentsDone {
                     item_id: id.clone(),
                     output_index,
@@ -570,18 +564,22 @@ impl ItemStream {
                 });
             }
         }
+        if self.cut {
+            mark_cut(&mut self.output);
+        }
         events.push(StreamEvent::OutputItemDone {
             output_index,
             item: self.output[index].clone(),
         });
     }
 
-    /// Closes the last item and gives the output; an answer with no item at all is one empty
-    /// message, as a whole response has.
-    fn finish(&mut self, events: &mut Vec<StreamEvent>) -> Vec<OutputItem> {
+    /// Closes the last item (`cut`: `max_output_tokens` cut it) and gives the output; an answer
+    /// with no item at all is one empty message, as a whole response has.
+    fn finish(&mut self, cut: bool, events: &mut Vec<StreamEvent>) -> Vec<OutputItem> {
         if self.output.is_empty() {
             self.prose_item(false, events);
         }
+        self.cut = cut;
         self.close(events);
         std::mem::take(&mut self.output)
     }
@@ -640,6 +638,7 @@ pub async fn delete(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::answer_parts::sample_parts;
     use serde_json::{json, Value};
 
     fn names(events: &[StreamEvent]) -> Vec<&'static str> {
@@ -650,27 +649,10 @@ mod tests {
     fn items_open_in_order_and_each_is_done_before_the_next() {
         let mut items = ItemStream::new("resp-1".into());
         let mut events = Vec::new();
-        for part in [
-            AnswerPart::Thinking("Hmm.".into()),
-            AnswerPart::Text("Let me ".into()),
-            AnswerPart::Text("check.".into()),
-            AnswerPart::CallOpened {
-                call: 0,
-                id: "call_1".into(),
-                name: "f".into(),
-            },
-            AnswerPart::CallArguments {
-                call: 0,
-                json: "{\"a\":".into(),
-            },
-            AnswerPart::CallArguments {
-                call: 0,
-                json: "1}".into(),
-            },
-        ] {
+        for part in sample_parts() {
             items.part(part, &mut events);
         }
-        let output = items.finish(&mut events);
+        let output = items.finish(false, &mut events);
         assert_eq!(
             names(&events),
             [
@@ -728,7 +710,7 @@ mod tests {
     #[test]
     fn an_answer_with_nothing_in_it_is_one_empty_message() {
         let mut events = Vec::new();
-        let output = ItemStream::new("resp-2".into()).finish(&mut events);
+        let output = ItemStream::new("resp-2".into()).finish(true, &mut events);
         assert_eq!(
             names(&events),
             [
@@ -740,6 +722,13 @@ mod tests {
             ]
         );
         assert_eq!(answer_of(&output), ChatMessage::text("assistant", ""));
+        // Cut by max_output_tokens: the last item is incomplete, in its done event too.
+        let OutputItem::Message { status, .. } = &output[0] else {
+            panic!("a message")
+        };
+        assert_eq!(status, "incomplete");
+        let done = serde_json::to_value(events.last().unwrap()).unwrap();
+        assert_eq!(done["item"]["status"], "incomplete");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use futures::{Stream, StreamExt};
 use serde::Serialize;
 
 use crate::api::error::ApiError;
-use crate::api::fan_out::cached_prompt_tokens;
+use crate::api::fan_out::{cached_prompt_tokens, Choices};
 use crate::text::choice_stream::ChoiceUpdate;
 use sluice_common::schema::openai::Usage;
 
@@ -150,6 +150,24 @@ where
     })
     .flatten();
     stream::iter(opening).chain(body)
+}
+
+/// The response of a stream whose last update's frame ends it (Anthropic's `message_stop`, the
+/// Responses API's `response.completed`): nothing is sent after the updates but on failure.
+pub async fn self_closing_stream<F>(
+    dialect: StreamDialect,
+    opening: Vec<Bytes>,
+    choices: Choices,
+    frame: F,
+) -> Result<Response, ApiError>
+where
+    F: FnMut(ChoiceUpdate) -> Bytes + Send + 'static,
+{
+    let updates = choices.stream_updates().await?;
+    let closing = |_: ChoiceTotals| None;
+    Ok(event_stream_response(sse_events(
+        dialect, opening, updates, frame, closing,
+    )))
 }
 
 #[cfg(test)]

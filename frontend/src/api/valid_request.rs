@@ -18,6 +18,7 @@ use crate::api::validate::{
 };
 use crate::engine::protocol::SamplingParams;
 use crate::state::AppState;
+use crate::text::answer_parts::{whole_answer, WholeAnswer};
 use crate::text::tool_call_stream::ToolCallReader;
 use sluice_common::schema::openai::{
     ChatCompletionRequest, CompletionRequest, SamplingFields, StopSequences,
@@ -256,6 +257,16 @@ pub struct ValidPrompt {
 }
 
 impl ValidRequest {
+    /// A choice's whole output read as this request reads it: its thinking split out (with a
+    /// reasoning parser), its calls read (with tools).
+    pub fn answer_of(&self, output: String) -> WholeAnswer {
+        whole_answer(
+            self.reasoning_starts_thinking,
+            self.tool_calls.clone(),
+            output,
+        )
+    }
+
     /// Whether the choices show their prompt's logprobs (vLLM's field, or completions' echo).
     pub fn shows_prompt_logprobs(&self) -> bool {
         self.prompt_logprobs.is_some() || self.echo_logprobs.is_some()

@@ -111,6 +111,30 @@ pub fn whole_answer(
     }
 }
 
+/// Parts of every kind, as the parsers give them: thinking, text in two pieces, then a call whose
+/// arguments come in two pieces (for the tests of what is built from parts).
+#[cfg(test)]
+pub fn sample_parts() -> Vec<AnswerPart> {
+    vec![
+        AnswerPart::Thinking("Hmm.".into()),
+        AnswerPart::Text("Let me ".into()),
+        AnswerPart::Text("check.".into()),
+        AnswerPart::CallOpened {
+            call: 0,
+            id: "call_1".into(),
+            name: "f".into(),
+        },
+        AnswerPart::CallArguments {
+            call: 0,
+            json: "{\"a\":".into(),
+        },
+        AnswerPart::CallArguments {
+            call: 0,
+            json: "1}".into(),
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,8 @@ ROUTES = {
     "/v1/chat/completions": {"post"},
     "/v1/messages": {"post"},
     "/v1/messages/count_tokens": {"post"},
+    "/v1/responses": {"post"},
+    "/v1/responses/{id}": {"get", "delete"},
     "/v1/models": {"get"},
     "/v1/models/{model}": {"get"},
     "/tokenize": {"post"},
@@ -33,8 +35,10 @@ ROUTES = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with running_server(["--max-model-len", "2048", "--kv-cache-memory", "1"], log) as running:
+    folder = tmp_path_factory.mktemp("serve")
+    args = ["--max-model-len", "2048", "--kv-cache-memory", "1"]
+    args += ["--responses-store", str(folder / "responses.sqlite3")]
+    with running_server(args, folder / "serve.log") as running:
         yield running
 
 

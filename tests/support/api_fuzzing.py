@@ -5,11 +5,12 @@ for operations that take a body, bodies that break it (negative). Each case is o
 timeout. A case fails on a 5xx, a hang, a reset connection, any of schemathesis's conformance checks (status
 documented, content type, response schema, negative data rejected), a 4xx that is not the route's error
 shape (OpenAI's; Anthropic's on /v1/messages...), or an event stream that does not end as its API ends one
-(`[DONE]`; Anthropic's `message_stop` or `error` event).
+(`[DONE]`; Anthropic's `message_stop`, the Responses API's `response.completed` or `response.incomplete`,
+or either one's `error` event).
 
 Generation is kept cheap, not narrowed, so that most cases reach the engine instead of stopping at the
-first check: every generation request gets a small max_tokens and n (an absent max_tokens means the whole
-context in chat), a string `model` becomes the served one, a chat role outside the accepted ones becomes
+first check: every generation request gets a small max_tokens (max_output_tokens on /v1/responses) and n
+(an absent max_tokens means the whole context in chat), a string `model` becomes the served one, a chat role outside the accepted ones becomes
 one of them (and null content ""; user or assistant on /v1/messages), token ids fall inside the default model's vocabulary, /tokenize gets a
 prompt or messages but not both, and integral floats (5.0 is an integer to JSON Schema) become ints.
 
@@ -48,6 +49,12 @@ N_CAP = 2
 # Below the vocabulary of the default model (49,152), so that most generated token ids are real ones.
 TOKEN_ID_LIMIT = 49_152
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
+RESPONSES_PATH = "/v1/responses"
+# How each API's streams end, success or failure.
+LAST_EVENTS = {
+    "anthropic": ("event: message_stop\n", "event: error\n"),
+    "responses": ("event: response.completed\n", "event: response.incomplete\n", "event: error\n"),
+}
 CHAT_ROLES = ("user", "assistant", "system")
 MESSAGES_ROLES = ("user", "assistant")
 ERROR_FIELDS = {"message", "type", "param", "code"}
@@ -146,6 +153,8 @@ def _cheapen(case: Case, served_model: str) -> None:
             body["max_completion_tokens"] = _capped(body.get("max_completion_tokens"), MAX_TOKENS_CAP)
         if "n" in body:
             body["n"] = _capped(body["n"], N_CAP)
+    if case.operation.path == RESPONSES_PATH:
+        body["max_output_tokens"] = _capped(body.get("max_output_tokens"), MAX_TOKENS_CAP)
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -190,10 +199,11 @@ def openai_error_shape_problem(status: int, text: str) -> str | None:
 def _stream_problem(path: str, content_type: str, text: str) -> str | None:
     if not content_type.startswith("text/event-stream"):
         return None
-    if is_anthropic_path(path):
+    dialect = "anthropic" if is_anthropic_path(path) else "responses" if path == RESPONSES_PATH else None
+    if dialect is not None:
         last_event = text.rstrip().rsplit("\n\n", 1)[-1]
-        if not last_event.startswith(("event: message_stop\n", "event: error\n")):
-            return f"an Anthropic stream that does not end with message_stop or error: ...{text[-200:]!r}"
+        if not last_event.startswith(LAST_EVENTS[dialect]):
+            return f"a {dialect} stream that does not end as it should: ...{text[-200:]!r}"
     elif not text.rstrip().endswith("data: [DONE]"):
         return f"an event stream that does not end with [DONE]: ...{text[-200:]!r}"
     return None

@@ -38,7 +38,7 @@ pub struct ResponsesRequest {
     pub model: String,
     /// A string (one user message), or a list of items: messages (`role` and `content`),
     /// `function_call`s and `function_call_output`s.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub input: Option<Input>,
     /// A system message for this turn only: it is not carried into follow-ups.
     pub instructions: Option<String>,
@@ -48,7 +48,7 @@ pub struct ResponsesRequest {
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
     /// `auto`, `none`, `required`, or `{"type": "function", "name"}`.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     /// `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`.
@@ -66,6 +66,7 @@ pub struct ResponsesRequest {
     /// Keep the response for `previous_response_id` and `GET` (default true, as OpenAI's).
     pub store: Option<bool>,
     pub stream: Option<bool>,
+    /// `{"include_obfuscation": bool}`: accepted, changes nothing (events are not padded).
     #[schema(value_type = Option<Object>)]
     pub stream_options: Option<Value>,
     pub user: Option<String>,
@@ -83,7 +84,7 @@ pub struct ResponsesRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub max_tool_calls: Option<u32>,
     /// OpenAI's Conversations API: refused (stored responses chain by `previous_response_id`).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub conversation: Option<Value>,
     /// A stored prompt template: refused.
     #[schema(value_type = Option<Object>)]
@@ -154,7 +155,8 @@ pub struct ResponseObject {
     pub temperature: f64,
     #[schema(value_type = Object)]
     pub text: Value,
-    #[schema(value_type = Object)]
+    /// `auto`, `none`, `required`, or the function object, as the request gave it.
+    #[schema(value_type = Value)]
     pub tool_choice: Value,
     #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,

@@ -109,6 +109,20 @@ pub fn chat_request(
         }
         None => (None, json!({"type": "text"})),
     };
+    match &request.stream_options {
+        None | Some(Value::Null) => {}
+        // OpenAI pads events against length side channels; these are not padded.
+        Some(Value::Object(options)) => ignored.fields(
+            "stream_options",
+            options.keys().filter(|key| *key != "include_obfuscation"),
+        ),
+        Some(other) => {
+            return Err(out_of_range(
+                "stream_options",
+                format!("stream_options must be an object, got {other}"),
+            ))
+        }
+    }
     let effort = request.reasoning.as_ref().and_then(|reasoning| {
         ignored.fields("reasoning", reasoning.other_fields.keys());
         reasoning.effort.clone()
@@ -556,6 +570,7 @@ mod tests {
             "tool_choice": {"type": "function", "name": "f"},
             "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}, "verbosity": "low"},
             "reasoning": {"effort": "low", "summary": "auto"},
+            "stream_options": {"include_obfuscation": false, "include_usage": true},
             "unknown_field": 1,
         }))
         .unwrap();
@@ -580,7 +595,12 @@ mod tests {
         assert!(chat.other_fields.contains_key("unknown_field"));
         assert_eq!(
             translated.ignored_fields,
-            ["reasoning.summary", "text.verbosity", "tools[0].extra"]
+            [
+                "reasoning.summary",
+                "stream_options.include_usage",
+                "text.verbosity",
+                "tools[0].extra"
+            ]
         );
         assert_eq!(
             translated.turn.echo.text,

@@ -90,8 +90,9 @@ impl ResponseStore {
         &self.path
     }
 
-    /// Stores a response made at `created_at` (unix seconds), evicting the oldest ones while the
-    /// store would be over its size bound. A response larger than the whole bound is not kept.
+    /// Stores a response made at `created_at` (unix seconds, which is now), evicting the oldest
+    /// ones while the store would be over its size bound. A response larger than the whole bound is
+    /// not kept.
     pub fn put(
         &self,
         id: &str,
@@ -100,8 +101,8 @@ impl ResponseStore {
         history: &str,
     ) -> Result<(), StoreError> {
         let bytes = (response.len() + history.len()) as u64;
-        self.with_db(true, |db, now| {
-            self.expire(db, now)?;
+        self.with_db(true, |db| {
+            self.expire(db, created_at)?;
             if bytes > self.bounds.max_bytes {
                 self.evicted_for_size.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
@@ -118,9 +119,9 @@ impl ResponseStore {
     }
 
     /// The stored response `id`, unless it was never stored, was deleted, or has been evicted or
-    /// has expired.
-    pub fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
-        self.with_db(false, |db, now| {
+    /// has expired by `now` (unix seconds).
+    pub fn get(&self, id: &str, now: u64) -> Result<Option<StoredResponse>, StoreError> {
+        self.with_db(false, |db| {
             self.expire(db, now)?;
             db.connection
                 .query_row(
@@ -138,9 +139,9 @@ impl ResponseStore {
         .map(Option::flatten)
     }
 
-    /// Deletes `id`; whether it was there.
-    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        self.with_db(false, |db, now| {
+    /// Deletes `id`; whether it was there (and not expired by `now`).
+    pub fn delete(&self, id: &str, now: u64) -> Result<bool, StoreError> {
+        self.with_db(false, |db| {
             self.expire(db, now)?;
             let deleted = db
                 .connection
@@ -162,22 +163,21 @@ impl ResponseStore {
         }
     }
 
-    /// Runs `work` on the open file (opening it first if need be), with the time now in unix
-    /// seconds; None, without running it, when the file does not exist and `create` is false (a
-    /// read before anything was stored).
+    /// Runs `work` on the open file (opening it first if need be); None, without running it, when
+    /// the file does not exist and `create` is false (a read before anything was stored).
     fn with_db<T>(
         &self,
         create: bool,
-        work: impl FnOnce(&mut Db, u64) -> rusqlite::Result<T>,
+        work: impl FnOnce(&mut Db) -> rusqlite::Result<T>,
     ) -> Result<Option<T>, StoreError> {
         let mut guard = self.db.lock().expect("the store's lock is never poisoned");
         if guard.is_none() && !create && !self.path.exists() {
             return Ok(None);
         }
         let result = match &mut *guard {
-            Some(db) => work(db, crate::state::unix_time()),
+            Some(db) => work(db),
             None => Db::open(&self.path).and_then(|mut db| {
-                let result = work(&mut db, crate::state::unix_time());
+                let result = work(&mut db);
                 *guard = Some(db);
                 result
             }),
@@ -273,46 +273,44 @@ mod tests {
     }
 
     fn temp_folder(name: &str) -> PathBuf {
-        let folder = std::env::temp_dir().join(format!(
-            "sluice-store-test-{name}-{}-{}",
-            std::process::id(),
-            crate::state::unix_time()
-        ));
+        let folder =
+            std::env::temp_dir().join(format!("sluice-store-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&folder);
         folder
     }
 
     const DAY: Duration = Duration::from_secs(86_400);
+    /// A time in unix seconds: the store takes the time from its callers.
+    const NOW: u64 = 1_800_000_000;
 
     #[test]
     fn a_stored_response_reads_back_until_deleted() {
         let folder = temp_folder("roundtrip");
         let store = store_in(&folder, 1 << 20, DAY);
-        assert_eq!(store.get("resp_1").unwrap(), None);
-        assert!(!store.delete("resp_1").unwrap());
+        assert_eq!(store.get("resp_1", NOW).unwrap(), None);
+        assert!(!store.delete("resp_1", NOW).unwrap());
         assert!(!store.path().exists(), "created only by the first put");
-        let now = crate::state::unix_time();
-        store.put("resp_1", now, "{\"id\":1}", "[]").unwrap();
+        store.put("resp_1", NOW, "{\"id\":1}", "[]").unwrap();
         assert!(store.path().exists());
         assert_eq!(
-            store.get("resp_1").unwrap(),
+            store.get("resp_1", NOW).unwrap(),
             Some(StoredResponse {
                 response: "{\"id\":1}".into(),
                 history: "[]".into()
             })
         );
-        assert_eq!(store.get("resp_2").unwrap(), None);
+        assert_eq!(store.get("resp_2", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 1);
         assert_eq!(store.stats().bytes, 10);
-        assert!(store.delete("resp_1").unwrap());
-        assert!(!store.delete("resp_1").unwrap());
-        assert_eq!(store.get("resp_1").unwrap(), None);
+        assert!(store.delete("resp_1", NOW).unwrap());
+        assert!(!store.delete("resp_1", NOW).unwrap());
+        assert_eq!(store.get("resp_1", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 0);
         // A new process finds what the file holds.
-        store.put("resp_3", now, "{}", "[]").unwrap();
+        store.put("resp_3", NOW, "{}", "[]").unwrap();
         drop(store);
         let reopened = store_in(&folder, 1 << 20, DAY);
-        assert!(reopened.get("resp_3").unwrap().is_some());
+        assert!(reopened.get("resp_3", NOW).unwrap().is_some());
         assert_eq!(reopened.stats().stored, 1);
         std::fs::remove_dir_all(folder).unwrap();
     }
@@ -322,21 +320,20 @@ mod tests {
         let folder = temp_folder("size");
         // Each response is 100 bytes; the bound holds 3.
         let store = store_in(&folder, 350, DAY);
-        let now = crate::state::unix_time();
         let body = "x".repeat(98);
         for i in 0..5 {
-            store.put(&format!("r{i}"), now, &body, "[]").unwrap();
+            store.put(&format!("r{i}"), NOW, &body, "[]").unwrap();
         }
         let kept: Vec<bool> = (0..5)
-            .map(|i| store.get(&format!("r{i}")).unwrap().is_some())
+            .map(|i| store.get(&format!("r{i}"), NOW).unwrap().is_some())
             .collect();
         assert_eq!(kept, [false, false, true, true, true]);
         let stats = store.stats();
         assert_eq!((stats.stored, stats.bytes), (3, 300));
         assert_eq!(stats.evicted_for_size, 2);
         // One larger than the whole bound is not kept, and evicts nothing.
-        store.put("huge", now, &"y".repeat(400), "[]").unwrap();
-        assert_eq!(store.get("huge").unwrap(), None);
+        store.put("huge", NOW, &"y".repeat(400), "[]").unwrap();
+        assert_eq!(store.get("huge", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 3);
         assert_eq!(store.stats().evicted_for_size, 3);
         std::fs::remove_dir_all(folder).unwrap();
@@ -346,11 +343,10 @@ mod tests {
     fn responses_older_than_the_age_bound_are_gone_and_counted() {
         let folder = temp_folder("age");
         let store = store_in(&folder, 1 << 20, Duration::from_secs(60));
-        let now = crate::state::unix_time();
-        store.put("old", now - 120, "{}", "[]").unwrap();
-        store.put("new", now, "{}", "[]").unwrap();
-        assert_eq!(store.get("old").unwrap(), None);
-        assert!(store.get("new").unwrap().is_some());
+        store.put("old", NOW - 120, "{}", "[]").unwrap();
+        store.put("new", NOW, "{}", "[]").unwrap();
+        assert_eq!(store.get("old", NOW).unwrap(), None);
+        assert!(store.get("new", NOW).unwrap().is_some());
         assert_eq!(store.stats().evicted_for_age, 1);
         assert_eq!(store.stats().stored, 1);
         std::fs::remove_dir_all(folder).unwrap();

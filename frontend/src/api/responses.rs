@@ -26,7 +26,7 @@ use crate::api::responses_request::{answer_message, chat_request, Translated, Tu
 use crate::api::sse::{self_closing_stream, StreamDialect};
 use crate::api::valid_request::ValidRequest;
 use crate::response_store::ResponseStore;
-use crate::state::AppState;
+use crate::state::{unix_time, AppState};
 use crate::text::answer_parts::{AnswerPart, AnswerStream, WholeAnswer};
 use crate::text::choice_stream::ChoiceUpdate;
 use sluice_common::schema::openai::{ChatMessage, Usage};
@@ -260,7 +260,7 @@ fn mark_cut(output: &mut [OutputItem]) {
 /// The conversation that the stored response `id` ended, or a 404 naming it.
 fn stored_conversation(store: &ResponseStore, id: &str) -> Result<Vec<ChatMessage>, ApiError> {
     let stored = store
-        .get(id)
+        .get(id, unix_time())
         .map_err(|error| ApiError::Internal(error.to_string()))?;
     let stored = stored.ok_or_else(|| ApiError::ResponseNotFound {
         id: id.to_owned(),
@@ -605,7 +605,7 @@ pub async fn retrieve(
     check_no_query(&query)?;
     let stored = state
         .responses
-        .get(&id)
+        .get(&id, unix_time())
         .map_err(|error| ApiError::Internal(error.to_string()))?
         .ok_or(ApiError::ResponseNotFound { id, param: None })?;
     let mut response = stored.response.into_response();
@@ -623,7 +623,7 @@ pub async fn delete(
 ) -> Result<Json<DeletedResponse>, ApiError> {
     let deleted = state
         .responses
-        .delete(&id)
+        .delete(&id, unix_time())
         .map_err(|error| ApiError::Internal(error.to_string()))?;
     if !deleted {
         return Err(ApiError::ResponseNotFound { id, param: None });

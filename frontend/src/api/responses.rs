@@ -27,7 +27,7 @@ use crate::api::sse::{self_closing_stream, StreamDialect};
 use crate::api::valid_request::ValidRequest;
 use crate::response_store::ResponseStore;
 use crate::state::{unix_time, AppState};
-use crate::text::answer_parts::{AnswerPart, AnswerStream, WholeAnswer};
+use crate::text::answer_parts::{AnswerPart, AnswerStream};
 use crate::text::choice_stream::ChoiceUpdate;
 use sluice_common::schema::openai::{ChatMessage, Usage};
 use sluice_common::schema::openai_tools::{FunctionCall, ToolCall};
@@ -97,42 +97,18 @@ impl GenerationEndpoint for Responses {
     ) -> ResponseObject {
         assert_eq!(results.len(), 1, "a Responses request has one choice");
         let result = results.into_iter().next().expect("one choice");
-        let WholeAnswer {
-            thinking,
-            text,
-            calls,
-        } = request.answer_of(result.text);
-        let id = &header.id;
-        let mut output = Vec::new();
-        if let Some(thinking) = thinking.filter(|thinking| !thinking.is_empty()) {
-            output.push(OutputItem::Reasoning {
-                id: item_id("rs", id, output.len()),
-                summary: Vec::new(),
-                content: vec![ReasoningText { text: thinking }],
-                status: "completed".into(),
-            });
+        // The items a stream of the whole output would build, so that whole and streamed answers
+        // cannot differ; the events are not sent.
+        let mut answer = AnswerStream::new(
+            request.reasoning_starts_thinking,
+            request.tool_calls.clone(),
+        );
+        let mut items = ItemStream::new(header.id.clone());
+        let mut unsent = Vec::new();
+        for part in answer.push(&result.text, true) {
+            items.part(part, &mut unsent);
         }
-        let text = text.unwrap_or_default();
-        if !text.is_empty() || (output.is_empty() && calls.is_empty()) {
-            output.push(OutputItem::Message {
-                id: item_id("msg", id, output.len()),
-                status: "completed".into(),
-                role: "assistant".into(),
-                content: vec![output_text(text)],
-            });
-        }
-        for call in calls {
-            output.push(OutputItem::FunctionCall {
-                id: item_id("fc", id, output.len()),
-                call_id: call.id,
-                name: call.function.name,
-                arguments: call.function.arguments,
-                status: "completed".into(),
-            });
-        }
-        if result.finish_reason == LENGTH {
-            mark_cut(&mut output);
-        }
+        let output = items.finish(result.finish_reason == LENGTH, &mut unsent);
         let cached = usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
         let usage = ResponseUsage::new(usage.prompt_tokens, cached, usage.completion_tokens, 0);
         context.finish(&header, result.finish_reason, output, usage)

@@ -446,13 +446,7 @@ impl RequestMetrics {
                 if let Some(queue) = self.queue_time {
                     metrics.request_prefill_time.observe(since_arrival - queue);
                 }
-                if !self.prompt.counted.swap(true, Ordering::Relaxed) {
-                    let prompt_tokens = self.prompt.prompt_tokens;
-                    metrics
-                        .prompt_tokens
-                        .fetch_add(prompt_tokens, Ordering::Relaxed);
-                    metrics.request_prompt_tokens.observe(prompt_tokens as f64);
-                }
+                self.count_prompt();
                 self.first_token_at = Some(now);
             }
             Some(last) => metrics
@@ -460,6 +454,23 @@ impl RequestMetrics {
                 .observe((now - last).as_secs_f64()),
         }
         self.last_token_at = Some(now);
+    }
+
+    /// Records a pooling request's embedding: its prompt was prefilled, and no token follows.
+    pub fn on_embedding(&mut self) {
+        self.count_prompt();
+    }
+
+    /// Counts the prompt once it is prefilled, once for all its choices.
+    fn count_prompt(&self) {
+        if !self.prompt.counted.swap(true, Ordering::Relaxed) {
+            let prompt_tokens = self.prompt.prompt_tokens;
+            let metrics = &self.metrics;
+            metrics
+                .prompt_tokens
+                .fetch_add(prompt_tokens, Ordering::Relaxed);
+            metrics.request_prompt_tokens.observe(prompt_tokens as f64);
+        }
     }
 
     /// Records the request's end; only the first call counts.
@@ -692,6 +703,22 @@ mod tests {
         assert!(text.contains(
             "sluice:request_success_total{model_name=\"m\",finished_reason=\"abort\"} 0\n"
         ));
+    }
+
+    #[test]
+    fn an_embedding_counts_its_prompt_and_no_token() {
+        let metrics = metrics();
+        let mut request =
+            RequestMetrics::new(metrics.clone(), metrics.prompt(7, 1), Instant::now(), 0.0);
+        request.on_output(0, Some(0.0));
+        request.on_embedding();
+        request.on_finish(FinishReason::Stop);
+        let text = metrics.render(&EngineStats::default(), 0);
+        let read = |name: &str| value(&text, &format!("sluice:{name}{{model_name=\"m\"}} "));
+        assert_eq!(read("prompt_tokens_total"), 7.0);
+        assert_eq!(read("request_prompt_tokens_count"), 1.0);
+        assert_eq!(read("generation_tokens_total"), 0.0);
+        assert_eq!(read("time_to_first_token_seconds_count"), 0.0);
     }
 
     #[test]

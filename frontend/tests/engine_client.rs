@@ -11,7 +11,7 @@ use sluice_frontend::engine::client_config::EngineClientConfig;
 use sluice_frontend::engine::error::EngineError;
 use sluice_frontend::engine::protocol::{
     decode, encode, Abort, AddRequest, EngineOutput, EngineStats, FinishReason, Message, Outputs,
-    Ready, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
+    Ready, Runner, SamplingParams, UtilityMethod, UtilityResult, UtilityValue,
 };
 use zeromq::{PullSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -95,6 +95,9 @@ impl FakeEngine {
             max_model_len: 2048,
             num_kv_blocks: 100,
             block_size: 16,
+            runner: Runner::Generate,
+            embedding_size: 0,
+            matryoshka_dimensions: None,
         });
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while self
@@ -134,6 +137,7 @@ fn request(id: &str) -> AddRequest {
         arrival_time: 0.0,
         priority: 0,
         cache_salt: None,
+        pooling: None,
     }
 }
 
@@ -149,6 +153,7 @@ fn output(id: &str, tokens: &[u32], finish: Option<FinishReason>) -> EngineOutpu
         first_scheduled_time: None,
         invalid_param: None,
         prompt_logprobs: None,
+        embedding: None,
     }
 }
 

@@ -19,7 +19,7 @@ use sluice_frontend::api::routes;
 use sluice_frontend::engine::client_config::EngineClientConfig;
 use sluice_frontend::engine::protocol::{
     decode, encode, EngineOutput, EngineStats, FinishReason, HealthResult, KvCacheSnapshot,
-    Logprobs, Message, Outputs, Ready, UtilityMethod, UtilityResult, UtilityValue,
+    Logprobs, Message, Outputs, Ready, Runner, UtilityMethod, UtilityResult, UtilityValue,
 };
 use sluice_frontend::state::{self, AppState, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
@@ -31,6 +31,8 @@ const MODEL: &str = "smol";
 const MAX_MODEL_LEN: u32 = 2048;
 /// What the fake engine generates: multi-byte characters make tokens that split them.
 const TEXT: &str = "Hello there! 日本語 👋🏽 and more.";
+/// The fake pooling model's embedding size.
+const EMBEDDING_SIZE: u32 = 8;
 
 fn config() -> ServerConfig {
     common::server_config(MODEL)
@@ -120,14 +122,40 @@ async fn started(config: ServerConfig) -> Server {
     server
 }
 
+/// The ready of a generative model.
+fn generative() -> Ready {
+    Ready {
+        max_model_len: MAX_MODEL_LEN,
+        num_kv_blocks: 100,
+        block_size: 16,
+        runner: Runner::Generate,
+        embedding_size: 576,
+        matryoshka_dimensions: None,
+    }
+}
+
+/// A server of an embedding model that takes any `dimensions`.
+async fn pooling() -> Server {
+    let mut server = unready(config()).await;
+    server
+        .send_ready_as(Ready {
+            runner: Runner::Pooling,
+            embedding_size: EMBEDDING_SIZE,
+            matryoshka_dimensions: Some(Vec::new()),
+            ..generative()
+        })
+        .await;
+    server
+}
+
 impl Server {
     async fn send_ready(&mut self) {
+        self.send_ready_as(generative()).await;
+    }
+
+    async fn send_ready_as(&mut self, ready: Ready) {
         let (input, mut output) = self.pending.take().unwrap();
-        let ready = encode(&Message::Ready(Ready {
-            max_model_len: MAX_MODEL_LEN,
-            num_kv_blocks: 100,
-            block_size: 16,
-        }));
+        let ready = encode(&Message::Ready(ready));
         // A bound PUSH socket refuses to send until the client's PULL has connected.
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while output.send(ZmqMessage::from(ready.clone())).await.is_err() {
@@ -297,6 +325,13 @@ fn step(outputs: Vec<EngineOutput>) -> Message {
     })
 }
 
+/// The fake pooling model's embedding of a prompt: its length, then steps of a half.
+fn fake_embedding(prompt_len: usize, dimensions: u32) -> Vec<f32> {
+    (0..dimensions)
+        .map(|i| prompt_len as f32 + i as f32 * 0.5)
+        .collect()
+}
+
 fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message> {
     match message {
         Message::AddRequest(request) => {
@@ -305,6 +340,18 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                 Script::Open => None,
                 Script::Finish(reason) => Some(*reason),
             };
+            if let Some(pooling) = request.pooling {
+                let dimensions = pooling.dimensions.unwrap_or(EMBEDDING_SIZE);
+                let embedding = fake_embedding(request.prompt_token_ids.len(), dimensions);
+                return vec![step(vec![EngineOutput {
+                    finish_reason: Some(FinishReason::Stop),
+                    error: None,
+                    num_cached_tokens: 1,
+                    first_scheduled_time: Some(request.arrival_time),
+                    embedding: Some(embedding.iter().flat_map(|v| v.to_le_bytes()).collect()),
+                    ..EngineOutput::failed(&request.request_id, "")
+                }])];
+            }
             let logprobs = |token: u32| {
                 request.params.logprobs.map(|top| {
                     vec![Logprobs {
@@ -330,6 +377,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                         first_scheduled_time: Some(request.arrival_time),
                         invalid_param: None,
                         prompt_logprobs: None,
+                        embedding: None,
                     }])
                 })
                 .collect()
@@ -349,6 +397,7 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                     first_scheduled_time: None,
                     invalid_param: None,
                     prompt_logprobs: None,
+                    embedding: None,
                 })
                 .collect(),
         )],
@@ -1203,6 +1252,401 @@ async fn a_named_tool_choice_is_forced_with_its_schema_and_read_as_its_arguments
         .is_empty()));
 }
 
+/// The tokens of a text input to /v1/embeddings: with the tokenizer's special tokens.
+fn input_len(server: &Server, text: &str) -> usize {
+    server
+        .state
+        .pool
+        .tokenizer()
+        .encode(text, true)
+        .unwrap()
+        .len()
+}
+
+#[tokio::test]
+async fn embeddings_answer_each_input_in_order_as_one_pooling_request_each() {
+    let mut server = pooling().await;
+    let body = json!({"model": MODEL, "input": ["Hello there", "x"], "frobnicate": 1});
+    let response = server.call(post("/v1/embeddings", body.to_string())).await;
+    assert_eq!(response.headers()["x-sluice-ignored-fields"], "frobnicate");
+    let (status, body) = json_of(response).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let lens = [input_len(&server, "Hello there"), input_len(&server, "x")];
+    assert_ne!(lens[0], lens[1]);
+    for (index, len) in lens.into_iter().enumerate() {
+        assert_eq!(
+            body["data"][index],
+            json!({"object": "embedding", "index": index,
+                   "embedding": fake_embedding(len, EMBEDDING_SIZE)})
+        );
+    }
+    let prompt_tokens = lens.iter().sum::<usize>();
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["model"], MODEL);
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens})
+    );
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let Message::AddRequest(request) = server.next_seen("add_request").await else {
+            unreachable!()
+        };
+        assert_eq!(request.params.max_tokens, 1);
+        let pooling = request.pooling.expect("a pooling request");
+        assert_eq!((pooling.dimensions, pooling.normalize), (None, None));
+        ids.push(request.request_id.rsplit('-').next().unwrap().to_owned());
+    }
+    ids.sort();
+    assert_eq!(ids, ["0", "1"]);
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "sluice:prompt_tokens_total{{model_name=\"{MODEL}\"}} {prompt_tokens}\n"
+        )),
+        "{metrics}"
+    );
+    assert_eq!(server.state.permits.available_permits(), 64);
+}
+
+#[tokio::test]
+async fn embeddings_in_base64_are_the_engines_bytes_cut_to_the_dimensions_asked() {
+    let mut server = pooling().await;
+    let (status, body) = server
+        .post(
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": [[5, 6, 7]], "encoding_format": "base64",
+                   "dimensions": 3, "normalize": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let bytes = base64::decode(body["data"][0]["embedding"].as_str().unwrap()).unwrap();
+    let floats: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|value| f32::from_le_bytes(value.try_into().unwrap()))
+        .collect();
+    assert_eq!(floats, fake_embedding(3, 3));
+    let Message::AddRequest(request) = server.next_seen("add_request").await else {
+        unreachable!()
+    };
+    let pooling = request.pooling.unwrap();
+    assert_eq!(
+        (pooling.dimensions, pooling.normalize),
+        (Some(3), Some(false))
+    );
+    assert_eq!(request.prompt_token_ids, [5, 6, 7]);
+}
+
+#[tokio::test]
+async fn embeddings_refuse_bad_inputs_naming_the_field() {
+    let server = pooling().await;
+    let embeddings = |fields: Value| {
+        let mut body = json!({"model": MODEL, "input": "x"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        post("/v1/embeddings", body.to_string())
+    };
+    let too_long = vec![1; MAX_MODEL_LEN as usize + 1];
+    let cases = [
+        (json!({"input": []}), json!({"param": "input"})),
+        (json!({"input": [[1], []]}), json!({"param": "input"})),
+        (json!({"input": [9_999_999]}), json!({"param": "input"})),
+        (json!({"input": vec!["x"; 2049]}), json!({"param": "input"})),
+        (
+            json!({"input": too_long}),
+            json!({"param": "input", "code": "context_length_exceeded"}),
+        ),
+        (
+            json!({"input": [1], "truncate_prompt_tokens": 0}),
+            json!({"param": "truncate_prompt_tokens"}),
+        ),
+        (json!({"dimensions": 0}), json!({"param": "dimensions"})),
+        (
+            json!({"dimensions": EMBEDDING_SIZE + 1}),
+            json!({"param": "dimensions"}),
+        ),
+        (
+            json!({"encoding_format": "binary"}),
+            json!({"param": "encoding_format"}),
+        ),
+        (
+            json!({"embed_dtype": "float16"}),
+            json!({"param": "embed_dtype"}),
+        ),
+        (json!({"priority": 1}), json!({"param": "priority"})),
+    ];
+    for (fields, expected) in cases {
+        assert_error(&server, embeddings(fields), 400, expected).await;
+    }
+    assert_error(
+        &server,
+        embeddings(json!({"model": "gpt-9"})),
+        404,
+        json!({"param": "model", "code": "model_not_found"}),
+    )
+    .await;
+    // Truncated, an input longer than the context fits it.
+    let (status, body) = server
+        .post(
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": too_long, "truncate_prompt_tokens": -1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], MAX_MODEL_LEN);
+}
+
+/// The cosine of the fake engine's embeddings of prompts of these lengths.
+fn fake_cosine(a: usize, b: usize) -> f64 {
+    let [a, b] = [a, b].map(|len| {
+        fake_embedding(len, EMBEDDING_SIZE)
+            .into_iter()
+            .map(f64::from)
+            .collect::<Vec<_>>()
+    });
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(x, y)| x * y).sum::<f64>();
+    dot(&a, &b) / (dot(&a, &a) * dot(&b, &b)).sqrt()
+}
+
+/// The prompts of the add_requests the engine has received so far.
+fn prompts_seen(server: &mut Server) -> Vec<Vec<u32>> {
+    std::iter::from_fn(|| server.seen.try_recv().ok())
+        .filter_map(|message| match message {
+            Message::AddRequest(request) => Some(request.prompt_token_ids),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The scores under `field` of `list`'s items, each checked against `expected` to within what
+/// serde_json's float parsing may round (its last bit).
+fn assert_scores(list: &Value, field: &str, expected: &[f64]) {
+    let scores: Vec<f64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item[field].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores.len(), expected.len(), "{list}");
+    for (score, expected) in scores.iter().zip(expected) {
+        assert!(
+            (score - expected).abs() < 1e-15,
+            "{list} against {expected:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn score_embeds_each_distinct_text_once_and_answers_each_pairs_cosine() {
+    let mut server = pooling().await;
+    let body = json!({"model": MODEL, "text_1": [[1, 2]], "text_2": [[3], [4, 5, 6], [1, 2]],
+                      "queries": ["x"]});
+    let response = server.call(post("/score", body.to_string())).await;
+    assert_eq!(response.headers()["x-sluice-ignored-fields"], "queries");
+    let (status, body) = json_of(response).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("score-"), "{body}");
+    assert_eq!(
+        (&body["object"], &body["model"]),
+        (&json!("list"), &json!(MODEL))
+    );
+    assert!(body["created"].as_u64().unwrap() > 0);
+    for (index, item) in body["data"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(item["index"], index);
+        assert_eq!(item["object"], "score");
+    }
+    assert_scores(
+        &body["data"],
+        "score",
+        &[fake_cosine(2, 1), fake_cosine(2, 3), 1.0],
+    );
+    let mut prompts = prompts_seen(&mut server);
+    prompts.sort();
+    assert_eq!(prompts, [vec![1, 2], vec![3], vec![4, 5, 6]]);
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 6, "total_tokens": 6})
+    );
+
+    let (status, body) = server
+        .post(
+            "/score",
+            json!({"model": MODEL, "data_1": [[1], [2, 3]], "data_2": [[4, 5], [6]]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_scores(
+        &body["data"],
+        "score",
+        &[fake_cosine(1, 2), fake_cosine(2, 1)],
+    );
+    assert_eq!(server.state.permits.available_permits(), 64);
+}
+
+#[tokio::test]
+async fn rerank_orders_the_documents_by_relevance_with_their_text() {
+    let server = pooling().await;
+    let documents = ["one two three four", "one", "one two"];
+    let query = "one two three";
+    let lens = documents.map(|document| input_len(&server, document));
+    let query_len = input_len(&server, query);
+    let mut expected: Vec<(usize, f64)> = (0..documents.len())
+        .map(|index| (index, fake_cosine(query_len, lens[index])))
+        .collect();
+    expected.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        let (status, body) = server
+            .post(
+                path,
+                json!({"model": MODEL, "query": query, "documents": documents}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        assert!(
+            body["id"].as_str().unwrap().starts_with("rerank-"),
+            "{body}"
+        );
+        assert_eq!(body["model"], MODEL);
+        let results = body["results"].as_array().unwrap();
+        for (result, &(index, _)) in results.iter().zip(&expected) {
+            assert_eq!(result["index"], index, "{path}: {body}");
+            assert_eq!(result["document"], json!({"text": documents[index]}));
+        }
+        let scores: Vec<f64> = expected.iter().map(|&(_, score)| score).collect();
+        assert_scores(&body["results"], "relevance_score", &scores);
+        let tokens = query_len + lens.iter().sum::<usize>();
+        assert_eq!(
+            body["usage"],
+            json!({"prompt_tokens": tokens, "total_tokens": tokens})
+        );
+    }
+    let (status, body) = server
+        .post(
+            "/v1/rerank",
+            json!({"model": MODEL, "query": query, "documents": documents, "top_n": 1,
+                   "return_documents": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["results"][0]["index"], expected[0].0);
+    assert_eq!(body["results"][0].get("document"), None);
+    assert_scores(&body["results"], "relevance_score", &[expected[0].1]);
+}
+
+#[tokio::test]
+async fn score_and_rerank_refuse_bad_inputs_naming_the_field() {
+    let server = pooling().await;
+    let too_long = vec![1; MAX_MODEL_LEN as usize + 1];
+    let score = |body: Value| post("/score", body.to_string());
+    let rerank = |body: Value| post("/rerank", body.to_string());
+    let cases = [
+        (
+            score(json!({"model": MODEL, "text_1": ["a", "b"], "text_2": ["a", "b", "c"]})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": [], "text_2": "a"})),
+            json!({"param": "text_1"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": []})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": ["b", ""]})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": vec!["b"; 2048]})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": too_long, "text_2": "b"})),
+            json!({"param": "text_1", "code": "context_length_exceeded"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": "b", "priority": 1})),
+            json!({"param": "priority"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": []})),
+            json!({"param": "documents"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "", "documents": ["d"]})),
+            json!({"param": "query"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": ["d"], "top_n": -1})),
+            json!({"param": "top_n"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": ["d"],
+                          "mm_processor_kwargs": {"x": 1}})),
+            json!({"param": "mm_processor_kwargs"}),
+        ),
+    ];
+    for (request, expected) in cases {
+        assert_error(&server, request, 400, expected).await;
+    }
+    assert_error(
+        &server,
+        rerank(json!({"model": "gpt-9", "query": "q", "documents": ["d"], "top_n": -1})),
+        404,
+        json!({"param": "model", "code": "model_not_found"}),
+    )
+    .await;
+    // Truncated, a text longer than the context fits it.
+    let (status, body) = server
+        .post(
+            "/score",
+            json!({"model": MODEL, "text_1": too_long, "text_2": [[1]],
+                   "truncate_prompt_tokens": -1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], MAX_MODEL_LEN + 1);
+}
+
+#[tokio::test]
+async fn each_runner_refuses_the_routes_of_the_other() {
+    let pooling = pooling().await;
+    for path in ["/v1/completions", "/v1/chat/completions", "/v1/responses"] {
+        let (status, body) = pooling.post(path, json!({"model": MODEL})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("serves /v1/embeddings"), "{message}");
+        assert_eq!(body["error"]["param"], "model");
+    }
+    // Anthropic's route answers in Anthropic's shape.
+    let (status, body) = pooling.post("/v1/messages", json!({"model": MODEL})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["type"], "error");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v1/embeddings"));
+
+    let generative = started(config()).await;
+    for path in [
+        "/v1/embeddings",
+        "/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+    ] {
+        let (status, body) = generative.post(path, json!({"model": MODEL})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("generative model") && message.contains("--runner pooling"),
+            "{message}"
+        );
+        assert_eq!(body["error"]["param"], "model");
+    }
+}
+
 fn http_status(port: u16, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -1248,11 +1692,7 @@ async fn fake_engine_process() {
         .bind(&format!("ipc://{}/output", dir.display()))
         .await
         .unwrap();
-    let ready = encode(&Message::Ready(Ready {
-        max_model_len: MAX_MODEL_LEN,
-        num_kv_blocks: 100,
-        block_size: 16,
-    }));
+    let ready = encode(&Message::Ready(generative()));
     while output.send(ZmqMessage::from(ready.clone())).await.is_err() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -19,9 +19,15 @@ from engine.scheduler import Scheduler
 from engine.structured_output import GrammarTokenizer, batch_bitmask, mask_words
 from sluice.config import SluiceConfig, steps_in_flight
 from sluice.config_checks import check_engine_config
-from sluice.errors import WorkerDiedError
+from sluice.errors import InvalidRequestError, WorkerDiedError
 from sluice.frontend_seam import EngineOutput, EngineStats
-from sluice.model_spec import read_model_spec, resolve_max_model_len
+from sluice.model_spec import model_pooling, read_model_spec, resolve_max_model_len, resolve_runner
+from sluice.pooling import (
+    PoolingParams,
+    PoolingSpec,
+    check_pooling_params,
+    runner_mismatch,
+)
 from sluice.sampling_params import SamplingParams
 from sluice.sliding_windows import uniform_window
 from sluice.step_timing import PhaseTimes
@@ -34,6 +40,9 @@ class EngineCore:
         self.spec = read_model_spec(config.model.path)
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
+        self.runner = resolve_runner(self.spec, config.model.runner)
+        self.embedding_size = int(self.spec.hf_config["hidden_size"])
+        self.pooling_spec: PoolingSpec | None = model_pooling(self.spec) if self.runner == "pooling" else None
         # Every option is checked, and the KV pool sized, before any worker process starts.
         self.num_kv_blocks = check_engine_config(config, self.spec)
         self.executor = make_executor(config, self.spec)
@@ -49,6 +58,7 @@ class EngineCore:
             self.max_model_len,
             config.speculative,
             uniform_window(self.spec.hf_config, self.spec.architecture, self.max_model_len),
+            self.pooling_spec,
         )
         self.kv_events: KVEventPublisher | None = None
         if config.cache.kv_events_port is not None:
@@ -75,9 +85,12 @@ class EngineCore:
         arrival_time: float,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
-        """Validate, then queue. Raises InvalidRequestError and queues nothing on bad input."""
-        self.check_request(prompt_token_ids, params, cache_salt)
+        """Validate, then queue. Raises InvalidRequestError and queues nothing on bad input.
+
+        With `pooling` the request is a pooling one: it finishes with its prompt's embedding."""
+        self.check_request(prompt_token_ids, params, cache_salt, pooling)
         # Compiled before it is queued: a constraint that does not compile rejects the request.
         grammar = None
         if params.structured_output is not None:
@@ -92,14 +105,36 @@ class EngineCore:
                 cache_salt=cache_salt,
                 eos_token_ids=self.spec.eos_token_ids,
                 grammar=grammar,
+                pooling=pooling,
+                pools_every_position=pooling is not None
+                and self.pooling_spec is not None
+                and self.pooling_spec.method != "last",
+                encodes_whole_prompt=self.spec.is_encoder,
             )
         )
 
     def check_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
         validate_request(
             prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids, cache_salt
+        )
+        if (pooling is not None) != (self.runner == "pooling"):
+            raise InvalidRequestError(runner_mismatch(self.runner), param="model")
+        if pooling is not None:
+            assert self.pooling_spec is not None
+            check_pooling_params(pooling, self.pooling_spec, self.embedding_size)
+
+    @property
+    def matryoshka_dimensions(self) -> list[int] | None:
+        """Ready's: None when `dimensions` is refused, [] for any size, else the sizes allowed."""
+        spec = self.pooling_spec
+        return (
+            None if spec is None or spec.matryoshka_dimensions is None else list(spec.matryoshka_dimensions)
         )
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineOutput]:

@@ -182,6 +182,9 @@ class EngineCoreServer:
                     max_model_len=self.engine.max_model_len,
                     num_kv_blocks=self.engine.num_kv_blocks,
                     block_size=self.engine.config.cache.block_size,
+                    runner=self.engine.runner,
+                    embedding_size=self.engine.embedding_size,
+                    matryoshka_dimensions=self.engine.matryoshka_dimensions,
                 )
             )
             while not self.stop_requested:
@@ -309,6 +312,7 @@ class EngineCoreServer:
                 message.arrival_time,
                 message.priority,
                 message.cache_salt,
+                message.pooling,
             )
         except InvalidRequestError as exc:
             self.pending.append(_error_output(message.request_id, str(exc), exc.param or "request"))

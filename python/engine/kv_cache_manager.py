@@ -52,8 +52,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and how many tokens it covers."""
-        # Prompt logprobs come from computing the prompt: a cached prefix would skip its positions.
-        if not self.enable_caching or request.needs_prompt_logprobs:
+        # Prompt logprobs and mean pooling come from computing the prompt: a cached prefix would skip its positions.
+        if not self.enable_caching or request.computes_whole_prompt:
             return [], 0
         assert request.num_computed_tokens == 0 and request.request_id not in self.req_to_blocks
         # The last token is always recomputed: its logits are what the next token is sampled from.

@@ -9,12 +9,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
+import numpy as np
+
 from engine.engine_core import EngineCore
-from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from sluice.config import SluiceConfig, SpeculativeConfig
 from sluice.engine_args import config_from_options
 from sluice.errors import InvalidRequestError
 from sluice.frontend_seam import EngineOutput
+from sluice.pooling import PoolingParams
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs
 
@@ -93,6 +104,83 @@ class LLM:
         """
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         return self._run([self._tokenize(p) for p in prompt_list], params, priority)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """The embedding of every prompt, in prompt order (the model must be served with the pooling runner).
+
+        Every prompt is validated before any is queued, so a bad one queues nothing; a request that
+        fails in the engine raises InvalidRequestError naming it."""
+        params = pooling_params or PoolingParams()
+        prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        requests = [self._tokenize(p) for p in prompt_list]
+        # Unused by a pooling request, and never sampled: only its prompt is computed.
+        sampling = SamplingParams(max_tokens=1)
+        for request in requests:
+            self.engine.check_request(request.token_ids, sampling, request.cache_salt, params)
+        now = time.monotonic()
+        request_ids = [str(next(self._ids)) for _ in requests]
+        for request_id, request in zip(request_ids, requests):
+            self.engine.add_request(
+                request_id, request.token_ids, sampling, now, 0, request.cache_salt, params
+            )
+        finished: dict[str, EngineOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for core_output in self.engine.step():
+                if core_output.finish_reason is not None:
+                    finished[core_output.request_id] = core_output
+        results = []
+        for request_id, request in zip(request_ids, requests):
+            core_output = finished[request_id]
+            if core_output.embedding is None:
+                raise InvalidRequestError(
+                    f"prompt {request_id} failed: {core_output.error}", param=core_output.invalid_param
+                )
+            vector = np.frombuffer(core_output.embedding, dtype="<f4").tolist()
+            results.append(
+                EmbeddingRequestOutput(
+                    request_id, request.token_ids, EmbeddingOutput(vector), core_output.num_cached_tokens
+                )
+            )
+        return results
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's: the similarity of each pair, for an embedding model the cosine of their embeddings.
+
+        One data_1 is paired with every data_2, else they pair one to one; results come in data_2's order.
+        """
+        first = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
+        second = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
+        if not second or len(first) not in (1, len(second)):
+            raise InvalidRequestError(
+                f"score pairs one data_1 with each data_2, or data_1 and data_2 one to one; got {len(first)} "
+                f"and {len(second)}",
+                param="data_2",
+            )
+        embedded = self.embed([*first, *second], pooling_params)
+        queries, documents = embedded[: len(first)], embedded[len(first) :]
+        if len(queries) == 1:
+            queries = queries * len(documents)
+        results = []
+        for query, document in zip(queries, documents, strict=True):
+            a, b = np.array(query.outputs.embedding), np.array(document.outputs.embedding)
+            cosine = float(a @ b / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))
+            results.append(
+                ScoringRequestOutput(
+                    f"{query.request_id}-{document.request_id}",
+                    [*query.prompt_token_ids, *document.prompt_token_ids],
+                    ScoringOutput(cosine),
+                )
+            )
+        return results
 
     def chat(
         self,

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sluice.pooling import PoolingParams
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs, PromptLogprobs
 
@@ -81,6 +82,16 @@ class Request:
     prompt_logprobs: list[Logprobs] | None = field(init=False)
     # Whether the prompt logprobs went out (with the first generated token).
     prompt_logprobs_sent: bool = False
+    # A pooling request: computed once through its prompt, it finishes with its embedding and samples nothing.
+    pooling: PoolingParams | None = None
+    # Set for a pooling request when the model pools over every position (mean or first token),
+    # which a prefix-cache hit would skip.
+    pools_every_position: bool = False
+    # An encoder's request: its prompt is computed whole in one step (attention is bidirectional, so
+    # neither a chunk nor a cached prefix could stand for part of it).
+    encodes_whole_prompt: bool = False
+    # A finished pooling request's embedding (sluice.pooling.finish_embedding's bytes).
+    embedding: bytes | None = None
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) > 0, "the boundary rejects empty prompts"
@@ -111,6 +122,11 @@ class Request:
         )
         self.prompt_logprobs_sent = True
         return self.prompt_logprobs
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Whether every prompt position must be computed, so that no prefix-cache hit may skip any."""
+        return self.needs_prompt_logprobs or self.pools_every_position or self.encodes_whole_prompt
 
     @property
     def num_tokens(self) -> int:

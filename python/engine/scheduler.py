@@ -22,11 +22,14 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+import numpy as np
+
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.speculation import Speculator
 from sluice.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from sluice.frontend_seam import ITERATION_TOKENS_BOUNDS, EngineOutput, EngineStats
+from sluice.pooling import PoolingSpec, finish_embedding
 from sluice.sampling_params import params_to_wire
 from sluice.worker_seam import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -97,9 +100,13 @@ class Scheduler:
         max_model_len: int,
         speculative_config: SpeculativeConfig | None = None,
         sliding_window: int = 0,
+        pooling_spec: PoolingSpec | None = None,
     ) -> None:
         """sliding_window: the window every layer of the model shares (sluice/sliding_windows.py's
-        uniform_window), or 0; requests then release the blocks their queries can no longer see."""
+        uniform_window), or 0; requests then release the blocks their queries can no longer see.
+        pooling_spec: the model's pooling under the pooling runner, which finishes its requests'
+        embeddings; None under the generate runner."""
+        self.pooling_spec = pooling_spec
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         self.policy = scheduler_config.policy
@@ -208,6 +215,9 @@ class Scheduler:
                 computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
                 num_new_tokens = min(request.num_tokens - num_computed, token_budget)
                 assert num_new_tokens > 0
+                if request.encodes_whole_prompt and num_new_tokens < request.num_tokens:
+                    # An encoder's prompt is never chunked: it waits for a step with room for all of it.
+                    break
                 new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks)
                 # Head-of-line: nobody behind the head jumps it, which keeps both policies' order strict.
                 if new_block_ids is None:
@@ -247,7 +257,8 @@ class Scheduler:
             request = self.requests[request_id]
             request.num_computed_tokens += num_tokens
             num_drafts = len(spec_token_ids.get(request_id, ()))
-            if (
+            # A pooling request samples nothing: once its prompt is computed it waits for its embedding.
+            if request.pooling is None and (
                 request.num_computed_tokens - num_drafts
                 == request.num_tokens + request.num_output_placeholders
             ):
@@ -342,12 +353,15 @@ class Scheduler:
         outputs: list[EngineOutput] = []
         finished: set[str] = set()
         self.num_eager_fallbacks = model_runner_output.num_eager_fallbacks
-        prompt_chunks = model_runner_output.prompt_logprobs or [None] * len(model_runner_output.req_ids)
-        for request_id, token_ids, logprobs, prompt_chunk in zip(
+        num_rows = len(model_runner_output.req_ids)
+        prompt_chunks = model_runner_output.prompt_logprobs or [None] * num_rows
+        pooled_rows = model_runner_output.pooled or [None] * num_rows
+        for request_id, token_ids, logprobs, prompt_chunk, pooled in zip(
             model_runner_output.req_ids,
             model_runner_output.sampled_token_ids,
             model_runner_output.logprobs,
             prompt_chunks,
+            pooled_rows,
             strict=True,
         ):
             request = self.requests.get(request_id)
@@ -356,6 +370,10 @@ class Scheduler:
                 continue
             if prompt_chunk is not None:
                 request.add_prompt_logprobs(prompt_chunk)
+            if pooled is not None:
+                outputs.append(self._finish_pooling(request, pooled))
+                finished.add(request_id)
+                continue
             if not token_ids:
                 continue
             assert request_id in scheduler_output.num_scheduled_tokens
@@ -398,6 +416,23 @@ class Scheduler:
         if finished:
             self._remove_running(finished)
         return outputs
+
+    def _finish_pooling(self, request: Request, pooled: bytes) -> EngineOutput:
+        """End a pooling request whose whole prompt is computed: its output carries the embedding."""
+        assert self.pooling_spec is not None and request.pooling is not None, "pooled a generation request"
+        assert request.num_computed_tokens == request.num_tokens, "pooled before its prompt was in"
+        vector = np.frombuffer(pooled, dtype="<f4")
+        request.embedding = finish_embedding(vector, request.pooling, self.pooling_spec)
+        request.status = RequestStatus.FINISHED_STOPPED
+        self._finish(request)
+        return EngineOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            finish_reason=request.status.finish_reason,
+            num_cached_tokens=request.num_cached_tokens,
+            first_scheduled_time=request.first_scheduled_time,
+            embedding=request.embedding,
+        )
 
     def _check_stop(self, request: Request, token_id: int) -> bool:
         params = request.sampling_params

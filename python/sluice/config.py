@@ -22,6 +22,9 @@ SpeculativeMethod = Literal["ngram"]
 # The attention kernel on CUDA: "auto" (flash-attn where it imports and fits the cache, else Triton).
 CudaAttentionBackend = Literal["auto", "flash_attn", "triton"]
 Quantization = Literal["int8", "int4"]
+# What the server answers with: "generate" (tokens), "pooling" (embeddings: sluice/pooling.py), or "auto":
+# pooling for an embedding model (a sentence-transformers folder, or a base model with no LM head).
+RunnerChoice = Literal["auto", "generate", "pooling"]
 # The KV cache's element type: "auto" is the model's dtype; int8 and fp8_e4m3 keep each cached row as one
 # byte per value plus a float32 scale (csrc/cpu/kv_quant.h), read by the CPU kernels at every tier.
 KvCacheDType = Literal["auto", "int8", "fp8_e4m3"]
@@ -40,6 +43,11 @@ class ModelConfig:
     dtype: DType = setting("bfloat16", "the element type of the weights and activations")
     max_model_len: int | None = setting(
         None, "context length served (default: the model's max_position_embeddings)", at_least=1
+    )
+    runner: RunnerChoice = setting(
+        "auto",
+        "generate (completions, chat, messages, responses) or pooling (/v1/embeddings); auto: pooling "
+        "for an embedding model (a sentence-transformers folder, or a base model with no LM head)",
     )
 
 

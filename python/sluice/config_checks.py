@@ -25,7 +25,7 @@ from sluice.cpu_binding import cores_per_rank, omp_spin_count, usable_cores
 from sluice.errors import DeviceUnavailableError, InvalidConfigError
 from sluice.kernel_libraries import choose_kernels
 from sluice.kv_cache_layout import num_kv_blocks
-from sluice.model_spec import ModelSpec, resolve_max_model_len
+from sluice.model_spec import ModelSpec, resolve_max_model_len, resolve_runner
 from sluice.parallel_validation import check_tensor_parallel
 
 
@@ -65,6 +65,14 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
         # corrupt library, is refused here, before any process starts.
         choose_kernels(config.kernel.cpu_isa)
     _check_quantization(config, spec)
+    # Raises for a base model served with --runner generate.
+    runner = resolve_runner(spec, config.model.runner)
+    if runner == "pooling" and config.speculative.enabled:
+        raise InvalidConfigError(
+            "speculative decoding drafts generated tokens: the pooling runner (embeddings) generates none"
+        )
+    if spec.is_encoder:
+        _check_encoder(config, spec)
     validate_graph_config(config.graph, config.scheduler)
     if config.cache.kv_events_port is not None and not config.cache.enable_prefix_caching:
         raise InvalidConfigError(
@@ -75,6 +83,22 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
     omp_spin_count(device, os.environ)
     _check_data_parallel(config, usable_cores())
     return num_kv_blocks(config, spec, resolve_max_model_len(spec, config.model.max_model_len))
+
+
+def _check_encoder(config: SluiceConfig, spec: ModelSpec) -> None:
+    """An encoder computes each prompt whole in one step, on one rank, from a folder's weights."""
+    max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
+    if max_model_len > config.scheduler.max_num_batched_tokens:
+        raise InvalidConfigError(
+            f"{spec.architecture} encodes each prompt whole in one step: --max-num-batched-tokens "
+            f"({config.scheduler.max_num_batched_tokens}) must hold a prompt of --max-model-len ({max_model_len})"
+        )
+    if config.parallel.tensor_parallel_size > 1:
+        raise InvalidConfigError(
+            f"{spec.architecture} runs on one rank: tensor parallelism is for the decoders"
+        )
+    if config.kernel.quantization is not None:
+        raise InvalidConfigError(f"--quantization is for the decoders' linears, not {spec.architecture}'s")
 
 
 def _check_quantization(config: SluiceConfig, spec: ModelSpec) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.pooling import POOLING_PARAMS_RECORD, RUNNERS, PoolingParams
 from sluice.sampling_params import PARAMS_RECORD, SamplingParams
 from sluice.wire import (
+    BYTES,
     FLOAT,
     INT,
     INT_LIST,
@@ -50,6 +52,9 @@ class AddRequest:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    # Set for a pooling request: the engine computes the prompt and answers with its embedding
+    # (params are then the defaults with max_tokens 1, and unused).
+    pooling: PoolingParams | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +77,12 @@ class Ready:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
+    # "generate" or "pooling" (sluice.pooling.Runner): which routes the model serves.
+    runner: str = "generate"
+    # The length of a full embedding: the model's hidden size.
+    embedding_size: int = 0
+    # None: `dimensions` is refused; []: any size up to embedding_size; else exactly one of these.
+    matryoshka_dimensions: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -118,6 +129,9 @@ class EngineOutput:
     # Requests with prompt_logprobs: one entry per prompt token after the first (the first has
     # none), all in the output that carries the first generated token; None in every other output.
     prompt_logprobs: list[Logprobs] | None = None
+    # A pooling request's embedding, in its one output: little-endian float32 values, truncated to
+    # its dimensions and normalised as asked.
+    embedding: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -207,6 +221,7 @@ _OUTPUT = Record(
         ("first_scheduled_time", optional(FLOAT)),
         ("invalid_param", optional(STR)),
         ("prompt_logprobs", optional(list_of(LOGPROBS_RECORD.codec))),
+        ("embedding", optional(BYTES)),
     ),
 )
 
@@ -224,6 +239,7 @@ _MESSAGES = MessageSet(
                     ("arrival_time", FLOAT),
                     ("priority", INT),
                     ("cache_salt", optional(STR)),
+                    ("pooling", optional(POOLING_PARAMS_RECORD.codec)),
                 ),
             ),
         ),
@@ -231,7 +247,17 @@ _MESSAGES = MessageSet(
         UtilityCall: ("utility", Record(UtilityCall, (("call_id", INT), ("method", STR)))),
         Ready: (
             "ready",
-            Record(Ready, (("max_model_len", INT), ("num_kv_blocks", INT), ("block_size", INT))),
+            Record(
+                Ready,
+                (
+                    ("max_model_len", INT),
+                    ("num_kv_blocks", INT),
+                    ("block_size", INT),
+                    ("runner", one_of(STR, RUNNERS)),
+                    ("embedding_size", INT),
+                    ("matryoshka_dimensions", optional(INT_LIST)),
+                ),
+            ),
         ),
         Outputs: (
             "outputs",

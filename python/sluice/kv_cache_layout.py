@@ -30,6 +30,10 @@ def kv_cache_bytes_per_block(config: SluiceConfig, spec: ModelSpec) -> int:
 def num_kv_blocks(config: SluiceConfig, spec: ModelSpec, max_model_len: int) -> int:
     """Blocks that --kv-cache-memory (per worker) holds; at least one max_model_len request must fit."""
     cache = config.cache
+    if spec.is_encoder:
+        # An encoder reads no KV cache: its blocks only account for the step's prompts (each whole, each
+        # rounded up to a block), so a token budget's worth is all it is given.
+        return config.scheduler.max_num_seqs + -(-config.scheduler.max_num_batched_tokens // cache.block_size)
     bytes_per_block = kv_cache_bytes_per_block(config, spec)
     num_blocks = cache.num_gpu_blocks_override or int(cache.kv_cache_memory_gib * GIB // bytes_per_block)
     blocks_per_request = -(-max_model_len // cache.block_size)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sluice.config import RunnerChoice
 from sluice.errors import InvalidRequestError, ModelNotFoundError, UnsupportedArchitectureError
 from sluice.gguf_model import gguf_model_folder, is_gguf_file
+from sluice.pooling import PoolingSpec, Runner, pooling_spec_of
 from sluice.rope_parameters import rope_parameters_of
 
 SUPPORTED_ARCHITECTURES = (
@@ -26,6 +28,16 @@ SUPPORTED_ARCHITECTURES = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
 )
+# Encoders of the BERT family: the pooling runner only, on worker/models/bert.py.
+ENCODER_ARCHITECTURES = ("BertModel", "XLMRobertaModel", "RobertaModel")
+# Base models (no LM head), as embedding models ship them (Qwen3-Embedding's checkpoints are a
+# Qwen3Model's): served with the pooling runner only, on the layers of the causal model named.
+BASE_ARCHITECTURES = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,11 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     # The GGUF file that holds the weights; `path` is then the folder of its config and tokenizer.
     gguf_file: Path | None = None
+    # False for a base model (BASE_ARCHITECTURES): its checkpoint names lack the "model." prefix and
+    # it has no lm_head, so it only serves embeddings.
+    has_lm_head: bool = True
+    # A bidirectional encoder (ENCODER_ARCHITECTURES): each prompt is computed whole in one step.
+    is_encoder: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -72,21 +89,49 @@ def read_model_spec(path: str | Path) -> ModelSpec:
     hf_config = json.loads(config_file.read_text())
     architectures = hf_config.get("architectures") or []
     supported = [a for a in architectures if a in SUPPORTED_ARCHITECTURES]
-    if not supported:
+    base = [BASE_ARCHITECTURES[a] for a in architectures if a in BASE_ARCHITECTURES]
+    encoders = [a for a in architectures if a in ENCODER_ARCHITECTURES]
+    if gguf_file is None and encoders and not supported and not base:
+        return ModelSpec(
+            path=folder,
+            architecture=encoders[0],
+            hf_config=hf_config,
+            max_context=_encoder_context(hf_config),
+            eos_token_ids=(),
+            has_lm_head=False,
+            is_encoder=True,
+        )
+    if not supported and not base:
         raise UnsupportedArchitectureError(
             f"architecture {architectures or '(none)'} in {str(folder)!r} is not supported; "
-            f"Sluice runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"Sluice runs {', '.join(SUPPORTED_ARCHITECTURES)}, and for embeddings "
+            f"{', '.join([*BASE_ARCHITECTURES, *ENCODER_ARCHITECTURES])}"
         )
     eos = hf_config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    architecture = (supported or base)[0]
+    if not supported:
+        # The layers are the causal model's: whoever reads the config builds those.
+        hf_config = {**hf_config, "architectures": [architecture]}
     return ModelSpec(
         path=folder,
-        architecture=supported[0],
+        architecture=architecture,
         hf_config=hf_config,
-        max_context=_max_context(hf_config, supported[0]),
+        max_context=_max_context(hf_config, architecture),
         eos_token_ids=eos_ids,
         gguf_file=gguf_file,
+        has_lm_head=bool(supported),
     )
+
+
+def _encoder_context(hf_config: dict[str, Any]) -> int:
+    """An encoder's absolute positions: RoBERTa's start after its padding index."""
+    offset = (
+        int(hf_config.get("pad_token_id", 1)) + 1
+        if hf_config.get("model_type") in ("xlm-roberta", "roberta")
+        else 0
+    )
+    return int(hf_config["max_position_embeddings"]) - offset
 
 
 def _max_context(hf_config: dict[str, Any], architecture: str) -> int:
@@ -108,3 +153,23 @@ def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
             param="max_model_len",
         )
     return requested
+
+
+def resolve_runner(spec: ModelSpec, requested: RunnerChoice) -> Runner:
+    """The runner to serve: the one asked for, or under "auto" pooling for an embedding model (a
+    base model, or a folder with a sentence-transformers modules.json) and generate otherwise."""
+    embedding_model = not spec.has_lm_head or (spec.path / "modules.json").is_file()
+    if requested == "generate" and not spec.has_lm_head:
+        raise InvalidRequestError(
+            f"{str(spec.path)!r} is a base model with no LM head: it serves embeddings only (--runner pooling)",
+            param="runner",
+        )
+    if requested == "auto":
+        return "pooling" if embedding_model else "generate"
+    return requested
+
+
+def model_pooling(spec: ModelSpec) -> PoolingSpec:
+    """How the model pools under the pooling runner: its sentence-transformers modules, else as vLLM
+    does, the last token for a decoder and the first ([CLS]) for an encoder, normalised."""
+    return pooling_spec_of(spec.path, spec.hf_config, "cls" if spec.is_encoder else "last")

@@ -178,6 +178,10 @@ class ModelRunnerOutput:
     # Parallel to req_ids; None for requests that did not ask for prompt logprobs or whose step
     # computed no prompt token's prediction. None for the whole list when no request of the step did.
     prompt_logprobs: list[PromptLogprobs | None] | None = None
+    # A pooling runner's steps: parallel to req_ids, the pooled hidden state (little-endian float32
+    # bytes, neither truncated nor normalised) of each request whose prompt this step finished, else
+    # None. None for the whole list on a generate runner.
+    pooled: list[bytes | None] | None = None
 
 
 @dataclass(slots=True)
@@ -287,6 +291,7 @@ _MESSAGES = MessageSet(
                     ("logprobs", list_of(optional(LOGPROBS_RECORD.codec))),
                     ("num_eager_fallbacks", INT),
                     ("prompt_logprobs", optional(list_of(optional(PROMPT_LOGPROBS_RECORD.codec)))),
+                    ("pooled", optional(list_of(optional(BYTES)))),
                 ),
             ),
         ),

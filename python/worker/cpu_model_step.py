@@ -27,6 +27,7 @@ from worker.attention.cpu_backend import CpuAttentionBackend
 from worker.graphs.dispatcher import BatchDescriptor, GraphMode
 from worker.graphs.graph_runner import eager_forward
 from worker.graphs.input_buffers import StaticInputBuffers
+from worker.models.bert import BertEncoder
 from worker.models.llama import DecoderLayer, LlamaForCausalLM
 from worker.native_ops import (
     NativeOps,
@@ -254,14 +255,15 @@ class CpuModelStep:
 
 
 def cpu_model_step_for(
-    model: LlamaForCausalLM, graph: GraphConfig, max_num_tokens: int, tensor_parallel_size: int
+    model: LlamaForCausalLM | BertEncoder, graph: GraphConfig, max_num_tokens: int, tensor_parallel_size: int
 ) -> CpuModelStep | None:
     """The fast path for a CPU model, or None where every step is to run eagerly: --enforce-eager, the
     "none" tier, weights left unpacked (--no-packed-linear), experts run one by one (--no-fused-moe:
-    the step runs MoE layers in the kernels' one call only), or layers that are not Llama's (Gemma's)."""
-    if graph.enforce_eager or graph.mode == "none" or model.embed_tokens.weight.device.type != "cpu":
+    the step runs MoE layers in the kernels' one call only), or layers that are not Llama's (Gemma's,
+    an encoder's)."""
+    if not model.runs_llama_layers or graph.enforce_eager or graph.mode == "none":
         return None
-    if (model.has_experts and not model.fused_moe) or not model.runs_llama_layers:
+    if model.embed_tokens.weight.device.type != "cpu" or (model.has_experts and not model.fused_moe):
         return None
     ops = cpu_kernels()
     if ops is None or not is_packed_weight(model.layers[0].tensors.qkv_weight):

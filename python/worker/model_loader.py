@@ -26,6 +26,7 @@ from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
 from worker.distributed import TensorParallelGroup
 from worker.gguf_weights import gguf_tensors
+from worker.models.bert import BertEncoder, our_name
 from worker.models.layers import Projection, Split
 from worker.models.llama import LlamaForCausalLM
 from worker.models.vocab_parallel import VocabParallelEmbedding
@@ -70,6 +71,7 @@ def load_model(
     gguf_dequantize: bool = False,
     quantization: Quantization | None = None,
     fused_moe: bool = True,
+    needs_lm_head: bool = True,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
@@ -81,7 +83,9 @@ def load_model(
     unless gguf_dequantize (KernelConfig.gguf_dequantize) widens them to `dtype` as they load. quantization
     (KernelConfig.quantization) quantizes a folder's linear weights and LM head for it once they are loaded
     (sluice/config_checks.py has checked that the model and the tier allow it). fused_moe
-    (KernelConfig.fused_moe) runs each MoE layer in the ops' one call rather than expert by expert."""
+    (KernelConfig.fused_moe) runs each MoE layer in the ops' one call rather than expert by expert.
+    needs_lm_head is False under the pooling runner: a checkpoint without an LM head loads (a base
+    model's names lack the "model." prefix), and the unused head is zeros."""
     with torch.device(device):
         model = LlamaForCausalLM(
             spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp, fused_moe=fused_moe
@@ -98,6 +102,8 @@ def load_model(
         if checkpoint_name.endswith(_IGNORED_SUFFIXES):
             continue
         name = _model_name(checkpoint_name)
+        if not spec.has_lm_head and not name.startswith("model."):
+            name = f"model.{name}"
         if isinstance(checkpoint, QuantizedRows):
             # A tied LM head shares the embedding's shard of vocab rows.
             tied_head = name == "lm_head.weight" and model.tie_word_embeddings
@@ -122,6 +128,9 @@ def load_model(
         quantized = _quantize_linear_weights(model, quantization)
     if quantized:
         _log_quantized(quantized, model.tp.rank)
+    if not needs_lm_head and "lm_head.weight" in targets and "lm_head.weight" not in loaded:
+        model.lm_head.weight.data.zero_()
+        loaded.add("lm_head.weight")
     missing = [name for name in targets if name not in loaded]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -130,6 +139,37 @@ def load_model(
         model.prepare_linear_weights(fused_gate_up, gemm_k_blocks, quantized)
     del quantized
     _return_freed_memory()
+    return model.eval()
+
+
+def load_encoder(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device, packed_linear: bool, k_blocks: bool
+) -> BertEncoder:
+    """An encoder (BertModel, XLMRobertaModel) with every weight of its folder; packed_linear and
+    k_blocks as for load_model."""
+    with torch.device(device):
+        model = BertEncoder(spec.hf_config, dtype)
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file, checkpoint_name, checkpoint in _checkpoint_tensors(
+        spec, show_progress=True, keep_quantized=False
+    ):
+        name = our_name(checkpoint_name)
+        if name is None:
+            continue
+        tensor = checkpoint[:]
+        if name not in params or params[name].shape != tensor.shape:
+            raise WeightLoadError(
+                f"{file.name} holds tensor {checkpoint_name!r} of shape {tuple(tensor.shape)}, which "
+                f"{spec.architecture} with this config.json does not have"
+            )
+        params[name].data.copy_(tensor)
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise WeightLoadError(f"model {str(spec.path)!r} lacks tensor(s) {', '.join(missing[:5])}")
+    if packed_linear:
+        model.prepare_linear_weights(k_blocks)
     return model.eval()
 
 

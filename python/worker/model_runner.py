@@ -19,7 +19,7 @@ import torch
 
 from sluice.config import SluiceConfig
 from sluice.kv_cache_layout import kv_heads_per_rank
-from sluice.model_spec import ModelSpec, resolve_max_model_len
+from sluice.model_spec import ModelSpec, model_pooling, resolve_max_model_len, resolve_runner
 from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -33,8 +33,11 @@ from worker.graphs.dispatcher import build_dispatcher
 from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
-from worker.model_loader import load_model
+from worker.model_loader import load_encoder, load_model
+from worker.models.bert import BertEncoder
+from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import cpu_kernels, use_cpu_isa
+from worker.pooler import Pooler
 from worker.prompt_logprobs import StepPromptLogprobs, step_prompt_logprobs
 from worker.request_state import RequestState
 from worker.sampler import Sampler, SamplerOutput, native_argmax, torch_argmax
@@ -65,10 +68,22 @@ class StepResult:
     prompt_logprobs: StepPromptLogprobs | None = None
     # Rows that verified drafts -> the tokens they keep (known on the host already).
     kept_drafts: dict[int, list[int]] | None = None
+    # The pooling runner's steps: per row, its pooled vector once its prompt is in (Pooler.pool).
+    pooled: list[bytes | None] | None = None
 
     def output(self) -> ModelRunnerOutput:
         sampled_lists: list[list[int]] = []
         logprobs = []
+        if self.pooled is not None:
+            num_rows = len(self.req_ids)
+            return ModelRunnerOutput(
+                self.step_id,
+                self.req_ids,
+                [[] for _ in range(num_rows)],
+                [None] * num_rows,
+                self.num_eager_fallbacks,
+                pooled=self.pooled,
+            )
         if self.sampler_output is None:
             return ModelRunnerOutput(self.step_id, [], [], [], self.num_eager_fallbacks)
         token_ids = self.sampler_output.token_ids.tolist()
@@ -98,6 +113,12 @@ class ModelRunner:
         self.dtype = DTYPES[config.model.dtype]
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
+        # The pooling runner pools hidden states and samples nothing.
+        self.pooler = (
+            Pooler(model_pooling(spec).method)
+            if resolve_runner(spec, config.model.runner) == "pooling"
+            else None
+        )
         self.num_layers = spec.num_layers
         kernel = config.kernel
         if device.type == "cpu":
@@ -106,18 +127,23 @@ class ModelRunner:
         attention = select_attention_backend(
             device, block_size=self.block_size, dtype=self.dtype, kernel=kernel
         )
-        self.model = load_model(
-            spec,
-            self.dtype,
-            device,
-            attention,
-            max_model_len=self.max_model_len,
-            packed_linear=kernel.packed_linear,
-            fused_gate_up=kernel.fused_gate_up,
-            gemm_k_blocks=kernel.gemm_k_blocks,
-            gguf_dequantize=kernel.gguf_dequantize,
-            quantization=kernel.quantization,
-            fused_moe=kernel.fused_moe,
+        self.model: LlamaForCausalLM | BertEncoder = (
+            load_encoder(spec, self.dtype, device, kernel.packed_linear, kernel.gemm_k_blocks)
+            if spec.is_encoder
+            else load_model(
+                spec,
+                self.dtype,
+                device,
+                attention,
+                max_model_len=self.max_model_len,
+                packed_linear=kernel.packed_linear,
+                fused_gate_up=kernel.fused_gate_up,
+                gemm_k_blocks=kernel.gemm_k_blocks,
+                gguf_dequantize=kernel.gguf_dequantize,
+                quantization=kernel.quantization,
+                fused_moe=kernel.fused_moe,
+                needs_lm_head=self.pooler is None,
+            )
         )
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
@@ -183,6 +209,8 @@ class ModelRunner:
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove(req_id)
+        if self.pooler is not None:
+            self.pooler.forget(out.finished_req_ids)
         for req_id in out.preempted_req_ids:
             # Its tokens stay: a resumption is sent as a diff, not a full re-send.
             self.requests[req_id].block_ids.clear()
@@ -241,6 +269,8 @@ class ModelRunner:
         since = timer.lap("prepare_inputs", since)
         mode, padded = self.dispatcher.dispatch(shape.batch_descriptor())
         hidden = self.step_executor.run(mode, padded, self.buffers)
+        if self.pooler is not None:
+            return self._finish_pooling_step(out.step_id, hidden, req_ids, num_scheduled)
         logits_indices = self.buffers.logits_indices[:num_rows]
         if drafts is not None:
             verify_indices = torch.from_numpy(verify_logits_indices(drafts, num_scheduled)).to(self.device)
@@ -290,6 +320,31 @@ class ModelRunner:
             self.num_eager_fallbacks,
             prompt_logprobs=prompt_logprobs,
             kept_drafts=kept_drafts,
+        )
+
+    def _finish_pooling_step(
+        self, step_id: int, hidden: torch.Tensor, req_ids: list[str], num_scheduled: np.ndarray
+    ) -> StepResult:
+        """A pooling runner's step after its forward: pool the rows whose prompts are in, advance the rest."""
+        assert self.pooler is not None
+        batch = self.batch
+        num_rows = len(req_ids)
+        states = [self.requests[req_id] for req_id in req_ids]
+        num_computed = batch.num_computed_tokens[:num_rows]
+        pooled = self.pooler.pool(hidden, states, num_computed, num_scheduled)
+        seq_lens = num_computed + num_scheduled
+        batch.num_computed_tokens[:num_rows] = seq_lens
+        for state, seq_len in zip(states, seq_lens.tolist(), strict=True):
+            state.num_computed_tokens = seq_len
+        self.timer.count_step()
+        return StepResult(
+            step_id,
+            list(req_ids),
+            [False] * num_rows,
+            None,
+            states,
+            self.num_eager_fallbacks,
+            pooled=pooled,
         )
 
 

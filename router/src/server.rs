@@ -34,6 +34,10 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
             get(stored_response).delete(stored_response),
         )
         .route("/v1/{*rest}", any(pass_through))
+        // A pooling replica's routes outside /v1 (vLLM's paths).
+        .route("/score", post(pass_through))
+        .route("/rerank", post(pass_through))
+        .route("/v2/rerank", post(pass_through))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/sluice/kv_index", get(kv_index))

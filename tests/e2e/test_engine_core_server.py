@@ -210,7 +210,15 @@ def prompt_of(length: int, salt: int = 0) -> list[int]:
 
 
 def test_ready_reports_the_served_geometry(server):
-    assert server.client.ready == Ready(max_model_len=MAX_MODEL_LEN, num_kv_blocks=256, block_size=16)
+    # The tiny Llama: generative, 64 wide.
+    assert server.client.ready == Ready(
+        max_model_len=MAX_MODEL_LEN,
+        num_kv_blocks=256,
+        block_size=16,
+        runner="generate",
+        embedding_size=64,
+        matryoshka_dimensions=None,
+    )
     assert "ready" in server.stderr()
 
 
@@ -421,6 +429,9 @@ class _FailingEngine:
     def __init__(self) -> None:
         self.max_model_len = 64
         self.num_kv_blocks = 8
+        self.runner = "generate"
+        self.embedding_size = 32
+        self.matryoshka_dimensions = None
         self.config = _Namespace(model=_Namespace(path="failing"), cache=_Namespace(block_size=16))
         self.requests: dict[str, list[int]] = {}
 
@@ -432,6 +443,7 @@ class _FailingEngine:
         arrival: float,
         priority: int,
         cache_salt: str | None,
+        pooling: Any,
     ) -> None:
         self.requests[request_id] = prompt
 

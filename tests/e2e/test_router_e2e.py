@@ -5,6 +5,7 @@ it, ejection and readmission, the API key, and what the router answers when no r
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -24,12 +25,13 @@ import anthropic
 import openai
 import pytest
 
+import router_fixtures
+from router_fixtures import client_of
 from serve_fixtures import SLUICE, Server, cmdline, descendants, free_port, running_server
 
 API_KEY = "sk-router-test"
 MODEL = "SmolLM2-135M-Instruct"
 REPLICA_ARGS = ["--max-model-len", "512", "--kv-cache-memory", "0.25", "--exit-grace-seconds", "1"]
-ROUTER_START_TIMEOUT_S = 20.0
 SUCCESS = "sluice:request_success_total"
 
 
@@ -103,93 +105,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet.close()
 
 
-@dataclass
-class Router:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        key: str | None = API_KEY,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        headers = {"Content-Type": "application/json", **(headers or {})}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            connection.request(method, path, body=body, headers=headers)
-            response = connection.getresponse()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-        finally:
-            connection.close()
-
-    def counter(self, name: str, **labels: str) -> float:
-        """The sum of `sluice_router:NAME` over the series whose labels include `labels`."""
-        status, _, body = self.call("GET", "/metrics")
-        assert status == 200
-        total = 0.0
-        for line in body.decode().splitlines():
-            if not line.startswith(f"sluice_router:{name}{{"):
-                continue
-            series, value = line.rsplit(" ", 1)
-            pairs = series.split("{", 1)[1].rstrip("}").split(",")
-            found = {k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)}
-            if labels.items() <= found.items():
-                total += float(value)
-        return total
-
-    def in_flight(self) -> dict[str, float]:
-        status, _, body = self.call("GET", "/metrics")
-        assert status == 200
-        prefix = 'sluice_router:requests_in_flight{replica="'
-        return {
-            line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in body.decode().splitlines()
-            if line.startswith(prefix)
-        }
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-
-
-@contextlib.contextmanager
-def running_router(args: list[str], log: Path, wait_healthy: bool = True) -> Iterator[Router]:
-    """`sluice router ARGS` on a free port, with the test's API key, until the block ends."""
-    port = free_port()
-    argv = [str(SLUICE), "router", "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY, *args]
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
-    router = Router(process, port, log)
-    try:
-        deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
-        while True:
-            assert process.poll() is None, f"sluice router exited {process.returncode}:\n{router.log_tail()}"
-            with contextlib.suppress(OSError):
-                if router.call("GET", "/health")[0] == 200 or not wait_healthy:
-                    break
-            assert time.monotonic() < deadline, f"sluice router did not become healthy:\n{router.log_tail()}"
-            time.sleep(0.05)
-        yield router
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
-def client_of(router: Router, key: str = API_KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=60)
+# Every router of these tests takes the fleet's key.
+running_router = functools.partial(router_fixtures.running_router, api_key=API_KEY)
 
 
 def complete(client: openai.OpenAI, max_tokens: int = 2, **extra: Any) -> str:
@@ -261,12 +178,17 @@ def test_every_router_route_but_health_and_the_playground_needs_one_key_and_erro
                 connection.close()
 
 
-def test_other_v1_paths_pass_through_to_a_replica(fleet: Fleet, tmp_path: Path) -> None:
+def test_other_api_paths_pass_through_to_a_replica(fleet: Fleet, tmp_path: Path) -> None:
+    # Other /v1 paths, and the pooling routes vLLM serves outside /v1; a generative replica refuses
+    # each with its runner's 400, which the router passes back.
+    paths = ("/v1/embeddings", "/score", "/rerank", "/v1/rerank", "/v2/rerank")
     with running_router(["--policy", "round-robin", *fleet.replica_flags], tmp_path / "r.log") as router:
-        direct = fleet.replica(0).request("POST", "/v1/embeddings", {"input": "hi"})
-        status, _, _ = router.call("POST", "/v1/embeddings", b'{"input": "hi"}')
-        assert status == direct.status != 200
-        assert router.counter("requests_total") == 1
+        for path in paths:
+            direct = fleet.replica(0).request("POST", path, {"model": MODEL})
+            status, _, body = router.call("POST", path, json.dumps({"model": MODEL}).encode())
+            assert status == direct.status == 400, (path, body)
+            assert json.loads(body) == direct.body, path
+        assert router.counter("requests_total") == len(paths)
 
 
 def test_anthropics_client_reaches_a_replica_with_its_x_api_key(fleet: Fleet, tmp_path: Path) -> None:

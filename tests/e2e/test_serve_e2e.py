@@ -377,6 +377,15 @@ def test_errors_reach_the_openai_client_typed(client: openai.OpenAI) -> None:
     assert greedy(client, "Hi", max_tokens=2).text
 
 
+def test_embeddings_of_a_generative_model_are_refused_naming_the_pooling_runner(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=MODEL, input="Hi")
+    message = refused.value.message
+    assert "generative model" in message and "--runner pooling" in message, message
+
+
 def test_sigterm_drains_then_exits_0_leaving_no_processes(server: Server, client: openai.OpenAI) -> None:
     children = descendants(server.process.pid)
     # The frontend, the engine core and one worker process (TP=1, the mp executor).

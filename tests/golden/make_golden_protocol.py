@@ -14,6 +14,7 @@ and int8, float64 that is a whole number) and to carry nil fields, logprobs and 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import golden_vectors
@@ -31,6 +32,7 @@ from sluice.frontend_seam import (
     kv_cache_to_wire,
     stats_to_wire,
 )
+from sluice.pooling import PoolingParams
 from sluice.sampling_params import SamplingParams, StructuredOutput
 from sluice.worker_seam import Logprobs
 
@@ -91,9 +93,33 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         arrival_time=1732190001.0,
         priority=0,
     ),
+    # A pooling request: the engine computes the prompt and answers with its embedding.
+    "add_request_embedding": AddRequest(
+        request_id="embd-a87ff679-2",
+        prompt_token_ids=[1, 9906, 2],
+        params=SamplingParams(max_tokens=1),
+        arrival_time=1732190001.5,
+        priority=3,
+        pooling=PoolingParams(dimensions=256, normalize=None),
+    ),
     "abort": Abort(request_ids=["cmpl-8f14e45f-0", "cmpl-8f14e45f-1"]),
     "utility": UtilityCall(call_id=300, method="stats"),
-    "ready": Ready(max_model_len=8192, num_kv_blocks=14563, block_size=16),
+    "ready": Ready(
+        max_model_len=8192,
+        num_kv_blocks=14563,
+        block_size=16,
+        runner="generate",
+        embedding_size=576,
+        matryoshka_dimensions=None,
+    ),
+    "ready_pooling": Ready(
+        max_model_len=32768,
+        num_kv_blocks=900,
+        block_size=16,
+        runner="pooling",
+        embedding_size=1024,
+        matryoshka_dimensions=[32, 64, 128, 256, 512, 768, 1024],
+    ),
     "outputs": Outputs(
         outputs=[
             EngineOutput(
@@ -140,6 +166,21 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         ],
         stats=_STATS,
         timestamp=1732190002.5,
+    ),
+    "outputs_embedding": Outputs(
+        outputs=[
+            EngineOutput(
+                request_id="embd-a87ff679-2",
+                new_token_ids=[],
+                finish_reason="stop",
+                num_cached_tokens=0,
+                first_scheduled_time=1732190001.75,
+                # float32 little-endian: 1.0, -0.5, 0.25, the largest finite float32.
+                embedding=struct.pack("<4f", 1.0, -0.5, 0.25, 3.4028234663852886e38),
+            ),
+        ],
+        stats=_STATS,
+        timestamp=1732190002.0,
     ),
     "outputs_empty": Outputs(
         outputs=[],

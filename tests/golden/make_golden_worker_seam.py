@@ -10,6 +10,7 @@ carry a preempted request's resumption, finished ids, logprobs and non-ASCII ids
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import golden_vectors
@@ -113,6 +114,16 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 start=25, logprobs=[Logprobs(token_ids=[300, 9], logprobs=[-2.5, -0.75], sampled_rank=4)]
             ),
         ],
+    ),
+    # A pooling runner's step: one request's prompt is in, the other's is still chunking.
+    "model_runner_output_pooled": ModelRunnerOutput(
+        step_id=12,
+        req_ids=["embd-a87ff679-2", "embd-e4da3b7f-0"],
+        sampled_token_ids=[[], []],
+        logprobs=[None, None],
+        num_eager_fallbacks=0,
+        prompt_logprobs=None,
+        pooled=[struct.pack("<3f", 0.5, -1.25, 1e-30), None],
     ),
     "shutdown": Shutdown(),
     "worker_error": WorkerError(rank=1, message="RuntimeError: gloo all_reduce failed — «соединение» 🚫"),

@@ -39,10 +39,20 @@ PROTOCOL_KEYS = {
         "arrival_time",
         "priority",
         "cache_salt",
+        "pooling",
     ],
     "abort": ["v", "type", "request_ids"],
     "utility": ["v", "type", "call_id", "method"],
-    "ready": ["v", "type", "max_model_len", "num_kv_blocks", "block_size"],
+    "ready": [
+        "v",
+        "type",
+        "max_model_len",
+        "num_kv_blocks",
+        "block_size",
+        "runner",
+        "embedding_size",
+        "matryoshka_dimensions",
+    ],
     "outputs": ["v", "type", "outputs", "stats", "timestamp"],
     "utility_result": ["v", "type", "call_id", "result", "error"],
 }
@@ -77,6 +87,7 @@ OUTPUT_KEYS = [
     "first_scheduled_time",
     "invalid_param",
     "prompt_logprobs",
+    "embedding",
 ]
 STATS_KEYS = [
     "num_running",

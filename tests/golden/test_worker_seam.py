@@ -42,6 +42,7 @@ PROTOCOL_KEYS = {
         "logprobs",
         "num_eager_fallbacks",
         "prompt_logprobs",
+        "pooled",
     ],
     "shutdown": ["v", "type"],
     "worker_error": ["v", "type", "rank", "message"],

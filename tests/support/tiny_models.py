@@ -150,6 +150,92 @@ def write_tiny_model(
     return folder
 
 
+def write_tiny_embedding_model(
+    arch: str, folder: Path, pooling_mode: str, normalize: bool, overrides: dict[str, Any] | None = None
+) -> Path:
+    """A tiny sentence-transformers embedding model: `arch`'s base model (its checkpoint and config as
+    Qwen3-Embedding ships them: no LM head, no "model." prefix) with a Pooling module of
+    `pooling_mode` ("lasttoken", "mean_tokens" or "cls_token") and, with `normalize`, a Normalize one."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    causal = write_tiny_model(arch, folder / "causal", overrides=overrides)
+    AutoModelForCausalLM.from_pretrained(causal, dtype=torch.float32).model.save_pretrained(folder)
+    shutil.rmtree(causal)
+    _write_tokenizer(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(overrides or {})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    _write_sentence_transformers_modules(folder, config["hidden_size"], pooling_mode, normalize)
+    return folder
+
+
+# Encoders of the BERT family: post-LayerNorm layers, absolute positions (RoBERTa's after its padding index).
+_ENCODERS: dict[str, dict[str, Any]] = {
+    "bert": {"max_position_embeddings": 256, "type_vocab_size": 2, "hidden_act": "gelu"},
+    "xlm-roberta": {
+        "max_position_embeddings": 258,
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
+        "hidden_act": "gelu",
+    },
+}
+
+
+def write_tiny_encoder(model_type: str, folder: Path, pooling_mode: str, normalize: bool) -> Path:
+    """A tiny random-init BertModel or XLMRobertaModel (`model_type` "bert" or "xlm-roberta") as a
+    sentence-transformers folder, pooled as write_tiny_embedding_model's are."""
+    from transformers import AutoConfig, AutoModel
+
+    folder = Path(folder)
+    fields = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "layer_norm_eps": 1e-12,
+        **_ENCODERS[model_type],
+    }
+    config = AutoConfig.for_model(model_type, **fields)
+    model = AutoModel.from_config(config, add_pooling_layer=False, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "LayerNorm.weight" in name:
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.2 * noise)
+            else:
+                param.copy_(0.08 * noise)
+    model.save_pretrained(folder)
+    _write_tokenizer(folder)
+    _write_sentence_transformers_modules(folder, int(fields["hidden_size"]), pooling_mode, normalize)
+    return folder
+
+
+def _write_sentence_transformers_modules(
+    folder: Path, hidden: int, pooling_mode: str, normalize: bool
+) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
+        (folder / "2_Normalize").mkdir()
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": hidden}
+    pooling.update(
+        {f"pooling_mode_{mode}": mode == pooling_mode for mode in ("lasttoken", "mean_tokens", "cls_token")}
+    )
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+
+
 @functools.cache
 def tiny_model_dir(arch: str, dtype: str = "float32") -> Path:
     """A tiny folder shared by the whole test process, written on first use and removed at exit."""

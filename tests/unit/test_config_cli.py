@@ -28,6 +28,7 @@ from sluice.serve.flags import add_serve_arguments
 GIVEN = {
     "--dtype": ("model", "dtype", "float32", "float32"),
     "--max-model-len": ("model", "max_model_len", "640", 640),
+    "--runner": ("model", "runner", "pooling", "pooling"),
     "--max-num-seqs": ("scheduler", "max_num_seqs", "9", 9),
     "--max-num-batched-tokens": ("scheduler", "max_num_batched_tokens", "333", 333),
     "--scheduling-policy": ("scheduler", "policy", "priority", "priority"),

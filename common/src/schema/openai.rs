@@ -504,6 +504,71 @@ pub struct DetokenizeResponse {
     pub prompt: String,
 }
 
+/// OpenAI's embeddings request, with vLLM's extensions: one embedding per input.
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+pub struct EmbeddingRequest {
+    pub model: String,
+    /// A string, strings, token ids, or lists of token ids: at most 2048 inputs, none empty.
+    pub input: Prompt,
+    /// `float` (the default): numbers; `base64`: the little-endian float32 bytes, base64-encoded.
+    #[schema(pattern = "^(float|base64)$")]
+    pub encoding_format: Option<String>,
+    /// Keep each embedding's first N values: a Matryoshka model's sizes only.
+    #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub dimensions: Option<i64>,
+    pub user: Option<String>,
+    /// vLLM's: keep only each input's last N tokens (-1: the last max_model_len).
+    #[schema(minimum = -1)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: whether a text input gets the tokenizer's special tokens (default true).
+    pub add_special_tokens: Option<bool>,
+    /// vLLM's: true or false forces L2 normalisation; absent, the model's own choice.
+    pub normalize: Option<bool>,
+    /// vLLM's: under `--scheduling-policy priority` a lower value runs earlier; under fcfs only 0.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub priority: Option<i64>,
+    /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other_fields: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EmbeddingResponse {
+    /// "list".
+    pub object: String,
+    /// One per input, in the inputs' order.
+    pub data: Vec<Embedding>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Embedding {
+    /// "embedding".
+    pub object: String,
+    pub index: u32,
+    pub embedding: EmbeddingVector,
+}
+
+/// An embedding as `encoding_format` asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    /// float32 values widened to float64, so that they read back exactly as either.
+    Floats(Vec<f64>),
+    /// The little-endian float32 bytes, base64-encoded.
+    Base64(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: u32,
+    pub total_tokens: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,6 +625,41 @@ mod tests {
         assert_eq!(
             req.chat_template_kwargs.unwrap()["enable_thinking"],
             serde_json::json!(false)
+        );
+    }
+
+    #[test]
+    fn embedding_request_reads_openai_and_vllm_fields() {
+        let body = r#"{"model":"m","input":[[1,2],[3]],"encoding_format":"base64",
+            "dimensions":64.0,"user":"u","truncate_prompt_tokens":-1,"add_special_tokens":false,
+            "normalize":true,"priority":2,"frobnicate":1}"#;
+        let req: EmbeddingRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(req.input, Prompt::TokenLists(vec![vec![1, 2], vec![3]]));
+        assert_eq!(req.encoding_format.as_deref(), Some("base64"));
+        assert_eq!(req.dimensions, Some(64));
+        assert_eq!(req.truncate_prompt_tokens, Some(-1));
+        assert_eq!(
+            (req.add_special_tokens, req.normalize, req.priority),
+            (Some(false), Some(true), Some(2))
+        );
+        assert_eq!(req.other_fields.keys().collect::<Vec<_>>(), ["frobnicate"]);
+        assert!(serde_json::from_str::<EmbeddingRequest>(r#"{"model":"m"}"#).is_err());
+    }
+
+    #[test]
+    fn an_embedding_is_numbers_or_a_base64_string() {
+        let embedding = |vector| Embedding {
+            object: "embedding".into(),
+            index: 1,
+            embedding: vector,
+        };
+        assert_eq!(
+            serde_json::to_value(embedding(EmbeddingVector::Floats(vec![0.5, -2.0]))).unwrap(),
+            serde_json::json!({"object": "embedding", "index": 1, "embedding": [0.5, -2.0]})
+        );
+        assert_eq!(
+            serde_json::to_value(embedding(EmbeddingVector::Base64("AAAAPw==".into()))).unwrap(),
+            serde_json::json!({"object": "embedding", "index": 1, "embedding": "AAAAPw=="})
         );
     }
 

@@ -1,6 +1,6 @@
-//! One fan-out for completions and chat: a valid request's prompts × n choices admitted (one
-//! waiting-queue permit each while it waits, or an immediate 429), sent to the engine as one engine request
-//! each, and read back as choice streams, interleaved or collected whole.
+//! One fan-out for completions, chat and embeddings: a valid request's prompts × n choices
+//! admitted (one waiting-queue permit each while it waits, or an immediate 429), sent to the engine
+//! as one engine request each, and read back as choice streams, interleaved or collected whole.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +43,8 @@ pub struct ChoiceResult {
     pub num_cached_tokens: u32,
     /// The stop string that ended the choice, if one did.
     pub stop_string: Option<String>,
+    /// A pooling request's embedding: the engine's little-endian float32 bytes.
+    pub embedding: Option<Vec<u8>>,
 }
 
 /// The prompt tokens the prefix cache served, from each choice's count (by choice index; prompt p
@@ -109,6 +111,7 @@ pub fn start(
                 arrival_time: arrival.unix_seconds,
                 priority: request.priority,
                 cache_salt: request.cache_salt.clone(),
+                pooling: request.pooling,
             })?;
             let spec = ChoiceSpec {
                 index,
@@ -217,6 +220,7 @@ impl Choices {
             if let Some(reason) = update.finish_reason {
                 result.finish_reason = reason;
                 result.stop_string = update.stop_string;
+                result.embedding = update.embedding;
             }
         }
         Ok(results)

@@ -1,6 +1,7 @@
 //! The handler that completions, chat, Anthropic's messages and OpenAI's responses share: the
-//! request prepared, fanned out to the engine, answered whole or streamed. Each endpoint says how it
-//! prepares a request and renders its answers ([`GenerationEndpoint`]).
+//! request refused unless the model generates, prepared, fanned out to the engine, answered whole
+//! or streamed. Each endpoint says how it prepares a request and renders its answers
+//! ([`GenerationEndpoint`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,11 +14,12 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::api::best_of;
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::valid_request::ValidRequest;
+use crate::api::{best_of, prepare};
+use crate::engine::protocol::Runner;
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::Usage;
 
@@ -69,6 +71,7 @@ pub async fn create<E: GenerationEndpoint>(
     body: Result<Json<E::Request>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
+    prepare::check_runner(&state, Runner::Generate)?;
     let Json(request) = body?;
     let (request, context) = E::prepare(&state, request, &headers).await?;
     let choices = fan_out::start(&state, &E::id_kind(&context), &request, arrival)?;

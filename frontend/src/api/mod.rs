@@ -1,12 +1,13 @@
 //! The OpenAI-compatible HTTP API (with OpenAI's Responses API and Anthropic's Messages API, both
-//! translated to chat): routes, validation (`validate`'s field rules, `valid_request`'s typed
-//! values, `prepare`'s rendering and tokenizing), fan-out and SSE framing (the wire types are
-//! `sluice_common::schema`'s).
+//! translated to chat, and OpenAI's embeddings and vLLM's score and rerank for pooling models):
+//! routes, validation (`validate`'s field rules, `valid_request`'s typed values, `prepare`'s
+//! rendering and tokenizing), fan-out and SSE framing (the wire types are `sluice_common::schema`'s).
 pub mod admission;
 pub mod auth;
 pub mod best_of;
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod error;
 pub mod fan_out;
 pub mod generation;
@@ -20,6 +21,7 @@ pub mod request_fields;
 pub mod responses;
 pub mod responses_request;
 pub mod routes;
+pub mod score;
 pub mod sse;
 pub mod structured_output;
 pub mod token_label;

@@ -26,10 +26,11 @@ use sluice_common::schema::anthropic::{
 };
 use sluice_common::schema::openai::{
     ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ModelList, TokenizeRequest,
-    TokenizeResponse,
+    CompletionResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
+    ModelList, TokenizeRequest, TokenizeResponse,
 };
 use sluice_common::schema::responses::{DeletedResponse, ResponseObject, ResponsesRequest};
+use sluice_common::schema::score::{RerankRequest, RerankResponse, ScoreRequest, ScoreResponse};
 
 /// The component schemas; every schema these reference is collected with them.
 #[derive(OpenApi)]
@@ -37,8 +38,9 @@ use sluice_common::schema::responses::{DeletedResponse, ResponseObject, Response
     info(
         title = "Sluice",
         description = "An OpenAI-compatible inference server: completions, chat completions, \
-                       OpenAI's responses (stored conversations), models, vLLM's tokenize and \
-                       detokenize, Anthropic's messages and count_tokens, health, version, Prometheus metrics."
+                       OpenAI's responses (stored conversations), embeddings, score and rerank (of \
+                       a pooling model), models, vLLM's tokenize and detokenize, Anthropic's \
+                       messages and count_tokens, health, version, Prometheus metrics."
     ),
     components(schemas(
         CompletionRequest,
@@ -62,6 +64,12 @@ use sluice_common::schema::responses::{DeletedResponse, ResponseObject, Response
         ResponsesRequest,
         ResponseObject,
         DeletedResponse,
+        EmbeddingRequest,
+        EmbeddingResponse,
+        ScoreRequest,
+        ScoreResponse,
+        RerankRequest,
+        RerankResponse,
     ))
 )]
 struct Components;
@@ -100,6 +108,11 @@ struct Route {
 /// waiting queue, a failure inside, an engine that is down.
 const GENERATION_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
 const TOKENIZER_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
+
+/// `/rerank`, `/v1/rerank` and `/v2/rerank` are one handler.
+const RERANK_SUMMARY: &str = "Documents ordered by the cosine similarity of their embeddings with \
+                              the query's (Jina's and Cohere's rerank, as vLLM serves it for a \
+                              pooling model)";
 
 const ROUTES: &[Route] = &[
     Route {
@@ -156,6 +169,48 @@ const ROUTES: &[Route] = &[
              response.incomplete when max_output_tokens cut the answer; a failure mid-stream is \
              an `error` event",
         ),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/embeddings",
+        summary: "Embed one or more inputs (OpenAI's embeddings, with vLLM's fields); a server of \
+                  a generative model answers 400, as a pooling model's answers generation routes",
+        request: Some("EmbeddingRequest"),
+        success: Success::Json("EmbeddingResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/score",
+        summary: "The cosine similarity of text pairs' embeddings (vLLM's score, for a pooling \
+                  model): one text_1 against each text_2, or the two one to one",
+        request: Some("ScoreRequest"),
+        success: Success::Json("ScoreResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/rerank",
+        summary: RERANK_SUMMARY,
+        request: Some("RerankRequest"),
+        success: Success::Json("RerankResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v1/rerank",
+        summary: RERANK_SUMMARY,
+        request: Some("RerankRequest"),
+        success: Success::Json("RerankResponse"),
+        errors: GENERATION_ERRORS,
+    },
+    Route {
+        method: HttpMethod::Post,
+        path: "/v2/rerank",
+        summary: RERANK_SUMMARY,
+        request: Some("RerankRequest"),
+        success: Success::Json("RerankResponse"),
         errors: GENERATION_ERRORS,
     },
     Route {

@@ -1,7 +1,10 @@
 //! Preparing a request for the engine, once its fields are valid: the chat template and tools
 //! rendered, the prompts tokenized and truncated, admission, and each prompt's token budget. One
-//! entry point per endpoint ([`completion`], [`chat`], [`tokenize`]) returns a typed, complete
-//! request; the field rules are `validate`'s, the typed values `valid_request`'s.
+//! entry point per endpoint ([`completion`], [`chat`], [`embeddings`], [`score`], [`rerank`],
+//! [`tokenize`]) returns a typed, complete request; the field rules are `validate`'s, the typed
+//! values `valid_request`'s.
+
+use std::collections::HashMap;
 
 use futures::future::try_join_all;
 
@@ -13,21 +16,39 @@ use crate::api::valid_request::{
     check_chat_fields, check_completion_fields, ValidPrompt, ValidRequest,
 };
 use crate::api::validate::{
-    chat_ending, check_messages, check_model_name, check_priority, check_prompt_not_empty,
-    check_token_ids, effective_max_tokens, out_of_range, template_kwargs, truncated_prompt,
-    DEFAULT_COMPLETION_MAX_TOKENS,
+    chat_ending, check_input_count, check_messages, check_model_name, check_priority,
+    check_prompt_not_empty, check_served_runner, check_token_ids, effective_max_tokens,
+    embedding_dimensions, embedding_input, encoding_format, out_of_range, score_pairs,
+    template_kwargs, top_n, truncated_prompt, EncodingFormat, DEFAULT_COMPLETION_MAX_TOKENS,
 };
-use crate::state::AppState;
+use crate::engine::protocol::{PoolingParams, Runner, SamplingParams};
+use crate::state::{AppState, EngineNotReady};
 use crate::text::reasoning::THINK_END;
 use crate::text::tool_prompt;
 use sluice_common::schema::openai::{
-    ChatCompletionRequest, ChatMessage, CompletionRequest, Prompt, TokenizeRequest,
+    ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, Prompt,
+    TokenizeRequest,
 };
 use sluice_common::schema::openai_tools::Tool;
+use sluice_common::schema::score::{RerankRequest, ScoreRequest};
 use sluice_common::text::chat_template::{continue_final_message, message_text, ChatTemplateError};
 
 pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     check_model_name(model, &state.config.served_model_name)
+}
+
+/// A route for `route`'s models, refused when the engine serves the other kind. Until the engine
+/// core is ready its runner is unknown: the request goes on to be validated, and then to the 503
+/// that the engine's absence answers.
+pub fn check_runner(state: &AppState, route: Runner) -> Result<(), ApiError> {
+    match state.engine() {
+        Ok(engine) => check_served_runner(
+            engine.ready().runner,
+            route,
+            &state.config.served_model_name,
+        ),
+        Err(EngineNotReady) => Ok(()),
+    }
 }
 
 /// `POST /v1/completions`: text prompts tokenized (with special tokens), token prompts checked.
@@ -46,6 +67,7 @@ pub async fn completion(
     admission::check_fits(
         state,
         admission::prompt_count(&request.prompt) * sampling.best_of as usize,
+        "n",
     )?;
     sampling.tokenize_bad_words(state).await?;
     let echo = request.echo.unwrap_or(false);
@@ -83,6 +105,221 @@ pub async fn completion(
         });
     }
     Ok(sampling.response(request.model.clone(), prompts, ignored_fields))
+}
+
+/// `POST /v1/embeddings`: each input tokenized (text with special tokens, no chat template) or
+/// checked, cut as `truncate_prompt_tokens` asks, and made a pooling request of its own; with the
+/// encoding its embeddings are answered in.
+pub async fn embeddings(
+    state: &AppState,
+    request: EmbeddingRequest,
+) -> Result<(ValidRequest, EncodingFormat), ApiError> {
+    check_model(state, &request.model)?;
+    let priority = request.priority.unwrap_or(0);
+    check_priority(priority, state.config.scheduling_policy)?;
+    let format = encoding_format(request.encoding_format.as_deref())?;
+    let ready = state.engine()?.ready();
+    let pooling = PoolingParams {
+        dimensions: embedding_dimensions(
+            request.dimensions,
+            ready.embedding_size,
+            ready.matryoshka_dimensions.as_deref(),
+            &request.model,
+        )?,
+        normalize: request.normalize,
+    };
+    let ignored_fields =
+        request_fields::ignored_fields(Endpoint::Embeddings, &request.other_fields, [])?;
+    let count = admission::prompt_count(&request.input);
+    check_input_count(count)?;
+    // Before any input is tokenized: a request that can never be admitted is refused at once.
+    admission::check_fits(state, count, "input")?;
+    let add_special_tokens = request.add_special_tokens.unwrap_or(true);
+    let inputs = pooling_inputs(
+        state,
+        "input",
+        request.input,
+        add_special_tokens,
+        request.truncate_prompt_tokens,
+    )
+    .await?;
+    let valid = pooling_request(request.model, inputs, priority, ignored_fields, pooling);
+    Ok((valid, format))
+}
+
+/// A `/score` or `/rerank` request that passed validation: one pooling request per distinct text,
+/// and the pairs of them (indices into the request's prompts) whose cosines are the scores, in the
+/// order they are answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidScore {
+    pub request: ValidRequest,
+    pub pairs: Vec<(usize, usize)>,
+}
+
+/// A `/rerank` request that passed validation: its pairs are the query with each document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRerank {
+    pub score: ValidScore,
+    /// The best N results, or None for all of them.
+    pub top_n: Option<usize>,
+    /// The documents' texts, when the results carry them (`return_documents`).
+    pub documents: Option<Vec<String>>,
+}
+
+/// `POST /score` (vLLM's): one `text_1` against each `text_2`, or the two one to one.
+pub async fn score(state: &AppState, request: ScoreRequest) -> Result<ValidScore, ApiError> {
+    check_model(state, &request.model)?;
+    let ignored_fields =
+        request_fields::ignored_fields(Endpoint::Score, &request.other_fields, [])?;
+    scored_pairs(
+        state,
+        request.model,
+        [("text_1", request.text_1), ("text_2", request.text_2)],
+        request.truncate_prompt_tokens,
+        request.priority,
+        ignored_fields,
+    )
+    .await
+}
+
+/// `POST /rerank` (Jina's and Cohere's shape): the query against each document.
+pub async fn rerank(state: &AppState, request: RerankRequest) -> Result<ValidRerank, ApiError> {
+    check_model(state, &request.model)?;
+    let ignored_fields =
+        request_fields::ignored_fields(Endpoint::Score, &request.other_fields, [])?;
+    let top_n = top_n(request.top_n)?;
+    let documents = request
+        .return_documents
+        .unwrap_or(true)
+        .then(|| request.documents.clone());
+    let score = scored_pairs(
+        state,
+        request.model,
+        [
+            ("query", Prompt::Text(request.query)),
+            ("documents", Prompt::Texts(request.documents)),
+        ],
+        request.truncate_prompt_tokens,
+        request.priority,
+        ignored_fields,
+    )
+    .await?;
+    Ok(ValidRerank {
+        score,
+        top_n,
+        documents,
+    })
+}
+
+/// The pairs of a score's two sides (each its field and its texts; see `score_pairs`), every text
+/// tokenized and checked as an embeddings input, and each distinct one embedded once.
+async fn scored_pairs(
+    state: &AppState,
+    model: String,
+    [(first, first_texts), (second, second_texts)]: [(&'static str, Prompt); 2],
+    truncate_prompt_tokens: Option<i64>,
+    priority: Option<i64>,
+    ignored_fields: Vec<String>,
+) -> Result<ValidScore, ApiError> {
+    let priority = priority.unwrap_or(0);
+    check_priority(priority, state.config.scheduling_policy)?;
+    let pairs = score_pairs(
+        (first, admission::prompt_count(&first_texts)),
+        (second, admission::prompt_count(&second_texts)),
+    )?;
+    let mut inputs =
+        pooling_inputs(state, first, first_texts, true, truncate_prompt_tokens).await?;
+    inputs.extend(pooling_inputs(state, second, second_texts, true, truncate_prompt_tokens).await?);
+    let (inputs, positions) = distinct(inputs);
+    admission::check_fits(state, inputs.len(), second)?;
+    let pooling = PoolingParams {
+        dimensions: None,
+        normalize: None,
+    };
+    Ok(ValidScore {
+        request: pooling_request(model, inputs, priority, ignored_fields, pooling),
+        pairs: pairs
+            .into_iter()
+            .map(|(a, b)| (positions[a], positions[b]))
+            .collect(),
+    })
+}
+
+/// The distinct token lists of `inputs`, first seen first, and where each input is among them.
+fn distinct(inputs: Vec<Vec<u32>>) -> (Vec<Vec<u32>>, Vec<usize>) {
+    let mut seen = HashMap::new();
+    let mut distinct = Vec::new();
+    let positions = inputs
+        .into_iter()
+        .map(|ids| {
+            let next = distinct.len();
+            let at = *seen.entry(ids.clone()).or_insert(next);
+            if at == next {
+                distinct.push(ids);
+            }
+            at
+        })
+        .collect();
+    (distinct, positions)
+}
+
+/// The inputs of the field `param`, tokenized (text with special tokens when asked, no chat
+/// template) or checked, and cut as `truncate_prompt_tokens` asks (see `embedding_input`).
+async fn pooling_inputs(
+    state: &AppState,
+    param: &'static str,
+    input: Prompt,
+    add_special_tokens: bool,
+    truncate_prompt_tokens: Option<i64>,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let max_model_len = state.max_model_len()?;
+    prompt_inputs(state, input, add_special_tokens)
+        .await?
+        .into_iter()
+        .enumerate()
+        .map(|(index, input)| {
+            embedding_input(
+                param,
+                index,
+                input.ids,
+                truncate_prompt_tokens,
+                max_model_len,
+                state.vocab_size,
+            )
+        })
+        .collect()
+}
+
+/// A request of one pooling request per input in `inputs`.
+fn pooling_request(
+    model: String,
+    inputs: Vec<Vec<u32>>,
+    priority: i64,
+    ignored_fields: Vec<String>,
+    pooling: PoolingParams,
+) -> ValidRequest {
+    let prompts = inputs
+        .into_iter()
+        .map(|token_ids| ValidPrompt {
+            token_ids,
+            echo: None,
+            // The engine checks a pooling request's params as any request's, and samples nothing.
+            params: SamplingParams {
+                max_tokens: 1,
+                ..SamplingParams::default()
+            },
+        })
+        .collect();
+    ValidRequest {
+        model,
+        prompts,
+        n: 1,
+        best_of: 1,
+        priority,
+        ignored_fields,
+        pooling: Some(pooling),
+        ..ValidRequest::default()
+    }
 }
 
 /// A prompt as token ids, with its text when the client sent text.
@@ -435,6 +672,13 @@ mod tests {
         let refused =
             chat(serde_json::json!({"model": "m", "messages": [user, bad_part], "echo": true}));
         assert_eq!(param_of(chat_echo(&refused, "assistant")), "messages");
+    }
+
+    #[test]
+    fn each_distinct_input_is_kept_once_where_it_was_first_seen() {
+        let (kept, positions) = distinct(vec![vec![1, 2], vec![3], vec![1, 2], vec![], vec![3]]);
+        assert_eq!(kept, [vec![1, 2], vec![3], vec![]]);
+        assert_eq!(positions, [0, 1, 0, 2, 1]);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The fields of a completions or chat request that its typed struct does not read.
+//! The fields of a request (completions, chat, /tokenize, embeddings, score and rerank) that its
+//! typed struct does not read.
 //!
 //! A field that OpenAI or vLLM defines but Sluice cannot honour is a 400 naming it, unless it holds
 //! the value that asks for nothing (`use_beam_search: false`, `modalities: ["text"]`). Any other
@@ -98,11 +99,36 @@ const CHAT: &[Unsupported] = &[
     unsupported("mm_processor_kwargs", "this model takes text only"),
 ];
 
-/// Fields /tokenize refuses: what would make its count differ from the chat request's.
-const TOKENIZE: &[Unsupported] = &[unsupported(
+/// Fields /tokenize (where they would make its count differ from the chat request's), /score and
+/// /rerank refuse.
+const TEXT_ONLY: &[Unsupported] = &[unsupported(
     "mm_processor_kwargs",
     "this model takes text only",
 )];
+
+fn absent_or_float32(value: &Value) -> bool {
+    absent(value) || value == "float32"
+}
+
+fn absent_or_little_endian(value: &Value) -> bool {
+    absent(value) || value == "little"
+}
+
+/// Fields /v1/embeddings refuses: vLLM's other layouts of an embedding's bytes, which a client
+/// would misread if they were ignored.
+const EMBEDDINGS: &[Unsupported] = &[
+    Unsupported {
+        name: "embed_dtype",
+        why: "embeddings are float32 values",
+        inert: absent_or_float32,
+    },
+    Unsupported {
+        name: "endianness",
+        why: "embeddings are little-endian",
+        inert: absent_or_little_endian,
+    },
+    unsupported("mm_processor_kwargs", "this model takes text only"),
+];
 
 /// Which endpoint a request came to, for the fields it refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,15 +136,19 @@ pub enum Endpoint {
     Completions,
     Chat,
     Tokenize,
+    Embeddings,
+    /// `/score` and `/rerank`.
+    Score,
 }
 
 impl Endpoint {
     fn unsupported(self) -> impl Iterator<Item = &'static Unsupported> {
-        // Generation's refusals are sampling features: /tokenize samples nothing.
+        // Generation's refusals are sampling features: /tokenize and pooling sample nothing.
         let (common, own) = match self {
             Endpoint::Completions => (COMMON, COMPLETIONS),
             Endpoint::Chat => (COMMON, CHAT),
-            Endpoint::Tokenize => (&[][..], TOKENIZE),
+            Endpoint::Tokenize | Endpoint::Score => (&[][..], TEXT_ONLY),
+            Endpoint::Embeddings => (&[][..], EMBEDDINGS),
         };
         common.iter().chain(own)
     }
@@ -301,6 +331,23 @@ mod tests {
                 []
             ),
             Ok(vec!["use_beam_search".to_string()])
+        );
+    }
+
+    #[test]
+    fn embeddings_refuse_other_byte_layouts_and_ignore_sampling_fields() {
+        assert_eq!(
+            refused(Endpoint::Embeddings, json!({"embed_dtype": "float16"})),
+            "embed_dtype"
+        );
+        assert_eq!(
+            refused(Endpoint::Embeddings, json!({"endianness": "big"})),
+            "endianness"
+        );
+        let inert = json!({"embed_dtype": "float32", "endianness": "little", "temperature": 0.5});
+        assert_eq!(
+            ignored_fields(Endpoint::Embeddings, &fields(inert), []),
+            Ok(vec!["temperature".to_string()])
         );
     }
 

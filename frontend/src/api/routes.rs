@@ -19,7 +19,9 @@ use crate::api::error::ApiError;
 use crate::api::messages::Messages;
 use crate::api::request_body::{self, BodyLimits};
 use crate::api::responses::Responses;
-use crate::api::{auth, generation, messages, openapi, prepare, responses, tokenize};
+use crate::api::{
+    auth, embeddings, generation, messages, openapi, prepare, responses, score, tokenize,
+};
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
 use sluice_common::schema::openai::{ModelCard, ModelList};
@@ -38,6 +40,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(generation::create::<Messages>))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(generation::create::<Responses>))
+        .route("/v1/embeddings", post(embeddings::create))
+        .route("/score", post(score::score))
+        .route("/rerank", post(score::rerank))
+        .route("/v1/rerank", post(score::rerank))
+        .route("/v2/rerank", post(score::rerank))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

@@ -246,6 +246,7 @@ mod tests {
             token_ids: Vec::new(),
             num_cached_tokens: index * 16,
             stop_string: None,
+            embedding: None,
         })
     }
 

@@ -16,7 +16,7 @@ use crate::api::validate::{
     check_temperature, check_token_ids, check_top_logprobs, check_top_p, logit_bias, python_space,
     top_k,
 };
-use crate::engine::protocol::SamplingParams;
+use crate::engine::protocol::{PoolingParams, SamplingParams};
 use crate::state::AppState;
 use crate::text::answer_parts::{whole_answer, WholeAnswer};
 use crate::text::tool_call_stream::ToolCallReader;
@@ -184,6 +184,7 @@ impl CheckedSampling<'_> {
             return_token_ids: fields.return_token_ids.unwrap_or(false),
             return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
             cache_salt: fields.cache_salt.clone(),
+            pooling: None,
         }
     }
 
@@ -202,8 +203,9 @@ impl CheckedSampling<'_> {
     }
 }
 
-/// A completions or chat request that passed validation, complete: the fan-out only runs it.
-#[derive(Debug, Clone, PartialEq)]
+/// A completions, chat or embeddings request that passed validation, complete: the fan-out only
+/// runs it.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ValidRequest {
     pub model: String,
     /// At least one.
@@ -244,6 +246,8 @@ pub struct ValidRequest {
     pub return_tokens_as_token_ids: bool,
     /// vLLM's `cache_salt`: non-empty; cached KV blocks are shared only under the same salt.
     pub cache_salt: Option<String>,
+    /// Embeddings: each prompt is a pooling request, answered with its embedding.
+    pub pooling: Option<PoolingParams>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

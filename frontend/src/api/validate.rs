@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::error::ApiError;
+use crate::engine::protocol::Runner;
 use crate::state::SchedulingPolicy;
 use sluice_common::schema::openai::{ChatMessage, SamplingFields};
 
@@ -15,6 +16,8 @@ pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
 /// Completions' default, as in OpenAI's API.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+/// Inputs per embeddings request, OpenAI's limit.
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 /// `developer` is OpenAI's newer name of `system`; the chat template renders it as one.
 const CHAT_ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -28,6 +31,26 @@ pub fn check_model_name(requested: &str, served: &str) -> Result<(), ApiError> {
     } else {
         Err(ApiError::ModelNotFound(requested.to_owned()))
     }
+}
+
+/// A route of the other runner's is a 400 that says which routes serve the model `model`.
+pub fn check_served_runner(served: Runner, route: Runner, model: &str) -> Result<(), ApiError> {
+    if served == route {
+        return Ok(());
+    }
+    let message = match served {
+        Runner::Generate => format!(
+            "The model `{model}` is a generative model: it serves /v1/completions, \
+             /v1/chat/completions, /v1/messages and /v1/responses. /v1/embeddings, /score and \
+             /rerank need a pooling model: serve it with `sluice serve MODEL --runner pooling`, or \
+             serve an embedding model's folder (one with a sentence-transformers modules.json)"
+        ),
+        Runner::Pooling => format!(
+            "The model `{model}` is an embedding model (served with --runner pooling): it serves \
+             /v1/embeddings, /score and /rerank, and generates no text"
+        ),
+    };
+    Err(out_of_range("model", message))
 }
 
 /// Whether `value` is in range both as sent and as the 32-bit float the sampler uses, where 1e39
@@ -427,6 +450,162 @@ pub fn effective_max_tokens(
     }
 }
 
+/// How /v1/embeddings writes each embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodingFormat {
+    /// JSON numbers.
+    Float,
+    /// The engine's little-endian float32 bytes, base64-encoded (what OpenAI's client asks for).
+    Base64,
+}
+
+pub fn encoding_format(format: Option<&str>) -> Result<EncodingFormat, ApiError> {
+    match format {
+        None | Some("float") => Ok(EncodingFormat::Float),
+        Some("base64") => Ok(EncodingFormat::Base64),
+        Some(other) => Err(out_of_range(
+            "encoding_format",
+            format!("encoding_format must be \"float\" or \"base64\", got {other:?}"),
+        )),
+    }
+}
+
+/// The embedding size a request asks for with `dimensions`, which the model `model` must allow: any
+/// size up to `embedding_size` when `matryoshka` is empty, one of its sizes when it is not, none
+/// when it is None.
+pub fn embedding_dimensions(
+    dimensions: Option<i64>,
+    embedding_size: u32,
+    matryoshka: Option<&[u32]>,
+    model: &str,
+) -> Result<Option<u32>, ApiError> {
+    let Some(asked) = dimensions else {
+        return Ok(None);
+    };
+    let Some(sizes) = matryoshka else {
+        return Err(out_of_range(
+            "dimensions",
+            format!(
+                "model `{model}` does not support `dimensions`: it is not a Matryoshka model \
+                 (its embeddings have {embedding_size} values)"
+            ),
+        ));
+    };
+    let rule = if sizes.is_empty() {
+        format!("between 1 and the embedding size, {embedding_size}")
+    } else {
+        format!("one of the model's sizes {sizes:?}")
+    };
+    u32::try_from(asked)
+        .ok()
+        .filter(|&size| {
+            (1..=embedding_size).contains(&size) && (sizes.is_empty() || sizes.contains(&size))
+        })
+        .map(Some)
+        .ok_or_else(|| {
+            out_of_range(
+                "dimensions",
+                format!("dimensions must be {rule}, got {asked}"),
+            )
+        })
+}
+
+/// An embeddings request holds between 1 and [`MAX_EMBEDDING_INPUTS`] inputs.
+pub fn check_input_count(count: usize) -> Result<(), ApiError> {
+    match count {
+        1..=MAX_EMBEDDING_INPUTS => Ok(()),
+        0 => Err(out_of_range(
+            "input",
+            "input must not be an empty list".into(),
+        )),
+        _ => Err(out_of_range(
+            "input",
+            format!("input may hold at most {MAX_EMBEDDING_INPUTS} items, got {count}"),
+        )),
+    }
+}
+
+/// The tokens of input `index` of the field `param` (embeddings' `input`, a score's `text_1`...):
+/// not empty, in the vocabulary, cut as vLLM's `truncate_prompt_tokens` asks, and then within the
+/// context.
+pub fn embedding_input(
+    param: &'static str,
+    index: usize,
+    ids: Vec<u32>,
+    truncate_prompt_tokens: Option<i64>,
+    max_model_len: u32,
+    vocab_size: u32,
+) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(out_of_range(
+            param,
+            format!("{param} {index} is empty: it has no tokens"),
+        ));
+    }
+    check_token_ids(param, &ids, vocab_size)
+        .map_err(|error| out_of_range(param, format!("{param} {index}: {error}")))?;
+    let (ids, _) = truncated_prompt(ids, truncate_prompt_tokens, max_model_len)?;
+    if ids.len() > max_model_len as usize {
+        return Err(ApiError::ContextLengthExceeded {
+            param,
+            message: format!(
+                "This model's maximum context length is {max_model_len} tokens, but {param} \
+                 {index} has {} tokens (truncate_prompt_tokens keeps an input's last tokens)",
+                ids.len()
+            ),
+        });
+    }
+    Ok(ids)
+}
+
+/// The pairs a score compares, as indices into the first side's texts followed by the second's:
+/// one first text against each second one, else the two sides one to one. Each side is its field
+/// and its count; both are given, and hold at most [`MAX_EMBEDDING_INPUTS`] texts together.
+pub fn score_pairs(
+    (first, first_len): (&'static str, usize),
+    (second, second_len): (&'static str, usize),
+) -> Result<Vec<(usize, usize)>, ApiError> {
+    for (param, len) in [(first, first_len), (second, second_len)] {
+        if len == 0 {
+            return Err(out_of_range(param, format!("{param} must not be empty")));
+        }
+    }
+    if first_len + second_len > MAX_EMBEDDING_INPUTS {
+        return Err(out_of_range(
+            second,
+            format!(
+                "{first} and {second} may hold at most {MAX_EMBEDDING_INPUTS} texts together, got \
+                 {}",
+                first_len + second_len
+            ),
+        ));
+    }
+    match first_len {
+        1 => Ok((0..second_len).map(|j| (0, 1 + j)).collect()),
+        _ if first_len == second_len => Ok((0..first_len).map(|i| (i, first_len + i)).collect()),
+        _ => Err(out_of_range(
+            second,
+            format!(
+                "{first} has {first_len} texts and {second} has {second_len}: give one {first} \
+                 (scored against each {second}), or as many as {second} has (scored in pairs)"
+            ),
+        )),
+    }
+}
+
+/// Rerank's `top_n`: the best N results, or None (0 or absent) for all of them.
+pub fn top_n(top_n: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match top_n {
+        None | Some(0) => Ok(None),
+        Some(n) => usize::try_from(n).map(Some).map_err(|_| {
+            out_of_range(
+                "top_n",
+                format!("top_n must be 0 (all results) or more, got {n}"),
+            )
+        }),
+    }
+}
+
 /// `add_generation_prompt` and `continue_final_message` with their defaults: continuing the final
 /// message turns the generation prompt off by default, and both at once is a 400.
 pub fn chat_ending(
@@ -669,6 +848,159 @@ pub(crate) mod tests {
                 "truncate_prompt_tokens"
             );
         }
+    }
+
+    #[test]
+    fn each_runner_serves_its_own_routes_and_names_the_others() {
+        assert!(check_served_runner(Runner::Generate, Runner::Generate, "smol").is_ok());
+        assert!(check_served_runner(Runner::Pooling, Runner::Pooling, "smol").is_ok());
+        let message = |served, route| match check_served_runner(served, route, "smol") {
+            Err(ApiError::InvalidParameter { param, message }) => {
+                assert_eq!(param, "model");
+                assert!(message.contains("`smol`"), "{message}");
+                message
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        let generative = message(Runner::Generate, Runner::Pooling);
+        for route in ["/v1/chat/completions", "/v1/responses", "--runner pooling"] {
+            assert!(generative.contains(route), "{generative}");
+        }
+        assert!(message(Runner::Pooling, Runner::Generate).contains("serves /v1/embeddings"));
+    }
+
+    #[test]
+    fn encoding_format_is_float_by_default_or_base64() {
+        assert_eq!(encoding_format(None), Ok(EncodingFormat::Float));
+        assert_eq!(encoding_format(Some("float")), Ok(EncodingFormat::Float));
+        assert_eq!(encoding_format(Some("base64")), Ok(EncodingFormat::Base64));
+        for bad in ["", "Float", "binary"] {
+            assert_eq!(param_of(encoding_format(Some(bad))), "encoding_format");
+        }
+    }
+
+    #[test]
+    fn dimensions_need_a_matryoshka_model_and_one_of_its_sizes() {
+        let sizes = [64, 256, 768];
+        assert_eq!(embedding_dimensions(None, 768, None, "m"), Ok(None));
+        assert_eq!(embedding_dimensions(None, 768, Some(&sizes), "m"), Ok(None));
+        match embedding_dimensions(Some(64), 576, None, "smol") {
+            Err(ApiError::InvalidParameter { param, message }) => {
+                assert_eq!(param, "dimensions");
+                assert!(message.contains("not a Matryoshka model"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // An empty list: any size from 1 to the embedding size.
+        assert_eq!(
+            embedding_dimensions(Some(1), 768, Some(&[]), "m"),
+            Ok(Some(1))
+        );
+        assert_eq!(
+            embedding_dimensions(Some(768), 768, Some(&[]), "m"),
+            Ok(Some(768))
+        );
+        assert_eq!(
+            embedding_dimensions(Some(256), 768, Some(&sizes), "m"),
+            Ok(Some(256))
+        );
+        for (asked, listed) in [
+            (769, &[][..]),
+            (0, &[]),
+            (-3, &[]),
+            (100, &sizes),
+            (1024, &sizes),
+        ] {
+            assert_eq!(
+                param_of(embedding_dimensions(Some(asked), 768, Some(listed), "m")),
+                "dimensions",
+                "{asked}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_embeddings_request_has_one_to_2048_inputs() {
+        assert!(check_input_count(1).is_ok());
+        assert!(check_input_count(MAX_EMBEDDING_INPUTS).is_ok());
+        assert_eq!(param_of(check_input_count(0)), "input");
+        assert_eq!(
+            param_of(check_input_count(MAX_EMBEDDING_INPUTS + 1)),
+            "input"
+        );
+    }
+
+    #[test]
+    fn an_embeddings_input_is_in_the_vocabulary_and_fits_the_context_unless_truncated() {
+        assert_eq!(
+            embedding_input("input", 0, vec![1, 2, 3], None, 3, 100),
+            Ok(vec![1, 2, 3])
+        );
+        assert_eq!(
+            embedding_input("input", 0, vec![1, 2, 3, 4], Some(2), 3, 100),
+            Ok(vec![3, 4])
+        );
+        assert_eq!(
+            embedding_input("input", 0, vec![1, 2, 3, 4], Some(-1), 3, 100),
+            Ok(vec![2, 3, 4])
+        );
+        let refusal = |result: Result<Vec<u32>, ApiError>| match result {
+            Err(
+                ApiError::InvalidParameter { param, message }
+                | ApiError::ContextLengthExceeded { param, message },
+            ) => (param, message),
+            other => panic!("unexpected {other:?}"),
+        };
+        let (param, message) = refusal(embedding_input("input", 4, vec![], None, 8, 100));
+        assert_eq!(param, "input");
+        assert!(message.contains("input 4"), "{message}");
+        let (param, message) = refusal(embedding_input("input", 2, vec![1, 100], None, 8, 100));
+        assert_eq!(param, "input");
+        assert!(
+            message.contains("input 2") && message.contains("100"),
+            "{message}"
+        );
+        let (param, message) = refusal(embedding_input("input", 1, vec![1, 2, 3, 4], None, 3, 100));
+        assert_eq!(param, "input");
+        assert!(message.contains("input 1 has 4 tokens"), "{message}");
+        assert_eq!(
+            param_of(embedding_input("input", 0, vec![1], Some(0), 3, 100)),
+            "truncate_prompt_tokens"
+        );
+    }
+
+    #[test]
+    fn one_first_text_meets_every_second_one_else_they_pair_one_to_one() {
+        let pairs = |first, second| score_pairs(("text_1", first), ("text_2", second));
+        assert_eq!(pairs(1, 3), Ok(vec![(0, 1), (0, 2), (0, 3)]));
+        assert_eq!(pairs(2, 2), Ok(vec![(0, 2), (1, 3)]));
+        assert_eq!(pairs(1, 1), Ok(vec![(0, 1)]));
+        assert_eq!(param_of(pairs(0, 2)), "text_1");
+        assert_eq!(param_of(pairs(1, 0)), "text_2");
+        match pairs(3, 2) {
+            Err(ApiError::InvalidParameter { param, message }) => {
+                assert_eq!(param, "text_2");
+                assert!(
+                    message.contains("text_1 has 3 texts and text_2 has 2"),
+                    "{message}"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(pairs(1, MAX_EMBEDDING_INPUTS - 1).is_ok());
+        assert_eq!(param_of(pairs(1, MAX_EMBEDDING_INPUTS)), "text_2");
+        assert_eq!(
+            param_of(score_pairs(("query", 1), ("documents", 0))),
+            "documents"
+        );
+    }
+
+    #[test]
+    fn top_n_of_zero_or_none_is_every_result_and_a_negative_one_is_refused() {
+        assert_eq!(top_n(None), Ok(None));
+        assert_eq!(top_n(Some(0)), Ok(None));
+        assert_eq!(top_n(Some(3)), Ok(Some(3)));
+        assert_eq!(param_of(top_n(Some(-1))), "top_n");
     }
 
     #[test]

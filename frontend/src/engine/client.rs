@@ -471,8 +471,13 @@ impl Actor {
 
     fn resume(&mut self, connection: Connection) {
         let (old, new) = (&self.ready, &connection.ready);
-        // The served limits were announced once, to every handle; a successor must keep them.
-        if (new.max_model_len, new.block_size) != (old.max_model_len, old.block_size) {
+        // The served model and limits were announced once, to every handle; a successor must keep
+        // them (its KV blocks may be more or fewer).
+        let same_blocks = Ready {
+            num_kv_blocks: old.num_kv_blocks,
+            ..new.clone()
+        };
+        if same_blocks != *old {
             return self.die(format!(
                 "the restarted engine core announced {new:?}, unlike the first one's {old:?}"
             ));

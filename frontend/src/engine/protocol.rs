@@ -112,6 +112,18 @@ pub struct AddRequest {
     pub priority: i64,
     /// vLLM's: the request shares cached KV blocks only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// Present: a pooling request, answered with the prompt's embedding instead of tokens (its
+    /// `params` are then the defaults with max_tokens 1, and unused).
+    pub pooling: Option<PoolingParams>,
+}
+
+/// vLLM's `PoolingParams`: what a pooling request asks of its embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolingParams {
+    /// Keep the embedding's first N values (before normalising); None: all of them.
+    pub dimensions: Option<u32>,
+    /// None: the model's own choice; true or false forces L2 normalisation.
+    pub normalize: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,6 +222,22 @@ pub struct Ready {
     pub max_model_len: u32,
     pub num_kv_blocks: u64,
     pub block_size: u32,
+    pub runner: Runner,
+    /// The length of a full embedding: the model's hidden size.
+    pub embedding_size: u32,
+    /// None: `dimensions` is refused; empty: any size from 1 to embedding_size; else exactly one
+    /// of these sizes (a Matryoshka model's).
+    pub matryoshka_dimensions: Option<Vec<u32>>,
+}
+
+/// What the served model does, and so which routes serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// Generates tokens: completions, chat, messages and responses.
+    Generate,
+    /// Answers each prompt with its embedding: /v1/embeddings.
+    Pooling,
 }
 
 /// engine core → frontend: everything one engine step produced.
@@ -260,6 +288,10 @@ pub struct EngineOutput {
     /// With `prompt_logprobs`: one entry per prompt token after the first (index 0 the actual
     /// token, `sampled_rank` its rank), in the output of the first generated token only.
     pub prompt_logprobs: Option<Vec<Logprobs>>,
+    /// A pooling request's embedding, in its one output: little-endian float32 values, already
+    /// truncated to its `dimensions` and normalised as asked. A msgpack bin.
+    #[serde(with = "serde_bytes")]
+    pub embedding: Option<Vec<u8>>,
 }
 
 impl EngineOutput {
@@ -276,6 +308,7 @@ impl EngineOutput {
             first_scheduled_time: None,
             invalid_param: None,
             prompt_logprobs: None,
+            embedding: None,
         }
     }
 
@@ -483,6 +516,7 @@ mod tests {
             arrival_time: 1_700_000_000.25,
             priority: 0,
             cache_salt: Some("tenant".into()),
+            pooling: None,
         }
     }
 
@@ -508,6 +542,19 @@ mod tests {
                         logprobs: vec![-3.5, -0.25],
                         sampled_rank: 4,
                     }]),
+                    embedding: None,
+                },
+                EngineOutput {
+                    finish_reason: Some(FinishReason::Stop),
+                    num_cached_tokens: 3,
+                    error: None,
+                    embedding: Some(
+                        [0.5f32, -1.0]
+                            .iter()
+                            .flat_map(|v| v.to_le_bytes())
+                            .collect(),
+                    ),
+                    ..EngineOutput::failed("embd-1-0", "")
                 },
                 EngineOutput {
                     finish_reason: Some(FinishReason::Stop),
@@ -536,6 +583,14 @@ mod tests {
     fn all_messages() -> Vec<Message> {
         vec![
             sample_add_request().into(),
+            AddRequest {
+                pooling: Some(PoolingParams {
+                    dimensions: Some(64),
+                    normalize: None,
+                }),
+                ..sample_add_request()
+            }
+            .into(),
             Abort {
                 request_ids: vec!["a".into(), "b".into()],
             }
@@ -549,6 +604,18 @@ mod tests {
                 max_model_len: 8192,
                 num_kv_blocks: 1000,
                 block_size: 16,
+                runner: Runner::Generate,
+                embedding_size: 0,
+                matryoshka_dimensions: None,
+            }
+            .into(),
+            Ready {
+                max_model_len: 512,
+                num_kv_blocks: 1000,
+                block_size: 16,
+                runner: Runner::Pooling,
+                embedding_size: 768,
+                matryoshka_dimensions: Some(vec![64, 256, 768]),
             }
             .into(),
             sample_outputs().into(),
@@ -622,8 +689,11 @@ mod tests {
             max_model_len: 8192,
             num_kv_blocks: 70000,
             block_size: 16,
+            runner: Runner::Pooling,
+            embedding_size: 576,
+            matryoshka_dimensions: Some(Vec::new()),
         }));
-        let mut expected = vec![0x85];
+        let mut expected = vec![0x88];
         expected.extend(s("v"));
         expected.push(0x01);
         expected.extend(s("type"));
@@ -634,7 +704,66 @@ mod tests {
         expected.extend([0xce, 0x00, 0x01, 0x11, 0x70]);
         expected.extend(s("block_size"));
         expected.push(0x10);
+        expected.extend(s("runner"));
+        expected.extend(s("pooling"));
+        expected.extend(s("embedding_size"));
+        expected.extend([0xcd, 0x02, 0x40]);
+        expected.extend(s("matryoshka_dimensions"));
+        expected.push(0x90);
         assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn pooling_is_the_last_key_of_add_request_and_a_map_of_nil_or_values() {
+        let pooling = |pooling| {
+            encode(&Message::AddRequest(Box::new(AddRequest {
+                pooling,
+                ..sample_add_request()
+            })))
+        };
+        let mut absent = s("pooling");
+        absent.push(0xc0);
+        assert!(pooling(None).ends_with(&absent));
+        let mut given = s("pooling");
+        given.push(0x82);
+        given.extend(s("dimensions"));
+        given.push(0xc0);
+        given.extend(s("normalize"));
+        given.push(0xc3);
+        let asked = PoolingParams {
+            dimensions: None,
+            normalize: Some(true),
+        };
+        assert!(pooling(Some(asked)).ends_with(&given));
+    }
+
+    #[test]
+    fn an_embedding_is_a_bin_after_prompt_logprobs() {
+        let floats = [1.0f32, -0.25];
+        let embedding: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let output = EngineOutput {
+            finish_reason: Some(FinishReason::Stop),
+            error: None,
+            embedding: Some(embedding.clone()),
+            ..EngineOutput::failed("embd-1-0", "")
+        };
+        let bytes = encode(
+            &Outputs {
+                outputs: vec![output],
+                stats: EngineStats::default(),
+                timestamp: 0.0,
+            }
+            .into(),
+        );
+        let mut expected = s("prompt_logprobs");
+        expected.push(0xc0);
+        expected.extend(s("embedding"));
+        // bin 8: a one-byte length, then the bytes as they are.
+        expected.extend([0xc4, 8]);
+        expected.extend(&embedding);
+        assert!(bytes
+            .windows(expected.len())
+            .any(|w| w == expected.as_slice()));
     }
 
     #[test]
@@ -673,6 +802,7 @@ mod tests {
             "\"arrival_time\"",
             "\"priority\"",
             "\"cache_salt\"",
+            "\"pooling\"",
         ];
         let positions: Vec<usize> = keys.iter().map(|k| json.find(k).unwrap()).collect();
         assert!(positions.windows(2).all(|w| w[0] < w[1]), "{json}");

@@ -49,6 +49,8 @@ pub struct ChoiceUpdate {
     pub num_cached_tokens: u32,
     /// The stop string that ended the choice (Anthropic's `stop_sequence`), in its last update.
     pub stop_string: Option<String>,
+    /// A pooling request's embedding (the engine's little-endian float32 bytes), in its one update.
+    pub embedding: Option<Vec<u8>>,
 }
 
 /// Why a choice ended without a finish reason.
@@ -173,6 +175,9 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         self.permit = None;
         self.metrics
             .on_output(output.new_token_ids.len(), output.first_scheduled_time);
+        if output.embedding.is_some() {
+            self.metrics.on_embedding();
+        }
         self.completion_tokens += output.new_token_ids.len() as u32;
         self.num_cached_tokens = self.num_cached_tokens.max(output.num_cached_tokens);
         if let Some(entries) = &output.new_logprobs {
@@ -271,6 +276,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             token_ids,
             num_cached_tokens: self.num_cached_tokens,
             stop_string,
+            embedding: output.embedding,
         }))
     }
 
@@ -416,6 +422,7 @@ mod tests {
             first_scheduled_time: None,
             invalid_param: None,
             prompt_logprobs: None,
+            embedding: None,
         }
     }
 

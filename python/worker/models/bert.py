@@ -1,0 +1,168 @@
+"""Encoder models of the BERT family (BertModel, XLMRobertaModel) for the pooling runner.
+
+Post-LayerNorm encoder layers: bidirectional self-attention with biases, then a GELU feed-forward,
+each added to its input and normalised. Every prompt is encoded whole in one step (the scheduler never
+chunks an encoder's prompt), so attention needs no KV cache: each sequence of the step attends to
+itself alone. The linears run on the layer ops of the process's CPU tier (packed weights, as the
+decoders' do); attention and LayerNorm are torch's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.errors import UnsupportedArchitectureError
+from worker.attention.backend import AttentionMetadata
+from worker.layer_ops import LayerOps, layer_ops_for
+from worker.models.layers import Projection
+
+# hidden_act -> the activation (transformers' names).
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+# Checkpoint prefixes of the same weights inside task models (BertForMaskedLM's "bert.", ...).
+_PREFIXES = ("bert.", "roberta.")
+
+
+class EncoderLayer(nn.Module):
+    def __init__(
+        self, hidden: int, intermediate: int, num_heads: int, eps: float, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        # One rank: an encoder is not sharded (config_checks refuses tensor parallelism for it).
+        column = row = "replicated"
+        self.num_heads = num_heads
+        self.query = Projection(hidden, hidden, True, dtype, column)
+        self.key = Projection(hidden, hidden, True, dtype, column)
+        self.value = Projection(hidden, hidden, True, dtype, column)
+        self.attention_out = Projection(hidden, hidden, True, dtype, row)
+        self.attention_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
+        self.intermediate = Projection(hidden, intermediate, True, dtype, column)
+        self.output = Projection(intermediate, hidden, True, dtype, row)
+        self.output_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
+
+    def projections(self) -> list[Projection]:
+        return [self.query, self.key, self.value, self.attention_out, self.intermediate, self.output]
+
+    def forward(self, x: torch.Tensor, starts: list[int], ops: LayerOps, activation: Any) -> torch.Tensor:
+        q, k, v = (ops.linear(x, p.weight, p.bias) for p in (self.query, self.key, self.value))
+        heads = self.num_heads
+        attended = torch.empty_like(q)
+        for start, end in itertools.pairwise(starts):
+            # [heads, n, head_dim] of one sequence: it attends to all of itself and to nothing else.
+            q_s, k_s, v_s = (t[start:end].unflatten(1, (heads, -1)).transpose(0, 1) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q_s, k_s, v_s)
+            attended[start:end] = out.transpose(0, 1).flatten(1)
+        x = self.attention_norm(x + ops.linear(attended, self.attention_out.weight, self.attention_out.bias))
+        inner = activation(ops.linear(x, self.intermediate.weight, self.intermediate.bias))
+        return self.output_norm(x + ops.linear(inner, self.output.weight, self.output.bias))
+
+
+class BertEncoder(nn.Module):
+    """The encoder with the runner's model interface: forward(ids, positions, kv_caches, metadata) -> hidden."""
+
+    # What the model runner asks of every model: no experts, no Llama layers for the C++ step.
+    has_experts = False
+    runs_llama_layers = False
+
+    def __init__(self, hf_config: dict[str, Any], dtype: torch.dtype) -> None:
+        super().__init__()
+        if hf_config.get("position_embedding_type", "absolute") != "absolute":
+            raise UnsupportedArchitectureError(
+                f"position_embedding_type {hf_config['position_embedding_type']!r}: Sluice's encoders have absolute positions"
+            )
+        activation = hf_config.get("hidden_act", "gelu")
+        if activation not in _ACTIVATIONS:
+            raise UnsupportedArchitectureError(
+                f"hidden_act {activation!r}: Sluice's encoders run {', '.join(_ACTIVATIONS)}"
+            )
+        self.activation = _ACTIVATIONS[activation]
+        hidden = int(hf_config["hidden_size"])
+        eps = float(hf_config.get("layer_norm_eps", 1e-12))
+        self.num_kv_heads = int(hf_config["num_attention_heads"])
+        self.head_dim = hidden // self.num_kv_heads
+        # RoBERTa's positions start after its padding index (transformers' create_position_ids_from_input_ids).
+        roberta = hf_config.get("model_type") in ("xlm-roberta", "roberta")
+        self.position_offset = int(hf_config.get("pad_token_id", 1)) + 1 if roberta else 0
+        self.word_embeddings = nn.Embedding(int(hf_config["vocab_size"]), hidden, dtype=dtype)
+        self.position_embeddings = nn.Embedding(
+            int(hf_config["max_position_embeddings"]), hidden, dtype=dtype
+        )
+        self.token_type_embeddings = nn.Embedding(
+            int(hf_config.get("type_vocab_size", 2)), hidden, dtype=dtype
+        )
+        self.embeddings_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
+        self.layers = nn.ModuleList(
+            EncoderLayer(hidden, int(hf_config["intermediate_size"]), self.num_kv_heads, eps, dtype)
+            for _ in range(int(hf_config["num_hidden_layers"]))
+        )
+        self.ops = layer_ops_for(torch.get_default_device())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        # Token type 0 throughout: a pooling request is one text.
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions + self.position_offset)
+            + self.token_type_embeddings.weight[0]
+        )
+        x = self.embeddings_norm(x)
+        starts = metadata.query_start_loc[: metadata.num_seqs + 1].tolist()
+        for layer in self.layers:
+            x = layer(x, starts, self.ops, self.activation)
+        return x
+
+    def prepare_linear_weights(self, k_blocks: bool) -> None:
+        for layer in self.layers:
+            for projection in layer.projections():
+                projection.prepare(self.ops, k_blocks=k_blocks)
+
+
+# transformers' checkpoint names -> ours, per layer ("encoder.layer.{i}." is the layer's prefix).
+_LAYER_NAMES = {
+    "attention.self.query": "query",
+    "attention.self.key": "key",
+    "attention.self.value": "value",
+    "attention.output.dense": "attention_out",
+    "attention.output.LayerNorm": "attention_norm",
+    "intermediate.dense": "intermediate",
+    "output.dense": "output",
+    "output.LayerNorm": "output_norm",
+}
+_EMBEDDING_NAMES = {
+    "embeddings.word_embeddings": "word_embeddings",
+    "embeddings.position_embeddings": "position_embeddings",
+    "embeddings.token_type_embeddings": "token_type_embeddings",
+    "embeddings.LayerNorm": "embeddings_norm",
+}
+
+
+def our_name(checkpoint_name: str) -> str | None:
+    """The parameter a checkpoint tensor fills, or None for the tensors an encoder leaves out (the pooler
+    head, position id buffers, a task model's head)."""
+    name = next(
+        (checkpoint_name[len(p) :] for p in _PREFIXES if checkpoint_name.startswith(p)), checkpoint_name
+    )
+    module, _, leaf = name.rpartition(".")
+    # Old checkpoints call LayerNorm's parameters gamma and beta.
+    leaf = {"gamma": "weight", "beta": "bias"}.get(leaf, leaf)
+    if module in _EMBEDDING_NAMES:
+        return f"{_EMBEDDING_NAMES[module]}.{leaf}"
+    if module.startswith("encoder.layer."):
+        index, _, rest = module[len("encoder.layer.") :].partition(".")
+        if rest in _LAYER_NAMES:
+            return f"layers.{index}.{_LAYER_NAMES[rest]}.{leaf}"
+    return None

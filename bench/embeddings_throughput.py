@@ -43,46 +43,11 @@ import openai
 from harness import log, make_output_folders
 from limits import fma_peak_gflops, linear_shapes
 from llamacpp_peer import THREADS, add_llamacpp_arguments, gguf_file, llamacpp_dir, tool
+from responses_followup import WORDS
 from servers import Server, free_port, health_status, start_server, start_sluice
 from sluice.cpu_tiers import cpu_flags, host_arch, runnable_tiers
 from sluice.model_spec import model_pooling, read_model_spec
 
-WORDS = [
-    "river",
-    "stone",
-    "market",
-    "winter",
-    "lantern",
-    "harbor",
-    "orchard",
-    "signal",
-    "copper",
-    "meadow",
-    "thunder",
-    "village",
-    "bridge",
-    "candle",
-    "forest",
-    "mirror",
-    "garden",
-    "engine",
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "that",
-    "which",
-]
 # One leg's embeddings of a list of texts, in order.
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -181,7 +146,12 @@ def start_llamacpp_embedder(folder: Path, gguf: Path, pooling: str, slots: int, 
 def linear_flops_per_token(model: Path) -> int:
     """Multiply-adds x 2 of every decoder layer's linears for one token (the LM head never runs)."""
     config = json.loads((model / "config.json").read_text())
-    per_layer = sum(k * n for name, k, n in linear_shapes(config) if name != "lm_head")
+    if read_model_spec(model).is_encoder:
+        # q, k, v and the attention's output, then one up and one down projection (no gate).
+        hidden, inter = config["hidden_size"], config["intermediate_size"]
+        per_layer = 4 * hidden * hidden + 2 * hidden * inter
+    else:
+        per_layer = sum(k * n for name, k, n in linear_shapes(config) if name != "lm_head")
     return 2 * config["num_hidden_layers"] * per_layer
 
 

@@ -11,6 +11,13 @@ from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 
+from engine.beam_search import (
+    CANDIDATES_PER_BEAM,
+    BeamSearchOutput,
+    BeamSearchParams,
+    BeamSearchSequence,
+    PromptBeams,
+)
 from engine.engine_core import EngineCore
 from engine.outputs import (
     CompletionOutput,
@@ -180,6 +187,56 @@ class LLM:
                     ScoringOutput(cosine),
                 )
             )
+        return results
+
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """vLLM's: each prompt's params.beam_width best continuations (engine/beam_search.py), best first."""
+        params.validate()
+        prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        requests = [self._tokenize(p) for p in prompt_list]
+        searches = []
+        for request in requests:
+            room = self.engine.max_model_len - len(request.token_ids)
+            if room < 1:
+                raise InvalidRequestError(
+                    f"the prompt has {len(request.token_ids)} tokens: max_model_len ({self.engine.max_model_len}) "
+                    "leaves no room for a beam's token",
+                    param="prompt",
+                )
+            # A beam ends at the context's end, as a generation does.
+            beam_params = replace(params, max_tokens=min(params.max_tokens, room))
+            first = BeamSearchSequence(list(request.token_ids), len(request.token_ids))
+            searches.append(PromptBeams(beam_params, self.engine.spec.eos_token_ids, [first]))
+        # One greedy token per live beam, with its best candidates' logprobs (raw: the model's own).
+        step = SamplingParams(
+            max_tokens=1, temperature=0.0, logprobs=CANDIDATES_PER_BEAM * params.beam_width, ignore_eos=True
+        )
+        while any(not search.done for search in searches):
+            live = [
+                (search, beam, request) for search, request in zip(searches, requests) for beam in search.live
+            ]
+            outputs = self._run(
+                [_Prompt(None, beam.tokens, request.cache_salt) for _, beam, request in live], step, None
+            )
+            tops: dict[int, list[dict[int, float]]] = {}
+            for (search, _, _), output in zip(live, outputs, strict=True):
+                completion = output.outputs[0]
+                if completion.error is not None:
+                    raise InvalidRequestError(completion.error, param=completion.error_param)
+                assert completion.logprobs, "a beam step asked for logprobs"
+                top = {token_id: entry.logprob for token_id, entry in completion.logprobs[0].items()}
+                tops.setdefault(id(search), []).append(top)
+            for search in searches:
+                if not search.done:
+                    search.advance(tops[id(search)])
+        results = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = self.tokenizer.decode(beam.output_token_ids, skip_special_tokens=True)
+            results.append(BeamSearchOutput(best))
         return results
 
     def chat(

@@ -205,3 +205,11 @@ def test_score_is_the_cosine_of_sentence_transformers_embeddings():
     with pytest.raises(InvalidRequestError, match="one to one") as refused:
         llm.score(["ab", "cd"], ["ef", "gh", "ij"])
     assert refused.value.param == "data_2"
+
+
+def test_two_tensor_parallel_ranks_embed_what_one_does():
+    folder = embedding_model("mean_tokens", False)
+    prompts = random_prompts()[:4]
+    one = engine_embeddings(tiny_llm(folder), prompts)
+    two = engine_embeddings(tiny_llm(folder, tensor_parallel_size=2), prompts)
+    np.testing.assert_allclose(two, one, atol=1e-4)

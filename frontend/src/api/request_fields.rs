@@ -60,10 +60,13 @@ const fn unsupported(name: &'static str, why: &'static str) -> Unsupported {
 
 /// Fields both endpoints refuse (vLLM's extensions this server does not implement).
 const COMMON: &[Unsupported] = &[
-    unsupported("use_beam_search", "beam search is not implemented"),
+    unsupported(
+        "use_beam_search",
+        "beam search is not served over HTTP yet (the offline LLM.beam_search has it)",
+    ),
     Unsupported {
         name: "length_penalty",
-        why: "it applies to beam search, which is not implemented",
+        why: "it applies to beam search, which is not served over HTTP yet",
         inert: absent_or_one,
     },
     unsupported(

@@ -1,10 +1,13 @@
-//! The stored conversations of `/v1/responses`: each stored response, as its object and as the chat
-//! conversation it ended (the history a `previous_response_id` follow-up continues), in an embedded
-//! SQLite file under the cache folder. The store is bounded in bytes and in age: a put past the size
+//! The stored conversations of `/v1/responses`: each stored response, as its object, as the chat
+//! conversation it ended (the history a `previous_response_id` follow-up continues) and as its
+//! request's input items (what `/input_items` lists), in an embedded SQLite file under the cache
+//! folder. The store is bounded in bytes and in age: a put past the size
 //! bound evicts the oldest responses first, and responses older than the age bound are gone. Neither
 //! ever fails a request; both are counted for /metrics.
 //!
 //! The file is opened at first use, so a server that never stores a response never creates one.
+//! Its tables are created when missing, so a file from before the input items were kept gains their
+//! table, and its responses list no input items.
 //! Its totals are kept in this process: one file per frontend (the default path names the port).
 
 use std::path::{Path, PathBuf};
@@ -17,17 +20,18 @@ use rusqlite::{params, Connection, OptionalExtension};
 /// How much the store keeps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreBounds {
-    /// The bytes of all stored objects and histories together.
+    /// The bytes of all stored objects, histories and input items together.
     pub max_bytes: u64,
     /// How long a response stays retrievable.
     pub max_age: Duration,
 }
 
-/// A stored response: its object and its conversation, both as JSON.
+/// A stored response: its object, its conversation and its input items, all as JSON.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResponse {
     pub response: String,
     pub history: String,
+    pub input_items: String,
 }
 
 /// What /metrics shows of the store.
@@ -64,6 +68,7 @@ struct Db {
 const SCHEMA: &str = "
     PRAGMA journal_mode = WAL;
     PRAGMA synchronous = NORMAL;
+    PRAGMA foreign_keys = ON;
     CREATE TABLE IF NOT EXISTS responses (
         id TEXT PRIMARY KEY,
         created_at INTEGER NOT NULL,
@@ -72,6 +77,10 @@ const SCHEMA: &str = "
         history TEXT NOT NULL
     );
     CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+    CREATE TABLE IF NOT EXISTS input_items (
+        response_id TEXT PRIMARY KEY REFERENCES responses (id) ON DELETE CASCADE,
+        items TEXT NOT NULL
+    );
 ";
 
 impl ResponseStore {
@@ -97,10 +106,10 @@ impl ResponseStore {
         &self,
         id: &str,
         created_at: u64,
-        response: &str,
-        history: &str,
+        stored: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let bytes = (response.len() + history.len()) as u64;
+        let bytes =
+            (stored.response.len() + stored.history.len() + stored.input_items.len()) as u64;
         self.with_db(true, |db| {
             self.expire(db, created_at)?;
             if bytes > self.bounds.max_bytes {
@@ -111,7 +120,17 @@ impl ResponseStore {
             db.connection.execute(
                 "INSERT OR REPLACE INTO responses (id, created_at, bytes, response, history) \
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![id, created_at as i64, bytes as i64, response, history],
+                params![
+                    id,
+                    created_at as i64,
+                    bytes as i64,
+                    stored.response,
+                    stored.history
+                ],
+            )?;
+            db.connection.execute(
+                "INSERT OR REPLACE INTO input_items (response_id, items) VALUES (?1, ?2)",
+                params![id, stored.input_items],
             )?;
             db.recount()
         })
@@ -125,12 +144,14 @@ impl ResponseStore {
             self.expire(db, now)?;
             db.connection
                 .query_row(
-                    "SELECT response, history FROM responses WHERE id = ?1",
+                    "SELECT response, history, COALESCE(items, '[]') FROM responses \
+                     LEFT JOIN input_items ON response_id = id WHERE id = ?1",
                     params![id],
                     |row| {
                         Ok(StoredResponse {
                             response: row.get(0)?,
                             history: row.get(1)?,
+                            input_items: row.get(2)?,
                         })
                     },
                 )
@@ -279,6 +300,15 @@ mod tests {
         folder
     }
 
+    /// A response whose history and input items are empty lists (2 bytes each).
+    fn entry(response: &str) -> StoredResponse {
+        StoredResponse {
+            response: response.into(),
+            history: "[]".into(),
+            input_items: "[]".into(),
+        }
+    }
+
     const DAY: Duration = Duration::from_secs(86_400);
     /// A time in unix seconds: the store takes the time from its callers.
     const NOW: u64 = 1_800_000_000;
@@ -290,24 +320,22 @@ mod tests {
         assert_eq!(store.get("resp_1", NOW).unwrap(), None);
         assert!(!store.delete("resp_1", NOW).unwrap());
         assert!(!store.path().exists(), "created only by the first put");
-        store.put("resp_1", NOW, "{\"id\":1}", "[]").unwrap();
+        let stored = StoredResponse {
+            input_items: "[{\"id\":\"msg_1\"}]".into(),
+            ..entry("{\"id\":1}")
+        };
+        store.put("resp_1", NOW, &stored).unwrap();
         assert!(store.path().exists());
-        assert_eq!(
-            store.get("resp_1", NOW).unwrap(),
-            Some(StoredResponse {
-                response: "{\"id\":1}".into(),
-                history: "[]".into()
-            })
-        );
+        assert_eq!(store.get("resp_1", NOW).unwrap(), Some(stored));
         assert_eq!(store.get("resp_2", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 1);
-        assert_eq!(store.stats().bytes, 10);
+        assert_eq!(store.stats().bytes, 26);
         assert!(store.delete("resp_1", NOW).unwrap());
         assert!(!store.delete("resp_1", NOW).unwrap());
         assert_eq!(store.get("resp_1", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 0);
         // A new process finds what the file holds.
-        store.put("resp_3", NOW, "{}", "[]").unwrap();
+        store.put("resp_3", NOW, &entry("{}")).unwrap();
         drop(store);
         let reopened = store_in(&folder, 1 << 20, DAY);
         assert!(reopened.get("resp_3", NOW).unwrap().is_some());
@@ -320,9 +348,9 @@ mod tests {
         let folder = temp_folder("size");
         // Each response is 100 bytes; the bound holds 3.
         let store = store_in(&folder, 350, DAY);
-        let body = "x".repeat(98);
+        let body = "x".repeat(96);
         for i in 0..5 {
-            store.put(&format!("r{i}"), NOW, &body, "[]").unwrap();
+            store.put(&format!("r{i}"), NOW, &entry(&body)).unwrap();
         }
         let kept: Vec<bool> = (0..5)
             .map(|i| store.get(&format!("r{i}"), NOW).unwrap().is_some())
@@ -332,7 +360,7 @@ mod tests {
         assert_eq!((stats.stored, stats.bytes), (3, 300));
         assert_eq!(stats.evicted_for_size, 2);
         // One larger than the whole bound is not kept, and evicts nothing.
-        store.put("huge", NOW, &"y".repeat(400), "[]").unwrap();
+        store.put("huge", NOW, &entry(&"y".repeat(400))).unwrap();
         assert_eq!(store.get("huge", NOW).unwrap(), None);
         assert_eq!(store.stats().stored, 3);
         assert_eq!(store.stats().evicted_for_size, 3);
@@ -343,12 +371,68 @@ mod tests {
     fn responses_older_than_the_age_bound_are_gone_and_counted() {
         let folder = temp_folder("age");
         let store = store_in(&folder, 1 << 20, Duration::from_secs(60));
-        store.put("old", NOW - 120, "{}", "[]").unwrap();
-        store.put("new", NOW, "{}", "[]").unwrap();
+        store.put("old", NOW - 120, &entry("{}")).unwrap();
+        store.put("new", NOW, &entry("{}")).unwrap();
         assert_eq!(store.get("old", NOW).unwrap(), None);
         assert!(store.get("new", NOW).unwrap().is_some());
         assert_eq!(store.stats().evicted_for_age, 1);
         assert_eq!(store.stats().stored, 1);
+        std::fs::remove_dir_all(folder).unwrap();
+    }
+
+    #[test]
+    fn a_file_from_before_input_items_gains_their_table_and_lists_none() {
+        let folder = temp_folder("migrate");
+        std::fs::create_dir_all(&folder).unwrap();
+        let path = folder.join("responses.sqlite3");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE responses (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, \
+             bytes INTEGER NOT NULL, response TEXT NOT NULL, history TEXT NOT NULL);",
+        )
+        .unwrap();
+        old.execute(
+            "INSERT INTO responses VALUES ('resp_old', ?1, 4, '{}', '[]')",
+            params![NOW as i64],
+        )
+        .unwrap();
+        drop(old);
+        let store = store_in(&folder, 1 << 20, DAY);
+        assert_eq!(store.get("resp_old", NOW).unwrap(), Some(entry("{}")));
+        store
+            .put(
+                "resp_new",
+                NOW,
+                &StoredResponse {
+                    input_items: "[1]".into(),
+                    ..entry("{}")
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            store.get("resp_new", NOW).unwrap().unwrap().input_items,
+            "[1]"
+        );
+        std::fs::remove_dir_all(folder).unwrap();
+    }
+
+    #[test]
+    fn input_items_go_with_their_response() {
+        let folder = temp_folder("cascade");
+        let store = store_in(&folder, 1 << 20, Duration::from_secs(60));
+        store.put("old", NOW - 120, &entry("{}")).unwrap();
+        store.put("gone", NOW, &entry("{}")).unwrap();
+        store.put("kept", NOW, &entry("{}")).unwrap();
+        assert!(store.delete("gone", NOW).unwrap());
+        let items: Vec<String> = Connection::open(store.path())
+            .unwrap()
+            .prepare("SELECT response_id FROM input_items")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(items, ["kept"]);
         std::fs::remove_dir_all(folder).unwrap();
     }
 }

@@ -1,7 +1,8 @@
 //! Stored responses behind the router (`/v1/responses`). Every request the router sends a replica
 //! carries that replica's tag (`x-sluice-replica-tag`), which the replica writes into the ids of the
 //! responses it stores (`resp_<tag>-...`). A follow-up (`previous_response_id`), or a `GET` or
-//! `DELETE` of a stored response, goes to the replica whose tag its id carries: the conversation,
+//! `DELETE` of a stored response (or a `GET` of its `/input_items`), goes to the replica whose tag
+//! its id carries: the conversation,
 //! and the prefix cache that holds its earlier turns, live there. No state is kept here, so a
 //! restarted router routes follow-ups as before.
 

@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
             "/v1/responses/{id}",
             get(stored_response).delete(stored_response),
         )
+        .route("/v1/responses/{id}/input_items", get(stored_response))
         .route("/v1/{*rest}", any(pass_through))
         // A pooling replica's routes outside /v1 (vLLM's paths).
         .route("/score", post(pass_through))
@@ -189,7 +190,8 @@ async fn responses(State(state): State<Arc<AppState>>, request: Request) -> Resp
     forward_read(&state, &parts, bytes, &json, expect, pin).await
 }
 
-/// `GET` and `DELETE /v1/responses/{id}`: sent to the replica that stored it.
+/// `GET` and `DELETE /v1/responses/{id}`, and `GET /v1/responses/{id}/input_items`: sent to the
+/// replica that stored it.
 async fn stored_response(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,

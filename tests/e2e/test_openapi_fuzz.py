@@ -20,6 +20,7 @@ ROUTES = {
     "/v1/messages/count_tokens": {"post"},
     "/v1/responses": {"post"},
     "/v1/responses/{id}": {"get", "delete"},
+    "/v1/responses/{id}/input_items": {"get"},
     "/v1/embeddings": {"post"},
     "/score": {"post"},
     "/rerank": {"post"},

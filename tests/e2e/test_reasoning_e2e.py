@@ -1,5 +1,6 @@
 """`--reasoning-parser` end to end: `sluice serve --reasoning-parser qwen3` on the default model, driven
-with the `openai` client (chat, whole and streamed) and the `anthropic` client (thinking blocks).
+with the `openai` client (chat and responses, whole and streamed, with their usage's reasoning tokens)
+and the `anthropic` client (thinking blocks).
 
 SmolLM2 never writes a think tag by itself. A prompt that ends inside a think block (an assistant
 prefill that opens one) makes its output thinking, as a reasoning model's template does; a plain
@@ -80,6 +81,43 @@ def test_streamed_reasoning_adds_up_to_the_whole(client: openai.OpenAI) -> None:
             content += choice.delta.content or ""
     assert reasoning == whole.reasoning_content  # type: ignore[attr-defined]
     assert content == ""
+
+
+def test_usage_counts_the_thinking_tokens_whole_and_streamed(client: openai.OpenAI) -> None:
+    # The model never closes its thinking here, so every output token is the thinking's.
+    thought = chat(client, THINKING, **CONTINUE).usage
+    assert thought is not None and thought.completion_tokens_details is not None
+    assert thought.completion_tokens_details.reasoning_tokens == thought.completion_tokens > 0
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=THINKING,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=CONTINUE,
+    )
+    (streamed,) = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert streamed.completion_tokens_details is not None
+    assert streamed.completion_tokens_details.reasoning_tokens == thought.completion_tokens
+    plain = chat(client, [QUESTION]).usage
+    assert plain is not None and plain.completion_tokens_details is not None
+    assert plain.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_responses_usage_counts_no_thinking_in_a_plain_answer(client: openai.OpenAI) -> None:
+    whole = client.responses.create(
+        model=MODEL, input=QUESTION["content"], max_output_tokens=8, temperature=0
+    )
+    with client.responses.stream(
+        model=MODEL, input=QUESTION["content"], max_output_tokens=8, temperature=0
+    ) as stream:
+        # Its last event (response.completed, or .incomplete when cut) carries the response.
+        streamed = list(stream)[-1].response  # type: ignore[union-attr]
+    for response in (whole, streamed):
+        assert [item.type for item in response.output] == ["message"]
+        assert response.usage is not None and response.usage.output_tokens > 0
+        assert response.usage.output_tokens_details.reasoning_tokens == 0
 
 
 def test_a_response_format_constrains_the_answer_not_the_thinking(client: openai.OpenAI) -> None:

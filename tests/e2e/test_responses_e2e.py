@@ -1,6 +1,6 @@
 """OpenAI's Responses API end to end: `sluice serve` on the default model, driven with the official
-`openai` client (`responses.create`, `responses.stream`, `retrieve`, `delete`), whole and streamed,
-with stored conversations, tools, structured output and OpenAI-shaped errors.
+`openai` client (`responses.create`, `responses.stream`, `retrieve`, `delete`, `input_items.list`),
+whole and streamed, with stored conversations, tools, structured output and OpenAI-shaped errors.
 
 /v1/responses is served as the chat request it means, so a greedy answer must be the very text that
 /v1/chat/completions gives for the same conversation; a `previous_response_id` follow-up is the
@@ -123,6 +123,62 @@ def test_a_response_not_stored_cannot_be_continued(client: openai.OpenAI) -> Non
         client.responses.retrieve(unstored.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, previous_response_id=unstored.id, input="x", **GREEDY)
+
+
+def test_input_items_list_a_responses_own_input_a_page_at_a_time(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input=QUESTION, instructions=INSTRUCTIONS, **GREEDY)
+    page = client.responses.input_items.list(first.id)
+    # The instructions are no item.
+    (asked,) = page.data
+    assert asked.type == "message" and asked.role == "user" and asked.id.startswith("msg_")
+    assert [(part.type, part.text) for part in asked.content] == [("input_text", QUESTION)]  # type: ignore[union-attr]
+    assert page.has_more is False
+    given: Any = [
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is 2 + 2?"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "4."}],
+            "id": "msg_given",
+        },
+        {"role": "user", "content": FOLLOW_UP},
+    ]
+    follow_up = client.responses.create(model=MODEL, previous_response_id=first.id, input=given, **GREEDY)
+    # Only its own request's items (not the earlier turn's), newest first as OpenAI lists them.
+    newest_first = client.responses.input_items.list(follow_up.id).data
+    assert [item.role for item in newest_first] == ["user", "assistant", "user", "developer"]  # type: ignore[union-attr]
+    assert newest_first[1].id == "msg_given" and newest_first[1].content[0].type == "output_text"  # type: ignore[union-attr]
+    ids = [item.id for item in newest_first]
+    assert len(set(ids)) == 4 and client.responses.input_items.list(follow_up.id).data == newest_first
+    oldest = client.responses.input_items.list(follow_up.id, order="asc", limit=2)
+    assert [item.id for item in oldest.data] == ids[:1:-1] and oldest.has_more is True
+    rest = client.responses.input_items.list(follow_up.id, order="asc", limit=2, after=oldest.data[-1].id)
+    assert [item.id for item in rest.data] == ids[1::-1] and rest.has_more is False
+    # The client's iterator follows `after` from page to page.
+    assert [item.id for item in client.responses.input_items.list(follow_up.id, limit=1)] == ids
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.input_items.list(follow_up.id, include=["message.input_image.image_url"])
+    error = raised.value.body
+    assert isinstance(error, dict) and error["param"] == "include"
+    assert "message.input_image.image_url" in error["message"]
+    unstored = client.responses.create(model=MODEL, input=QUESTION, store=False, **GREEDY)
+    for missing in (unstored.id, "resp_never"):
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.responses.input_items.list(missing)
+        error = raised.value.body
+        assert (
+            isinstance(error, dict) and error["code"] == "response_not_found" and missing in error["message"]
+        )
+
+
+def test_without_a_reasoning_parser_no_token_is_the_thinkings(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    # As vLLM: chat's usage has no completion_tokens_details; the Responses API's field is required.
+    assert chat.usage is not None and chat.usage.completion_tokens_details is None
+    response = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=4, temperature=0)
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens == 0
 
 
 def test_a_stream_sends_openais_events_in_order_and_adds_up_to_the_whole_answer(

@@ -281,6 +281,10 @@ def test_a_responses_follow_up_reaches_the_replica_that_stored_its_conversation(
         assert last.type == "response.incomplete"
         assert holders(last.response.id) == [holder]
         assert client.responses.retrieve(latest.id).id == latest.id
+        # Its input items too: round-robin alone would send one of two reads to the other replica.
+        for _ in range(2):
+            (item,) = client.responses.input_items.list(latest.id).data
+            assert item.content[0].text == "More."  # type: ignore[union-attr]
         client.responses.delete(first.id)
         assert holders(first.id) == []
     # Behind a router without that replica, the conversation is gone with it: a 404 naming the id.
@@ -291,8 +295,9 @@ def test_a_responses_follow_up_reaches_the_replica_that_stored_its_conversation(
         error = raised.value.body
         assert isinstance(error, dict) and latest.id in error["message"]
         assert error["param"] == "previous_response_id" and error["code"] == "previous_response_not_found"
-        status, _, body = router.call("GET", f"/v1/responses/{latest.id}")
-        assert status == 404 and json.loads(body)["error"]["code"] == "response_not_found"
+        for path in (f"/v1/responses/{latest.id}", f"/v1/responses/{latest.id}/input_items"):
+            status, _, body = router.call("GET", path)
+            assert status == 404 and json.loads(body)["error"]["code"] == "response_not_found"
 
 
 @pytest.mark.parametrize("policy", ["least-outstanding", "power-of-two"])

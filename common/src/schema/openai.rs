@@ -272,11 +272,21 @@ pub struct Usage {
     /// prefix cache served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// OpenAI's: with a reasoning parser, how many completion tokens were the thinking (left out
+    /// without one, as vLLM does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CompletionTokensDetails {
+    /// The output tokens up to and including the end of thinking (`</think>`).
+    pub reasoning_tokens: u32,
 }
 
 impl Usage {
@@ -286,6 +296,16 @@ impl Usage {
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: None,
+            completion_tokens_details: None,
+        }
+    }
+
+    /// The usage with its thinking tokens, where they were counted (None: no reasoning parser).
+    pub fn with_reasoning_tokens(self, reasoning_tokens: Option<u32>) -> Self {
+        Usage {
+            completion_tokens_details: reasoning_tokens
+                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
+            ..self
         }
     }
 

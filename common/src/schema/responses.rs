@@ -1,5 +1,6 @@
-//! OpenAI's Responses API (`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`): its
-//! request, the response object, its output items and its stream events. The frontend serves a
+//! OpenAI's Responses API (`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, `GET
+//! /v1/responses/{id}/input_items`): its request, the response object, its input and output items
+//! and its stream events. The frontend serves a
 //! request by translating it to a chat request (`frontend/src/api/responses_request.rs`); the router
 //! routes a follow-up to the replica that stored its conversation.
 //!
@@ -190,7 +191,7 @@ pub struct InputTokensDetails {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OutputTokensDetails {
-    /// Output tokens inside the thinking (`--reasoning-parser`).
+    /// Output tokens up to and including the end of thinking (`--reasoning-parser`; 0 without one).
     pub reasoning_tokens: u32,
 }
 
@@ -376,6 +377,72 @@ pub struct SequencedEvent<'a> {
     #[serde(flatten)]
     pub event: &'a StreamEvent,
     pub sequence_number: u64,
+}
+
+/// One item of a request's `input`, as `GET /v1/responses/{id}/input_items` lists it: its id (the
+/// client's, or one made from the response's) and the item.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ListedItem {
+    pub id: String,
+    #[serde(flatten)]
+    pub item: InputItem,
+}
+
+/// An input item as OpenAI lists it; a message's parts are `input_text`, or `output_text` in an
+/// assistant's message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputItem {
+    Message {
+        role: String,
+        content: Vec<InputContent>,
+        status: String,
+    },
+    FunctionCall {
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: String,
+    },
+    FunctionCallOutput {
+        call_id: String,
+        output: String,
+        status: String,
+    },
+    Reasoning {
+        summary: Vec<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<Vec<Value>>,
+    },
+}
+
+/// A part of an input message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum InputContent {
+    Input(InputText),
+    Output(OutputText),
+}
+
+/// A user's, system's or developer's text part.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename = "input_text")]
+pub struct InputText {
+    pub text: String,
+}
+
+/// `GET /v1/responses/{id}/input_items`' answer: one page of the items, in the order asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct InputItemList {
+    /// Always `list`.
+    pub object: String,
+    /// Messages (`input_text` parts, `output_text` in an assistant's), `function_call`s,
+    /// `function_call_output`s and `reasoning` items, each with its `id`.
+    #[schema(value_type = Vec<Object>)]
+    pub data: Vec<Value>,
+    pub first_id: Option<String>,
+    pub last_id: Option<String>,
+    pub has_more: bool,
 }
 
 /// `DELETE /v1/responses/{id}`'s answer.

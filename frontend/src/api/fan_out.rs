@@ -35,6 +35,8 @@ pub struct ChoiceResult {
     pub logprobs: Vec<TokenLogprob>,
     pub finish_reason: &'static str,
     pub completion_tokens: u32,
+    /// Of those, the thinking's (with a reasoning parser).
+    pub reasoning_tokens: Option<u32>,
     pub cumulative_logprob: f64,
     /// Characters of the echo prefix that `text` starts with.
     pub prefix_chars: u32,
@@ -61,11 +63,15 @@ pub fn cached_prompt_tokens(by_choice: impl IntoIterator<Item = (u32, u32)>, n: 
     by_prompt.values().sum()
 }
 
-/// The usage of a whole answer: every choice's tokens, and the prompts' cached tokens.
+/// The usage of a whole answer: every choice's tokens (and thinking tokens, with a reasoning
+/// parser), and the prompts' cached tokens.
 pub fn whole_usage(results: &[ChoiceResult], prompt_tokens: u32, n: u32) -> Usage {
     let completion_tokens = results.iter().map(|r| r.completion_tokens).sum();
+    let reasoning_tokens = results.iter().map(|r| r.reasoning_tokens).sum();
     let cached = cached_prompt_tokens((0..).zip(results.iter().map(|r| r.num_cached_tokens)), n);
-    Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached)
+    Usage::new(prompt_tokens, completion_tokens)
+        .with_cached_tokens(cached)
+        .with_reasoning_tokens(reasoning_tokens)
 }
 
 /// A request's choices, started on the engine.
@@ -123,6 +129,7 @@ pub fn start(
                 prompt_token_ids: request
                     .shows_prompt_logprobs()
                     .then(|| prompt.token_ids.clone()),
+                starts_thinking: request.reasoning_starts_thinking,
             };
             let metrics = RequestMetrics::new(
                 state.metrics.clone(),
@@ -210,6 +217,7 @@ impl Choices {
             result.text.push_str(&update.text);
             result.logprobs.extend(update.logprobs);
             result.completion_tokens = update.completion_tokens;
+            result.reasoning_tokens = update.reasoning_tokens;
             result.cumulative_logprob = update.cumulative_logprob;
             result.prefix_chars += update.prefix_chars;
             result.token_ids.extend(update.token_ids);

@@ -11,6 +11,7 @@ pub mod embeddings;
 pub mod error;
 pub mod fan_out;
 pub mod generation;
+pub mod input_items;
 pub mod messages;
 pub mod messages_request;
 pub mod openapi;

@@ -29,7 +29,9 @@ use sluice_common::schema::openai::{
     CompletionResponse, DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse,
     ModelList, TokenizeRequest, TokenizeResponse,
 };
-use sluice_common::schema::responses::{DeletedResponse, ResponseObject, ResponsesRequest};
+use sluice_common::schema::responses::{
+    DeletedResponse, InputItemList, ResponseObject, ResponsesRequest,
+};
 use sluice_common::schema::score::{RerankRequest, RerankResponse, ScoreRequest, ScoreResponse};
 
 /// The component schemas; every schema these reference is collected with them.
@@ -64,6 +66,7 @@ use sluice_common::schema::score::{RerankRequest, RerankResponse, ScoreRequest, 
         ResponsesRequest,
         ResponseObject,
         DeletedResponse,
+        InputItemList,
         EmbeddingRequest,
         EmbeddingResponse,
         ScoreRequest,
@@ -228,6 +231,14 @@ const ROUTES: &[Route] = &[
         request: None,
         success: Success::Json("DeletedResponse"),
         errors: &[404, 500],
+    },
+    Route {
+        method: HttpMethod::Get,
+        path: "/v1/responses/{id}/input_items",
+        summary: "A page of a stored response's input items (query: limit, order, after)",
+        request: None,
+        success: Success::Json("InputItemList"),
+        errors: &[400, 404, 500],
     },
     Route {
         method: HttpMethod::Get,

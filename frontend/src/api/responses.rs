@@ -1,4 +1,5 @@
-//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and `DELETE`. A request
+//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and `DELETE` (its
+//! `/input_items` are `input_items`'). A request
 //! is translated into a chat request (`responses_request`), after the stored conversation of its
 //! `previous_response_id`, and served by chat's pipeline. The answer is a response object whose
 //! output items are the thinking (`reasoning`), the text (`message`) and the tool calls
@@ -22,10 +23,10 @@ use crate::api::error::ApiError;
 use crate::api::fan_out::{ChoiceResult, Choices, ResponseHeader};
 use crate::api::generation::GenerationEndpoint;
 use crate::api::prepare;
-use crate::api::responses_request::{answer_message, chat_request, Translated, Turn};
+use crate::api::responses_request::{answer_message, chat_request, listed_items, Translated, Turn};
 use crate::api::sse::{self_closing_stream, StreamDialect};
 use crate::api::valid_request::ValidRequest;
-use crate::response_store::ResponseStore;
+use crate::response_store::{ResponseStore, StoredResponse};
 use crate::state::{unix_time, AppState};
 use crate::text::answer_parts::{AnswerPart, AnswerStream};
 use crate::text::choice_stream::ChoiceUpdate;
@@ -110,7 +111,15 @@ impl GenerationEndpoint for Responses {
         }
         let output = items.finish(result.finish_reason == LENGTH, &mut unsent);
         let cached = usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
-        let usage = ResponseUsage::new(usage.prompt_tokens, cached, usage.completion_tokens, 0);
+        let reasoning = usage
+            .completion_tokens_details
+            .map_or(0, |d| d.reasoning_tokens);
+        let usage = ResponseUsage::new(
+            usage.prompt_tokens,
+            cached,
+            usage.completion_tokens,
+            reasoning,
+        );
         context.finish(&header, result.finish_reason, output, usage)
     }
 
@@ -150,7 +159,7 @@ impl GenerationEndpoint for Responses {
                     prompt_tokens,
                     update.num_cached_tokens,
                     update.completion_tokens,
-                    0,
+                    update.reasoning_tokens.unwrap_or(0),
                 );
                 let context = context.take().expect("a choice finishes once");
                 let response = Box::new(context.finish(&header, reason, output, usage));
@@ -201,11 +210,15 @@ impl TurnContext {
         if self.turn.store {
             let mut history = self.turn.history;
             history.push(answer_of(&response.output));
+            let input_items = listed_items(self.turn.input, &response.id);
             let stored = self.store.put(
                 &response.id,
                 response.created_at,
-                &serde_json::to_string(&response).expect("a response serializes"),
-                &serde_json::to_string(&history).expect("messages serialize"),
+                &StoredResponse {
+                    response: serde_json::to_string(&response).expect("a response serializes"),
+                    history: serde_json::to_string(&history).expect("messages serialize"),
+                    input_items: serde_json::to_string(&input_items).expect("items serialize"),
+                },
             );
             if let Err(error) = stored {
                 eprintln!("sluice-frontend: {error}; {} was not stored", response.id);
@@ -233,15 +246,24 @@ fn mark_cut(output: &mut [OutputItem]) {
     }
 }
 
+/// The stored response `id`, or a 404 naming it (and `param`, the field it came from).
+pub fn stored_response(
+    store: &ResponseStore,
+    id: &str,
+    param: Option<&'static str>,
+) -> Result<StoredResponse, ApiError> {
+    store
+        .get(id, unix_time())
+        .map_err(|error| ApiError::Internal(error.to_string()))?
+        .ok_or_else(|| ApiError::ResponseNotFound {
+            id: id.to_owned(),
+            param,
+        })
+}
+
 /// The conversation that the stored response `id` ended, or a 404 naming it.
 fn stored_conversation(store: &ResponseStore, id: &str) -> Result<Vec<ChatMessage>, ApiError> {
-    let stored = store
-        .get(id, unix_time())
-        .map_err(|error| ApiError::Internal(error.to_string()))?;
-    let stored = stored.ok_or_else(|| ApiError::ResponseNotFound {
-        id: id.to_owned(),
-        param: Some("previous_response_id"),
-    })?;
+    let stored = stored_response(store, id, Some("previous_response_id"))?;
     serde_json::from_str(&stored.history).map_err(|error| {
         ApiError::Internal(format!(
             "the stored conversation of {id} does not read back: {error}"
@@ -579,11 +601,7 @@ pub async fn retrieve(
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     check_no_query(&query)?;
-    let stored = state
-        .responses
-        .get(&id, unix_time())
-        .map_err(|error| ApiError::Internal(error.to_string()))?
-        .ok_or(ApiError::ResponseNotFound { id, param: None })?;
+    let stored = stored_response(&state.responses, &id, None)?;
     let mut response = stored.response.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,7 +1,8 @@
 //! A Responses request translated into the chat request it means, so that chat's one `prepare`
 //! validates and renders it: `instructions` become this turn's system message, the stored
 //! conversation of `previous_response_id` comes next, then `input`'s items (messages, function
-//! calls as an assistant's tool calls, their outputs as tool messages); `tools`, `tool_choice`,
+//! calls as an assistant's tool calls, their outputs as tool messages), each also kept as the item
+//! `GET /v1/responses/{id}/input_items` lists; `tools`, `tool_choice`,
 //! `text.format` and `reasoning.effort` become chat's. What the Responses API defines and this
 //! server cannot serve (images and files, built-in tools, background runs, automatic truncation) is
 //! a 400 naming it; a field neither API knows is reported, as chat's are.
@@ -22,7 +23,10 @@ use sluice_common::schema::openai::{
 use sluice_common::schema::openai_tools::{
     FunctionCall, FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolCall, ToolChoice,
 };
-use sluice_common::schema::responses::{Input, ResponseObject, ResponsesRequest, TextConfig};
+use sluice_common::schema::responses::{
+    Input, InputContent, InputItem, InputText, ListedItem, OutputText, ResponseObject,
+    ResponsesRequest, TextConfig,
+};
 
 /// OpenAI's bound on `metadata`.
 const MAX_METADATA_PAIRS: usize = 16;
@@ -35,13 +39,43 @@ pub struct Translated {
 }
 
 /// What a response is made of besides its output: the conversation so far (without this turn's
-/// instructions, which are not carried on), whether to store it, and the object that echoes the
-/// request's settings (its id, time, status, output and usage are filled in when it is answered).
+/// instructions, which are not carried on), this turn's input items, whether to store it, and the
+/// object that echoes the request's settings (its id, time, status, output and usage are filled in
+/// when it is answered).
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub history: Vec<ChatMessage>,
+    pub input: Vec<GivenItem>,
     pub store: bool,
     pub echo: ResponseObject,
+}
+
+/// An input item, with the id the client gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GivenItem {
+    pub id: Option<String>,
+    pub item: InputItem,
+}
+
+/// The turn's input items as they are listed: an item the client gave no id gets one made of its
+/// kind, its place in the input and the response's id.
+pub fn listed_items(input: Vec<GivenItem>, response_id: &str) -> Vec<ListedItem> {
+    input
+        .into_iter()
+        .enumerate()
+        .map(|(at, GivenItem { id, item })| {
+            let kind = match &item {
+                InputItem::Message { .. } => "msg",
+                InputItem::FunctionCall { .. } => "fc",
+                InputItem::FunctionCallOutput { .. } => "fco",
+                InputItem::Reasoning { .. } => "rs",
+            };
+            ListedItem {
+                id: id.unwrap_or_else(|| format!("{kind}_in{at}_{response_id}")),
+                item,
+            }
+        })
+        .collect()
 }
 
 /// `POST /v1/responses`'s request as a chat request; `earlier` is the stored conversation of its
@@ -53,11 +87,18 @@ pub fn chat_request(
     refuse_unserved(&request)?;
     let mut ignored = Ignored::default();
     let mut history = earlier;
+    let mut input = Vec::new();
     match request.input {
-        Some(Input::Text(text)) => history.push(ChatMessage::text("user", text)),
+        Some(Input::Text(text)) => {
+            input.push(GivenItem {
+                id: None,
+                item: message_item("user", vec![text.clone()]),
+            });
+            history.push(ChatMessage::text("user", text));
+        }
         Some(Input::Items(items)) => {
             for (at, item) in items.into_iter().enumerate() {
-                push_item(at, item, &mut history, &mut ignored)?;
+                push_item(at, item, &mut history, &mut input, &mut ignored)?;
             }
         }
         None => {}
@@ -185,6 +226,7 @@ pub fn chat_request(
         ignored_fields: ignored.into_names(),
         turn: Turn {
             history,
+            input,
             store,
             echo,
         },
@@ -242,13 +284,15 @@ fn refuse_unserved(request: &ResponsesRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// One input item appended to the conversation: a message, a function call (an assistant's tool
-/// call, joined to the assistant message before it), a function call's output (a tool message), or
-/// a reasoning item (dropped: chat templates leave earlier turns' thinking out of the prompt).
+/// One input item appended to the conversation and to the turn's items: a message, a function call
+/// (an assistant's tool call, joined to the assistant message before it), a function call's output
+/// (a tool message), or a reasoning item (left out of the conversation: chat templates leave
+/// earlier turns' thinking out of the prompt).
 fn push_item(
     at: usize,
     item: Value,
     history: &mut Vec<ChatMessage>,
+    input: &mut Vec<GivenItem>,
     ignored: &mut Ignored,
 ) -> Result<(), ApiError> {
     let bad = |message: String| out_of_range("input", format!("input[{at}]: {message}"));
@@ -260,29 +304,35 @@ fn push_item(
         Some(Value::String(kind)) => kind,
         Some(other) => return Err(bad(format!("type must be a string, got {other}"))),
     };
+    let id = match fields.remove("id") {
+        Some(Value::String(id)) => Some(id),
+        _ => None,
+    };
+    // An item's status describes it and changes nothing here.
+    fields.remove("status");
     let text_field =
         |fields: &mut serde_json::Map<String, Value>, name: &str| match fields.remove(name) {
             Some(Value::String(text)) => Ok(text),
             Some(other) => Err(bad(format!("{name} must be a string, got {other}"))),
             None => Err(bad(format!("a {kind} item needs its {name}"))),
         };
-    match kind.as_str() {
+    let item = match kind.as_str() {
         "message" => {
             let role = text_field(&mut fields, "role")?;
-            let role = match role.as_str() {
-                "user" | "assistant" | "system" => role,
+            let chat_role = match role.as_str() {
+                "user" | "assistant" | "system" => role.as_str(),
                 // Chat templates know no developer role; OpenAI ranks it as the system's.
-                "developer" => "system".to_owned(),
+                "developer" => "system",
                 _ => {
                     return Err(bad(format!(
                         "role is {role:?}; it must be user, assistant, system or developer"
                     )))
                 }
             };
-            let content = message_text(fields.remove("content")).map_err(bad)?;
-            drop_known(&mut fields, &["id", "status"]);
+            let parts = content_parts(fields.remove("content")).map_err(bad)?;
             ignored.fields(&format!("input[{at}]"), fields.keys());
-            history.push(ChatMessage::text(&role, content));
+            history.push(ChatMessage::text(chat_role, parts.concat()));
+            message_item(&role, parts)
         }
         "function_call" => {
             let call = ToolCall {
@@ -293,8 +343,13 @@ fn push_item(
                     arguments: text_field(&mut fields, "arguments")?,
                 },
             };
-            drop_known(&mut fields, &["id", "status"]);
             ignored.fields(&format!("input[{at}]"), fields.keys());
+            let item = InputItem::FunctionCall {
+                call_id: call.id.clone(),
+                name: call.function.name.clone(),
+                arguments: call.function.arguments.clone(),
+                status: COMPLETED.into(),
+            };
             match history.last_mut() {
                 Some(last) if last.role == "assistant" => {
                     last.tool_calls.get_or_insert_with(Vec::new).push(call)
@@ -305,47 +360,85 @@ fn push_item(
                     history.push(message);
                 }
             }
+            item
         }
         "function_call_output" => {
             let call_id = text_field(&mut fields, "call_id")?;
-            let output = message_text(fields.remove("output")).map_err(bad)?;
-            drop_known(&mut fields, &["id", "status"]);
+            let output = content_parts(fields.remove("output"))
+                .map_err(bad)?
+                .concat();
             ignored.fields(&format!("input[{at}]"), fields.keys());
-            let mut message = ChatMessage::text("tool", output);
-            message.tool_call_id = Some(call_id);
+            let mut message = ChatMessage::text("tool", output.clone());
+            message.tool_call_id = Some(call_id.clone());
             history.push(message);
+            InputItem::FunctionCallOutput {
+                call_id,
+                output,
+                status: COMPLETED.into(),
+            }
         }
-        "reasoning" => {}
+        "reasoning" => {
+            let list = |value: Option<Value>| match value {
+                Some(Value::Array(values)) => Some(values),
+                _ => None,
+            };
+            InputItem::Reasoning {
+                summary: list(fields.remove("summary")).unwrap_or_default(),
+                content: list(fields.remove("content")),
+            }
+        }
         other => {
             return Err(bad(format!(
                 "items of type {other:?} are not served; the types are message, function_call, \
                  function_call_output and reasoning"
             )))
         }
-    }
+    };
+    input.push(GivenItem { id, item });
     Ok(())
 }
 
-/// Fields of an item that describe it and change nothing here.
-fn drop_known(fields: &mut serde_json::Map<String, Value>, names: &[&str]) {
-    for name in names {
-        fields.remove(*name);
+/// The status of every listed input item: it was given whole.
+const COMPLETED: &str = "completed";
+
+/// A message item of `role` with one text part per piece: an assistant's parts are `output_text`.
+fn message_item(role: &str, parts: Vec<String>) -> InputItem {
+    let content = parts
+        .into_iter()
+        .map(|text| match role {
+            "assistant" => InputContent::Output(OutputText {
+                text,
+                annotations: Vec::new(),
+                logprobs: Vec::new(),
+            }),
+            _ => InputContent::Input(InputText { text }),
+        })
+        .collect();
+    InputItem::Message {
+        role: role.to_owned(),
+        content,
+        status: COMPLETED.into(),
     }
 }
 
-/// A message's (or a call output's) content as text: a string, or text parts joined.
-fn message_text(content: Option<Value>) -> Result<String, String> {
+/// A message's (or a call output's) content as the text of its parts: a string is one part.
+fn content_parts(content: Option<Value>) -> Result<Vec<String>, String> {
     match content {
-        Some(Value::String(text)) => Ok(text),
+        Some(Value::String(text)) => Ok(vec![text]),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
+            let mut texts = Vec::with_capacity(parts.len());
             for (index, part) in parts.iter().enumerate() {
                 let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
                 match (kind, part.get("text").and_then(Value::as_str)) {
-                    ("input_text" | "output_text" | "text", Some(piece)) => text.push_str(piece),
-                    ("refusal", _) => {
-                        text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or(""))
+                    ("input_text" | "output_text" | "text", Some(piece)) => {
+                        texts.push(piece.to_owned())
                     }
+                    ("refusal", _) => texts.push(
+                        part.get("refusal")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    ),
                     ("input_image" | "input_file" | "input_audio", _) => {
                         return Err(format!(
                             "content[{index}] is {kind}: this server reads text only"
@@ -359,7 +452,7 @@ fn message_text(content: Option<Value>) -> Result<String, String> {
                     }
                 }
             }
-            Ok(text)
+            Ok(texts)
         }
         Some(other) => Err(format!(
             "content must be a string or a list of parts, got {other}"
@@ -560,6 +653,40 @@ mod tests {
         assert_eq!(history[4].role, "tool");
         assert_eq!(history[4].tool_call_id.as_deref(), Some("call_1"));
         assert!(translated.ignored_fields.is_empty());
+    }
+
+    #[test]
+    fn each_input_item_is_listed_with_the_id_it_was_given_or_one_of_its_own() {
+        let translated = translate(json!({"model": "m", "instructions": "Not an item.", "input": [
+            {"role": "developer", "content": "Rules."},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}], "id": "msg_1", "status": "completed"},
+            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{}", "id": "fc_9"},
+            {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "Rain."}]},
+            {"type": "reasoning", "summary": []},
+        ]}))
+        .unwrap();
+        let listed = serde_json::to_value(listed_items(translated.turn.input, "resp_7")).unwrap();
+        assert_eq!(
+            listed,
+            json!([
+                {"id": "msg_in0_resp_7", "type": "message", "role": "developer",
+                 "content": [{"type": "input_text", "text": "Rules."}], "status": "completed"},
+                {"id": "msg_1", "type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}],
+                 "status": "completed"},
+                {"id": "fc_9", "type": "function_call", "call_id": "call_1", "name": "weather",
+                 "arguments": "{}", "status": "completed"},
+                {"id": "fco_in3_resp_7", "type": "function_call_output", "call_id": "call_1",
+                 "output": "Rain.", "status": "completed"},
+                {"id": "rs_in4_resp_7", "type": "reasoning", "summary": []},
+            ])
+        );
+        let text = translate(json!({"model": "m", "input": "Hi"})).unwrap();
+        assert_eq!(
+            serde_json::to_value(listed_items(text.turn.input, "r")).unwrap(),
+            json!([{"id": "msg_in0_r", "type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "Hi"}], "status": "completed"}])
+        );
     }
 
     #[test]

@@ -20,7 +20,8 @@ use crate::api::messages::Messages;
 use crate::api::request_body::{self, BodyLimits};
 use crate::api::responses::Responses;
 use crate::api::{
-    auth, embeddings, generation, messages, openapi, prepare, responses, score, tokenize,
+    auth, embeddings, generation, input_items, messages, openapi, prepare, responses, score,
+    tokenize,
 };
 use crate::engine::protocol::{BlockPoolAudit, KvCacheSnapshot, UtilityMethod, UtilityValue};
 use crate::state::{unix_time, AppState};
@@ -49,6 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/responses/{id}/input_items", get(input_items::list))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize::tokenize))

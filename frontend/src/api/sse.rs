@@ -84,6 +84,8 @@ where
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ChoiceTotals {
     pub completion_tokens: HashMap<u32, u32>,
+    /// Only with a reasoning parser.
+    pub reasoning_tokens: HashMap<u32, u32>,
     pub cached_tokens: HashMap<u32, u32>,
 }
 
@@ -92,7 +94,11 @@ impl ChoiceTotals {
     pub fn usage(self, prompt_tokens: u32, n: u32) -> Usage {
         let completion_tokens = self.completion_tokens.values().sum();
         let cached = cached_prompt_tokens(self.cached_tokens, n);
-        Usage::new(prompt_tokens, completion_tokens).with_cached_tokens(cached)
+        let reasoning_tokens =
+            (!self.reasoning_tokens.is_empty()).then(|| self.reasoning_tokens.values().sum());
+        Usage::new(prompt_tokens, completion_tokens)
+            .with_cached_tokens(cached)
+            .with_reasoning_tokens(reasoning_tokens)
     }
 }
 
@@ -132,6 +138,11 @@ where
                 totals
                     .completion_tokens
                     .insert(update.index, update.completion_tokens);
+                if let Some(reasoning_tokens) = update.reasoning_tokens {
+                    totals
+                        .reasoning_tokens
+                        .insert(update.index, reasoning_tokens);
+                }
                 totals
                     .cached_tokens
                     .insert(update.index, update.num_cached_tokens);
@@ -240,6 +251,7 @@ mod tests {
             logprobs: Vec::new(),
             finish_reason: None,
             completion_tokens,
+            reasoning_tokens: None,
             cumulative_logprob: 0.0,
             prefix_chars: 0,
             prompt_logprobs: None,

@@ -1,6 +1,6 @@
 //! One choice's engine outputs turned into text updates: incremental detokenization on the
-//! tokenizer pool, stop strings, logprob token texts, the echo prefix, and the choice's timing
-//! and finish metrics.
+//! tokenizer pool, stop strings, logprob token texts, the echo prefix, the reasoning tokens (with
+//! a reasoning parser), and the choice's timing and finish metrics.
 //!
 //! A choice holds one waiting-queue permit while it waits: it frees it at its first engine output
 //! (it has been scheduled) or when it ends, by finishing, failing or being dropped; ending also
@@ -15,6 +15,7 @@ use crate::engine::protocol::{EngineOutput, FinishReason, Logprobs};
 use crate::metrics::RequestMetrics;
 use crate::text::detokenizer::{DetokenizeError, IncrementalDetokenizer};
 use crate::text::prompt_logprobs::{prompt_token_logprobs, PromptToken};
+use crate::text::reasoning::ReasoningTokens;
 use crate::text::stop_strings::{StopMatcher, StopStep};
 use crate::text::tokenizer_pool::{TokenizerPool, TokenizerPoolError};
 
@@ -37,6 +38,8 @@ pub struct ChoiceUpdate {
     pub finish_reason: Option<&'static str>,
     /// Tokens the engine generated for this choice so far.
     pub completion_tokens: u32,
+    /// Of those, the thinking's (with a reasoning parser; None without one).
+    pub reasoning_tokens: Option<u32>,
     /// The sum of the generated tokens' logprobs so far (0 when the engine sent none).
     pub cumulative_logprob: f64,
     /// Characters of the echo prefix that `text` starts with (0 in all but the echo's update).
@@ -94,6 +97,8 @@ pub struct ChoiceSpec {
     pub skip_special_tokens: bool,
     /// The prompt, when the choice shows its prompt logprobs.
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// With a reasoning parser: whether the output starts inside the thinking.
+    pub starts_thinking: Option<bool>,
 }
 
 /// One choice's engine request, read as text updates. `O` is the engine's outputs for it.
@@ -107,6 +112,7 @@ pub struct ChoiceStream<O = OutputStream> {
     wants_logprobs: bool,
     include_stop_str_in_output: bool,
     prompt_token_ids: Option<Vec<u32>>,
+    reasoning: Option<ReasoningTokens>,
     metrics: RequestMetrics,
     permit: Option<OwnedSemaphorePermit>,
     completion_tokens: u32,
@@ -136,6 +142,7 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             wants_logprobs: spec.wants_logprobs,
             include_stop_str_in_output: spec.include_stop_str_in_output,
             prompt_token_ids: spec.prompt_token_ids,
+            reasoning: spec.starts_thinking.map(ReasoningTokens::new),
             metrics,
             permit: Some(permit),
             completion_tokens: 0,
@@ -252,6 +259,11 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
         if let Some(reason) = finish_reason {
             self.finish(reason);
         }
+        let completion_tokens = self.completion_tokens;
+        let reasoning_tokens = self
+            .reasoning
+            .as_mut()
+            .map(|reasoning| reasoning.push(&text, completion_tokens, finish_reason.is_some()));
         if text.is_empty()
             && logprobs.is_empty()
             && prompt_logprobs.is_none()
@@ -269,7 +281,8 @@ impl<O: Stream<Item = EngineOutput> + Unpin> ChoiceStream<O> {
             text,
             logprobs,
             finish_reason: finish_reason.map(FinishReason::as_str),
-            completion_tokens: self.completion_tokens,
+            completion_tokens,
+            reasoning_tokens,
             cumulative_logprob: self.cumulative_logprob,
             prefix_chars,
             prompt_logprobs,
@@ -456,6 +469,7 @@ mod tests {
                 include_stop_str_in_output: false,
                 skip_special_tokens: true,
                 prompt_token_ids: None,
+                starts_thinking: None,
             },
         )
     }
@@ -528,6 +542,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_thinking_tokens_are_counted_with_a_reasoning_parser_only() {
+        let thinking = token_ids("<think>Hmm.</think>");
+        let ids = [thinking.clone(), token_ids("\n\nParis.")].concat();
+        for (starts_thinking, expected) in
+            [(Some(false), Some(thinking.len() as u32)), (None, None)]
+        {
+            let spec = ChoiceSpec {
+                starts_thinking,
+                ..spec(&[], false, true)
+            };
+            let mut choice = choice_of(outputs_of(&ids, FinishReason::Stop), spec);
+            let (updates, _) = drain(&mut choice.stream).await;
+            let last = updates.last().unwrap();
+            assert_eq!(last.reasoning_tokens, expected);
+            assert_eq!(last.completion_tokens, ids.len() as u32);
+        }
+    }
+
+    #[tokio::test]
     async fn a_stop_string_ends_the_choice_and_drops_the_engine_request() {
         let ids = token_ids(TEXT);
         let mut choice = choice(
@@ -562,6 +595,7 @@ mod tests {
             include_stop_str_in_output,
             skip_special_tokens,
             prompt_token_ids: None,
+            starts_thinking: None,
         }
     }
 

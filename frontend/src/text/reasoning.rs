@@ -7,6 +7,9 @@
 //! always (R1 models think first, and some templates write the opening tag themselves). It ends at
 //! `</think>`; an output that never closes it was all thinking. Text that may still turn into a tag
 //! is held back until it is known.
+//!
+//! The thinking's tokens (`reasoning_tokens` in usage) are counted as OpenAI and vLLM count them:
+//! the output's tokens up to and including the end of thinking, all of them when it never ends.
 
 use crate::text::partial_marker::partial_marker_len;
 
@@ -44,6 +47,8 @@ fn prompt_opens_thinking(prompt: &str) -> bool {
 pub struct ReasoningPiece {
     pub reasoning: String,
     pub content: String,
+    /// Whether the piece was read inside the thinking (its tags too), even where it added nothing.
+    pub thought: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,7 @@ impl ReasoningStream {
                 Part::Opening { thinking } => {
                     let start = held.trim_start();
                     if let Some(rest) = start.strip_prefix(THINK_START) {
+                        piece.thought = true;
                         self.part = Part::AfterTag { then_answer: false };
                         self.held = rest.to_owned();
                     } else if THINK_START.starts_with(start) && !finished {
@@ -104,24 +110,28 @@ impl ReasoningStream {
                         self.held = held;
                     }
                 }
-                Part::Thinking => match held.find(THINK_END) {
-                    Some(at) => {
-                        piece.reasoning.push_str(&held[..at]);
-                        self.part = Part::AfterTag { then_answer: true };
-                        self.held = held[at + THINK_END.len()..].to_owned();
+                Part::Thinking => {
+                    piece.thought = true;
+                    match held.find(THINK_END) {
+                        Some(at) => {
+                            piece.reasoning.push_str(&held[..at]);
+                            self.part = Part::AfterTag { then_answer: true };
+                            self.held = held[at + THINK_END.len()..].to_owned();
+                        }
+                        None => {
+                            let keep = if finished {
+                                0
+                            } else {
+                                partial_marker_len(&held, THINK_END)
+                            };
+                            piece.reasoning.push_str(&held[..held.len() - keep]);
+                            self.held = held[held.len() - keep..].to_owned();
+                            return piece;
+                        }
                     }
-                    None => {
-                        let keep = if finished {
-                            0
-                        } else {
-                            partial_marker_len(&held, THINK_END)
-                        };
-                        piece.reasoning.push_str(&held[..held.len() - keep]);
-                        self.held = held[held.len() - keep..].to_owned();
-                        return piece;
-                    }
-                },
+                }
                 Part::AfterTag { then_answer } => {
+                    piece.thought |= !then_answer;
                     let rest = held.trim_start_matches(['\n', '\r']);
                     if rest.is_empty() && !finished {
                         return piece;
@@ -139,6 +149,32 @@ impl ReasoningStream {
                 }
             }
         }
+    }
+}
+
+/// A choice's reasoning tokens, counted as its output grows.
+#[derive(Debug, Clone)]
+pub struct ReasoningTokens {
+    stream: ReasoningStream,
+    count: u32,
+}
+
+impl ReasoningTokens {
+    pub fn new(starts_thinking: bool) -> Self {
+        ReasoningTokens {
+            stream: ReasoningStream::new(starts_thinking),
+            count: 0,
+        }
+    }
+
+    /// Takes the next piece of output (`finished` on the last), `tokens` being the output's tokens
+    /// so far, and answers the reasoning tokens so far: all the tokens up to a piece read inside
+    /// the thinking.
+    pub fn push(&mut self, text: &str, tokens: u32, finished: bool) -> u32 {
+        if self.stream.push(text, finished).thought {
+            self.count = tokens;
+        }
+        self.count
     }
 }
 
@@ -212,6 +248,35 @@ mod tests {
                     "{output:?} in pieces of {size}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn reasoning_tokens_run_to_the_piece_that_ends_the_thinking() {
+        // (starts thinking, the output one token a piece, its reasoning tokens)
+        let cases: [(bool, &[&str], u32); 6] = [
+            (
+                false,
+                &[
+                    "<think>", "\n", "Hmm", ".", "</think>", "\n\n", "Paris", ".",
+                ],
+                5,
+            ),
+            (true, &["Hmm", "</think>", "Paris"], 2),
+            // Never closed: all of it.
+            (true, &["Hmm", " still"], 2),
+            (false, &["Paris", "."], 0),
+            (false, &["<", "think", ">", "x", "</", "think", ">", "y"], 7),
+            // A piece of several tokens that ends the thinking counts whole.
+            (true, &["Hmm", "</think>\n\nParis"], 2),
+        ];
+        for (starts, pieces, expected) in cases {
+            let mut counter = ReasoningTokens::new(starts);
+            let mut count = 0;
+            for (at, piece) in pieces.iter().enumerate() {
+                count = counter.push(piece, at as u32 + 1, at + 1 == pieces.len());
+            }
+            assert_eq!(count, expected, "{pieces:?}");
         }
     }
 

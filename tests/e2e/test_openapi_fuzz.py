@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from schemathesis import GenerationMode
 
-from api_fuzzing import fuzz, openai_error_shape_problem
+from api_fuzzing import FuzzReport, check_case, fuzz, fuzzed_schema, openai_error_shape_problem
 from serve_fixtures import Server, running_server
 
 CI_CASES = 2000
@@ -74,6 +75,32 @@ def test_schemathesis_finds_no_5xx_hang_reset_or_malformed_error(
     assert report.server_errors == 0 and report.hangs == 0 and report.resets == 0, report.failures
     assert not report.failures, "\n".join(report.failures)
     assert server.health() == 200, server.log_tail()
+
+
+def test_the_fuzz_reads_a_stream_of_more_events_than_schemathesis_reads_by_default(server: Server) -> None:
+    # schemathesis reads 20 events of a stream unless told otherwise. 25 prompts of one token each make 25
+    # events (a choice's last update, with its finish reason, is always sent) and [DONE].
+    served_model = requests.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    (operation,) = [
+        result.ok()
+        for result in fuzzed_schema(server.url).get_all_operations()
+        if result.ok().path == "/v1/completions"
+    ]
+    body = {
+        "model": served_model,
+        "prompt": [f"Count to {i}:" for i in range(25)],
+        "max_tokens": 1,
+        "stream": True,
+    }
+    report = FuzzReport()
+    check_case(
+        operation.Case(body=body, media_type="application/json"),
+        server.url,
+        served_model,
+        GenerationMode.POSITIVE,
+        report,
+    )
+    assert report.statuses == {200: 1} and not report.failures, report.failures
 
 
 @pytest.mark.parametrize(

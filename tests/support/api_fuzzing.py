@@ -1,12 +1,14 @@
 """schemathesis against a running Sluice server's own /openapi.json.
 
-Every operation the document lists (but NOT_FUZZED's) is fuzzed with a fixed seed: bodies that fit the schema (positive) and,
-for operations that take a body, bodies that break it (negative). Each case is one real HTTP request with a
+Every operation the document lists (but NOT_FUZZED's) is fuzzed with a fixed seed of its own, made from the base seed,
+the operation and the mode (`run_seed`): bodies that fit the schema (positive) and, for operations that take a body,
+bodies that break it (negative). Each case is one real HTTP request with a
 timeout. A case fails on a 5xx, a hang, a reset connection, any of schemathesis's conformance checks (status
 documented, content type, response schema, negative data rejected), a 4xx that is not the route's error
 shape (OpenAI's; Anthropic's on /v1/messages...), or an event stream that does not end as its API ends one
 (`[DONE]`; Anthropic's `message_stop`, the Responses API's `response.completed` or `response.incomplete`,
-or either one's `error` event).
+or either one's `error` event). An event stream is read to its end, however many events it has; one that has not
+ended within the timeout is a hang.
 
 Generation is kept cheap, not narrowed, so that most cases reach the engine instead of stopping at the
 first check: every generation request gets a small max_tokens (max_output_tokens on /v1/responses) and n
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import sys
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -42,6 +45,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 REQUEST_TIMEOUT_S = 30.0
 MAX_TOKENS_CAP = 2
@@ -52,12 +56,11 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 # The server fuzzed serves a generative model, where the pooling routes answer every body with the same 400
 # (its runner's refusal, before the body is read); fuzzing them would need a second, pooling server.
 POOLING_ROUTES = {"POST /v1/embeddings", "POST /score", "POST /rerank", "POST /v1/rerank", "POST /v2/rerank"}
-# Not fuzzed yet: a fuzzed operation's seed is its position among the fuzzed ones, and with this route in
-# that list the completions operation's new seed finds a stream of 11 prompts that ends without [DONE].
-# That failure reproduces at d326c04 without this route (seed 20261124); it is open (stop 43's note), and
-# this route joins the fuzz when it is fixed.
-UNFUZZED_UNTIL_THE_DONE_BUG_IS_FIXED = {"GET /v1/responses/{id}/input_items"}
-NOT_FUZZED = POOLING_ROUTES | UNFUZZED_UNTIL_THE_DONE_BUG_IS_FIXED
+NOT_FUZZED = POOLING_ROUTES
+# schemathesis stops reading an event stream after 20 events by default and hands back those alone, so a
+# longer stream (11 prompts of 2 tokens each, say) would seem to end without its last event. The end check
+# needs the whole stream: only REQUEST_TIMEOUT_S bounds one.
+MAX_STREAM_EVENTS = sys.maxsize
 RESPONSES_PATH = "/v1/responses"
 # How each API's streams end, success or failure.
 LAST_EVENTS = {
@@ -218,7 +221,7 @@ def _stream_problem(path: str, content_type: str, text: str) -> str | None:
     return None
 
 
-def _check_case(
+def check_case(
     case: Case,
     base_url: str,
     served_model: str,
@@ -238,6 +241,12 @@ def _check_case(
     except requests.ConnectionError as error:
         report.resets += 1
         report.record_failure(case, base_url, f"{label}: connection error {error}")
+        return
+    if response.stream_cut_short:
+        report.hangs += 1
+        report.record_failure(
+            case, base_url, f"{label}: an event stream not ended within {REQUEST_TIMEOUT_S} s"
+        )
         return
     report.statuses[response.status_code] += 1
     report.server_errors += response.status_code >= 500
@@ -287,9 +296,7 @@ def _fuzz_operation(
 ) -> FuzzReport:
     """One operation in one mode, in a process of its own (hypothesis and schemathesis are not
     thread-safe), loading the document itself."""
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
-    # Reproducing curl lines must show max_tokens, which the default sanitization takes for a secret.
-    schema.config.output.sanitization.enabled = False
+    schema = fuzzed_schema(base_url)
     (operation,) = [
         result.ok()
         for result in schema.get_all_operations()
@@ -300,9 +307,24 @@ def _fuzz_operation(
         operation.as_strategy(mode),
         examples,
         seed,
-        lambda case: _check_case(case, base_url, served_model, mode, report),
+        lambda case: check_case(case, base_url, served_model, mode, report),
     )
     return report
+
+
+def fuzzed_schema(base_url: str) -> OpenApiSchema:
+    """The server's document, as the fuzz calls its operations."""
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    # Reproducing curl lines must show max_tokens, which the default sanitization takes for a secret.
+    schema.config.output.sanitization.enabled = False
+    schema.config.max_stream_events = MAX_STREAM_EVENTS
+    return schema
+
+
+def run_seed(seed: int, label: str, mode: GenerationMode, round_: int) -> int:
+    """The seed of one operation's run in one mode and round: from the operation itself, not its place
+    among the fuzzed ones, so that a route added to the document leaves the others' cases as they were."""
+    return seed + zlib.crc32(f"{label} {mode.value} {round_}".encode())
 
 
 def fuzz(base_url: str, cases: int, seed: int) -> FuzzReport:
@@ -325,8 +347,16 @@ def fuzz(base_url: str, cases: int, seed: int) -> FuzzReport:
             missing = cases - report.cases - sum(examples for _, _, examples in runs)
             runs += [(label, mode, math.ceil(missing / len(with_body))) for label, mode in with_body]
             futures = [
-                pool.submit(_fuzz_operation, base_url, served_model, label, mode, examples, seed + index)
-                for index, (label, mode, examples) in enumerate(runs, start=round_ * 100)
+                pool.submit(
+                    _fuzz_operation,
+                    base_url,
+                    served_model,
+                    label,
+                    mode,
+                    examples,
+                    run_seed(seed, label, mode, round_),
+                )
+                for label, mode, examples in runs
             ]
             for future in futures:
                 report.merge(future.result())

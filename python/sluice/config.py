@@ -218,9 +218,9 @@ class KernelConfig:
     )
     fused_moe: bool = setting(
         True,
-        "CPU, a mixture-of-experts model: run each MoE layer in one kernel call that groups the tokens by expert "
-        "(csrc/cpu/moe.cpp), inside the C++ model step; --no-fused-moe runs the same GEMMs one expert at a time "
-        "from Python, eagerly",
+        "a mixture-of-experts model: run each MoE layer in one kernel call that groups the tokens by expert "
+        "(on CPU csrc/cpu/moe.cpp inside the C++ model step; on CUDA two Triton launches that FULL graphs "
+        "capture); --no-fused-moe runs the same GEMMs one expert at a time from Python, eagerly",
     )
     # The quantized path is worker/quantized_weights.py.
     gguf_dequantize: bool = setting(

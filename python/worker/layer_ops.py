@@ -107,7 +107,13 @@ class TorchLayerOps:
         return weight
 
     def moe(self, x: torch.Tensor, moe: MoeTensors) -> torch.Tensor:
-        return torch_moe(x, moe, self.linear, self.gated_linear)
+        if moe.stacked_gate_up is None:
+            return torch_moe(x, moe, self.linear, self.gated_linear)
+        # Imported on first use: only CUDA stacks experts, and importing Triton's kernels fixes whether
+        # they are interpreted (worker/moe_triton.py).
+        from worker.moe_triton import triton_moe
+
+        return triton_moe(x, moe, self.linear, self.gated_linear)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.float()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sluice.config import SluiceConfig
+from sluice.config import GraphConfig, SluiceConfig
 from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, model_pooling, resolve_max_model_len, resolve_runner
 from sluice.sampling_params import params_from_wire
@@ -172,10 +172,8 @@ class ModelRunner:
             else attention.supports_full_graph
         )
         graph = config.graph
-        if device.type == "cuda" and (self.model.has_experts or not self.model.runs_llama_layers):
-            # torch_moe picks its experts on the host, per step, and the graph pieces hold Llama's layers.
-            logger.warning("%s runs eagerly on CUDA: its layers are not graph-captured", spec.architecture)
-            graph = dataclasses.replace(graph, enforce_eager=True)
+        if device.type == "cuda":
+            graph = _cuda_graphs_for(graph, self.model, kernel.fused_moe, spec.architecture)
         self.dispatcher = build_dispatcher(graph, scheduler, device.type, supports_full)
         # Collective: every rank gets the same generator, so every rank samples the same tokens.
         kernels = cpu_kernels() if device.type == "cpu" else None
@@ -362,3 +360,21 @@ def make_step_executor(runner: ModelRunner) -> StepExecutor:
             runner.max_model_len,
         )
     return CpuStepRunner(runner.model, runner.kv_caches, runner.cpu_step)
+
+
+def _cuda_graphs_for(
+    graph: GraphConfig, model: LlamaForCausalLM | BertEncoder, fused_moe: bool, architecture: str
+) -> GraphConfig:
+    """The graph modes a model can be captured in on CUDA. The graph pieces hold Llama's dense layers,
+    so a model with other layers (a Gemma, an encoder) runs eagerly, and one with experts is captured
+    only whole (FULL): worker/moe_triton.py's MoE keeps its routing on the device, while torch_moe
+    (--no-fused-moe) picks its experts on the host and runs eagerly."""
+    if not model.runs_llama_layers or (model.has_experts and not fused_moe):
+        logger.warning("%s runs eagerly on CUDA: its layers are not graph-captured", architecture)
+        return dataclasses.replace(graph, enforce_eager=True)
+    if model.has_experts and graph.mode != "full":
+        logger.warning(
+            "%s: on CUDA only FULL graphs capture its experts; other steps run eagerly", architecture
+        )
+        return dataclasses.replace(graph, mode="full" if graph.mode == "full_and_piecewise" else "none")
+    return graph

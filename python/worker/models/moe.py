@@ -72,6 +72,8 @@ class SparseMoe(nn.Module):
         self.shared_expert_gate = (
             Projection(hidden, 1, False, dtype, "replicated", quantizable=False) if shared else None
         )
+        # _stack_experts' tensors, by projection name; empty until prepare stacks them (CUDA).
+        self.stacked: dict[str, torch.Tensor] = {}
 
     def prepare(self, ops: LayerOps, fused_gate_up: bool, k_blocks: bool, quantized: QuantizedParts) -> None:
         """Every weight in the form the ops read (Projection.prepare); quantized: parts by name within."""
@@ -81,6 +83,17 @@ class SparseMoe(nn.Module):
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             self.shared_expert.prepare(ops, fused_gate_up, k_blocks, parts_under(quantized, "shared_expert."))
             self.shared_expert_gate.prepare(ops, k_blocks=k_blocks)
+        if self.gate.weight.device.type == "cuda":
+            self._stack_experts()
+
+    def _stack_experts(self) -> None:
+        """Every expert's weights in one tensor per kind, the experts' own weights becoming views of it,
+        for the grouped GEMMs of worker/moe_triton.py (unpacked on CUDA, so stacking is a copy)."""
+        for kind in ("gate_up_proj", "down_proj"):
+            stacked = torch.stack([getattr(expert, kind).weight.data for expert in self.experts])
+            for index, expert in enumerate(self.experts):
+                getattr(expert, kind).weight = nn.Parameter(stacked[index], requires_grad=False)
+            self.stacked[kind] = stacked
 
     def tensors(self) -> MoeTensors:
         shared, shared_gate = self.shared_expert, self.shared_expert_gate
@@ -95,4 +108,6 @@ class SparseMoe(nn.Module):
             shared_down=None if shared is None else shared.down_proj.weight,
             shared_gate=None if shared_gate is None else shared_gate.weight,
             shared_inner=0 if shared is None else shared.inner,
+            stacked_gate_up=self.stacked.get("gate_up_proj"),
+            stacked_down=self.stacked.get("down_proj"),
         )

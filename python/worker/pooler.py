@@ -49,7 +49,8 @@ class Pooler:
                 total = rows.float().sum(dim=0)
                 self.partial[req_id] = total if computed == 0 else self.partial[req_id] + total
             elif self.method == "cls" and computed == 0:
-                self.partial[req_id] = rows[0].float()
+                # A copy: on CUDA the step's hidden states are a graph buffer that the next step rewrites.
+                self.partial[req_id] = rows[0].to(torch.float32, copy=True)
             num_prompt = len(state.prompt_token_ids)
             if computed + scheduled < num_prompt:
                 pooled.append(None)

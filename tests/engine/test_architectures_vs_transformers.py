@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from hf_reference import hf_greedy, load_hf_model
-from tiers import ALL_TIERS
+from tiers import PLACES
 from tiny_models import VOCAB_SIZE, tiny_model_dir, write_tiny_model
 
 NEW_TOKENS = 48
@@ -41,18 +41,6 @@ def reference_tokens(folder: Path, shortest: int, longest: int) -> list[list[int
     """transformers' greedy tokens for the prompts, once per folder for every tier that compares with them."""
     model = load_hf_model(folder, torch.float32)
     return [hf_greedy(model, p, NEW_TOKENS).token_ids for p in random_prompts(shortest, longest)]
-
-
-# Where the engine runs: each CPU kernel tier this machine has, none, and CUDA (its Triton attention, cuBLAS
-# GEMMs and graphs) where torch sees a device.
-PLACES = [
-    *(pytest.param({"cpu_isa": tier}, id=tier) for tier in ALL_TIERS),
-    pytest.param(
-        {"device": "cuda"},
-        id="cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    ),
-]
 
 
 def assert_greedy_matches_transformers(folder, place: dict, shortest: int = 3, longest: int = 90) -> int:

@@ -1,7 +1,7 @@
 """The pooling runner embeds what sentence-transformers embeds, on tiny random-init base models in the
 shape Qwen3-Embedding ships (a Qwen3Model checkpoint with modules.json): last-token, mean and first-token
 pooling, with and without normalisation, prompts chunked over several steps, at every CPU kernel tier this
-machine runs and at none; and it refuses what it cannot serve."""
+machine runs, at none and on CUDA; and it refuses what it cannot serve."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from engine import LLM
 from sluice.errors import InvalidConfigError, InvalidRequestError
 from sluice.pooling import PoolingParams
-from tiers import ALL_TIERS
+from tiers import PLACES
 from tiny_models import VOCAB_SIZE, write_tiny_embedding_model, write_tiny_encoder
 
 PROMPTS = 8
@@ -90,15 +90,15 @@ def tiny_llm(folder: Path, **options) -> LLM:
     return LLM(model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=24, **options)
 
 
-@pytest.mark.parametrize("tier", ALL_TIERS)
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize(
     ("pooling_mode", "normalize"), [("lasttoken", True), ("mean_tokens", False), ("cls_token", True)]
 )
-def test_embeddings_match_sentence_transformers(tier, pooling_mode, normalize):
+def test_embeddings_match_sentence_transformers(place, pooling_mode, normalize):
     folder = embedding_model(pooling_mode, normalize)
     prompts = random_prompts()
     reference = reference_embeddings(folder, prompts)
-    llm = tiny_llm(folder, cpu_isa=tier)
+    llm = tiny_llm(folder, **place)
     assert llm.engine.runner == "pooling", "a sentence-transformers base model is served for embeddings"
     got = engine_embeddings(llm, prompts)
     assert got.shape == reference.shape == (PROMPTS, 64)
@@ -107,17 +107,17 @@ def test_embeddings_match_sentence_transformers(tier, pooling_mode, normalize):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(reference, axis=1), rtol=1e-3)
 
 
-@pytest.mark.parametrize("tier", ALL_TIERS)
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize(
     ("model_type", "pooling_mode", "normalize"),
     [("bert", "mean_tokens", True), ("bert", "cls_token", False), ("xlm-roberta", "mean_tokens", True)],
 )
-def test_encoders_match_sentence_transformers(tier, model_type, pooling_mode, normalize):
+def test_encoders_match_sentence_transformers(place, model_type, pooling_mode, normalize):
     folder = encoder_model(model_type, pooling_mode, normalize)
     prompts = random_prompts(lowest=4)
     reference = reference_embeddings(folder, prompts)
     # A budget of 96 holds any of these prompts whole, but not all of them: the batch spans several steps.
-    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=256, max_model_len=96, cpu_isa=tier)
+    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=256, max_model_len=96, **place)
     assert llm.engine.runner == "pooling"
     got = engine_embeddings(llm, prompts)
     assert cosines(got, reference).min() >= MIN_COSINE

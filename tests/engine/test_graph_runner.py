@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from sluice.model_spec import read_model_spec
-from tiny_models import tiny_model_dir
+from tiny_models import tiny_model_dir, write_tiny_encoder
 from worker.attention.backend import AttentionMetadata
 from worker.attention.selector import select_attention_backend
 from worker.graphs.dispatcher import GraphDispatcher, GraphMode, PaddingTable
 from worker.graphs.graph_runner import GraphRunner, Recorder, Replay
 from worker.graphs.input_buffers import GraphAddressError, StaticInputBuffers, StepShape
-from worker.model_loader import load_model
+from worker.model_loader import load_encoder, load_model
 from worker.models.llama import LlamaForCausalLM
 
 CUDA = torch.cuda.is_available()
@@ -247,6 +247,26 @@ def test_a_model_with_nothing_to_capture_is_never_cut_into_pieces(variant: str) 
         mode, padded = dispatcher.dispatch(shape.batch_descriptor())
         assert mode is GraphMode.NONE
         torch.testing.assert_close(runner.run(mode, padded, buffers)[: shape.num_tokens], want)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.values[0] != "triton-interpreted"])
+def test_an_encoder_runs_eagerly_through_the_runner(variant: str, tmp_path: Path) -> None:
+    """An encoder has no embed_tokens and no graphs: the runner is built without sizing a graph buffer by
+    them, and runs its steps op by op."""
+    device = torch.device("cuda" if variant == "cuda" else "cpu")
+    folder = write_tiny_encoder("bert", tmp_path / "bert", "mean_tokens", True)
+    encoder = load_encoder(read_model_spec(folder), torch.float32, device, True, True)
+    seqs = Sequences([9, 30], device)
+    dispatcher = small_dispatcher(frozenset())
+    buffers = StaticInputBuffers(64, 4, MAX_MODEL_LEN // BLOCK_SIZE, device)
+    runner = GraphRunner(encoder, [], dispatcher, recorder_for(variant), MAX_MODEL_LEN)  # type: ignore[arg-type]
+    runner.capture(buffers)
+    shape, inputs = seqs.step({0: 9, 1: 30})
+    buffers.write(shape, **inputs)
+    mode, padded = dispatcher.dispatch(shape.batch_descriptor())
+    assert mode is GraphMode.NONE
+    want = encoder(inputs["input_ids"], inputs["positions"], [], buffers.step_metadata())
+    torch.testing.assert_close(runner.run(mode, padded, buffers)[: shape.num_tokens], want)
 
 
 def test_capture_covers_every_shape_largest_first_with_one_graph_per_piece() -> None:

@@ -70,9 +70,19 @@ class GraphRunner:
         self.check_addresses = check_addresses
         self._wanted = dispatcher.capture_descriptors()
         max_tokens = max((desc.num_tokens for _, desc in self._wanted), default=0)
-        weight = model.embed_tokens.weight
-        # Every graph writes its hidden states here; run() returns a view of it.
-        self._hidden = torch.zeros(max_tokens, weight.shape[1], dtype=model.dtype, device=weight.device)
+        # Every graph writes its hidden states here; run() returns a view of it. A model that no graph
+        # captures (an encoder, a Gemma, --enforce-eager) has nothing to write, and an encoder has no
+        # embed_tokens to size it by.
+        self._hidden = (
+            torch.zeros(
+                max_tokens,
+                model.embed_tokens.weight.shape[1],
+                dtype=model.dtype,
+                device=model.embed_tokens.weight.device,
+            )
+            if self._wanted
+            else torch.empty(0, 0)
+        )
         # Only PIECEWISE graphs cut the model into Llama's pieces; a model that runs eagerly (a Gemma, or
         # --enforce-eager) is never cut.
         piecewise = any(mode is GraphMode.PIECEWISE for mode, _ in self._wanted)

@@ -98,6 +98,7 @@ impl FakeEngine {
             runner: Runner::Generate,
             embedding_size: 0,
             matryoshka_dimensions: None,
+            cross_encoder: false,
         });
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while self
@@ -138,6 +139,7 @@ fn request(id: &str) -> AddRequest {
         priority: 0,
         cache_salt: None,
         pooling: None,
+        second_text_start: None,
     }
 }
 

@@ -18,8 +18,9 @@ use sluice_common::text::default_model::default_model_dir;
 use sluice_frontend::api::routes;
 use sluice_frontend::engine::client_config::EngineClientConfig;
 use sluice_frontend::engine::protocol::{
-    decode, encode, EngineOutput, EngineStats, FinishReason, HealthResult, KvCacheSnapshot,
-    Logprobs, Message, Outputs, Ready, Runner, UtilityMethod, UtilityResult, UtilityValue,
+    decode, encode, AddRequest, EngineOutput, EngineStats, FinishReason, HealthResult,
+    KvCacheSnapshot, Logprobs, Message, Outputs, PoolingParams, Ready, Runner, UtilityMethod,
+    UtilityResult, UtilityValue,
 };
 use sluice_frontend::state::{self, AppState, ServerConfig};
 use tokio::sync::{mpsc, oneshot};
@@ -131,7 +132,22 @@ fn generative() -> Ready {
         runner: Runner::Generate,
         embedding_size: 576,
         matryoshka_dimensions: None,
+        cross_encoder: false,
     }
+}
+
+/// A server of a cross-encoder: the fake engine answers each pair with one score.
+async fn cross_encoder() -> Server {
+    let mut server = unready(config()).await;
+    server
+        .send_ready_as(Ready {
+            runner: Runner::Pooling,
+            embedding_size: 1,
+            cross_encoder: true,
+            ..generative()
+        })
+        .await;
+    server
 }
 
 /// A server of an embedding model that takes any `dimensions`.
@@ -325,6 +341,11 @@ fn step(outputs: Vec<EngineOutput>) -> Message {
     })
 }
 
+/// The fake cross-encoder's score of a pair: where its second text starts, as a share of its tokens.
+fn fake_pair_score(prompt_len: usize, second_text_start: u32) -> f32 {
+    second_text_start as f32 / prompt_len as f32
+}
+
 /// The fake pooling model's embedding of a prompt: its length, then steps of a half.
 fn fake_embedding(prompt_len: usize, dimensions: u32) -> Vec<f32> {
     (0..dimensions)
@@ -340,6 +361,15 @@ fn replies_to(message: &Message, tokens: &[u32], script: &Script) -> Vec<Message
                 Script::Open => None,
                 Script::Finish(reason) => Some(*reason),
             };
+            if let (Some(_), Some(start)) = (request.pooling, request.second_text_start) {
+                let score = fake_pair_score(request.prompt_token_ids.len(), start);
+                return vec![step(vec![EngineOutput {
+                    finish_reason: Some(FinishReason::Stop),
+                    error: None,
+                    embedding: Some(score.to_le_bytes().to_vec()),
+                    ..EngineOutput::failed(&request.request_id, "")
+                }])];
+            }
             if let Some(pooling) = request.pooling {
                 let dimensions = pooling.dimensions.unwrap_or(EMBEDDING_SIZE);
                 let embedding = fake_embedding(request.prompt_token_ids.len(), dimensions);
@@ -509,6 +539,7 @@ async fn chat_stream_opens_with_the_role_and_ends_with_the_finish_reason() {
         .unwrap();
     assert_eq!(request.prompt_token_ids, server.encode(&rendered));
     assert_eq!(request.params.max_tokens, 40);
+    assert_eq!((request.pooling, request.second_text_start), (None, None));
 }
 
 #[tokio::test]
@@ -1409,12 +1440,23 @@ fn fake_cosine(a: usize, b: usize) -> f64 {
     dot(&a, &b) / (dot(&a, &a) * dot(&b, &b)).sqrt()
 }
 
-/// The prompts of the add_requests the engine has received so far.
-fn prompts_seen(server: &mut Server) -> Vec<Vec<u32>> {
+/// The add_requests the engine has received so far.
+fn add_requests_seen(server: &mut Server) -> Vec<AddRequest> {
     std::iter::from_fn(|| server.seen.try_recv().ok())
         .filter_map(|message| match message {
-            Message::AddRequest(request) => Some(request.prompt_token_ids),
+            Message::AddRequest(request) => Some(*request),
             _ => None,
+        })
+        .collect()
+}
+
+/// The prompts of the add_requests the engine has received so far, none a cross-encoder's pair.
+fn prompts_seen(server: &mut Server) -> Vec<Vec<u32>> {
+    add_requests_seen(server)
+        .into_iter()
+        .map(|request| {
+            assert_eq!(request.second_text_start, None);
+            request.prompt_token_ids
         })
         .collect()
 }
@@ -1607,6 +1649,182 @@ async fn score_and_rerank_refuse_bad_inputs_naming_the_field() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["usage"]["prompt_tokens"], MAX_MODEL_LEN + 1);
+}
+
+/// A pair as the default model's tokenizer makes it one prompt (its pair template types the second
+/// text 1), and the fake cross-encoder's score of it.
+fn fake_pair(server: &Server, first: &str, second: &str) -> (Vec<u32>, u32, f64) {
+    let encoding = server
+        .state
+        .pool
+        .tokenizer()
+        .encode((first, second), true)
+        .unwrap();
+    let start = encoding.get_type_ids().iter().filter(|&&t| t == 0).count() as u32;
+    assert_eq!(start as usize, server.encode(first).len());
+    let ids = encoding.get_ids().to_vec();
+    let score = f64::from(fake_pair_score(ids.len(), start));
+    (ids, start, score)
+}
+
+#[tokio::test]
+async fn a_cross_encoder_scores_each_pair_as_one_prompt_with_its_second_text_typed_1() {
+    let mut server = cross_encoder().await;
+    let query = "what is a dog";
+    let documents = ["a dog is an animal", "a cat", "a dog is an animal"];
+    let pairs = documents.map(|document| fake_pair(&server, query, document));
+    let response = server
+        .call(post(
+            "/score",
+            json!({"model": MODEL, "text_1": query, "text_2": documents, "queries": ["x"]})
+                .to_string(),
+        ))
+        .await;
+    assert_eq!(response.headers()["x-sluice-ignored-fields"], "queries");
+    let (status, body) = json_of(response).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("score-"), "{body}");
+    let scores: Vec<f64> = pairs.iter().map(|&(_, _, score)| score).collect();
+    assert_scores(&body["data"], "score", &scores);
+    // One pooling request per pair, repeated pairs too, each the pair's one prompt.
+    let requests = add_requests_seen(&mut server);
+    assert_eq!(requests.len(), pairs.len());
+    for (request, (ids, start, _)) in requests.iter().zip(&pairs) {
+        assert_eq!(&request.prompt_token_ids, ids);
+        assert_eq!(request.second_text_start, Some(*start));
+        assert_eq!(
+            request.pooling,
+            Some(PoolingParams {
+                dimensions: None,
+                normalize: None
+            })
+        );
+    }
+    let tokens: usize = pairs.iter().map(|(ids, _, _)| ids.len()).sum();
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": tokens, "total_tokens": tokens})
+    );
+
+    // One to one.
+    let (status, body) = server
+        .post(
+            "/score",
+            json!({"model": MODEL, "data_1": ["a", "b c"], "data_2": ["d e", "f"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let one_to_one = [
+        fake_pair(&server, "a", "d e"),
+        fake_pair(&server, "b c", "f"),
+    ];
+    let scores: Vec<f64> = one_to_one.iter().map(|&(_, _, score)| score).collect();
+    assert_scores(&body["data"], "score", &scores);
+
+    let mut expected: Vec<(usize, f64)> = (0..).zip(pairs.iter().map(|pair| pair.2)).collect();
+    expected.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        let (status, body) = server
+            .post(
+                path,
+                json!({"model": MODEL, "query": query, "documents": documents}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        let results = body["results"].as_array().unwrap();
+        for (result, &(index, _)) in results.iter().zip(&expected) {
+            assert_eq!(result["index"], index, "{path}: {body}");
+            assert_eq!(result["document"], json!({"text": documents[index]}));
+        }
+        let scores: Vec<f64> = expected.iter().map(|&(_, score)| score).collect();
+        assert_scores(&body["results"], "relevance_score", &scores);
+        assert_eq!(body["usage"]["prompt_tokens"], tokens);
+    }
+    let (status, body) = server
+        .post(
+            "/rerank",
+            json!({"model": MODEL, "query": query, "documents": documents, "top_n": 1,
+                   "return_documents": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["results"][0]["index"], expected[0].0);
+    assert_eq!(body["results"][0].get("document"), None);
+    assert_eq!(server.state.permits.available_permits(), 64);
+}
+
+#[tokio::test]
+async fn a_cross_encoder_refuses_what_cannot_apply_to_a_pair_naming_the_field() {
+    let server = cross_encoder().await;
+    let score = |body: Value| post("/score", body.to_string());
+    let rerank = |body: Value| post("/rerank", body.to_string());
+    let too_long = "hello ".repeat(MAX_MODEL_LEN as usize);
+    let cases = [
+        (
+            score(json!({"model": MODEL, "text_1": [[1, 2]], "text_2": "b"})),
+            json!({"param": "text_1"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": [3, 4]})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": "b",
+                         "truncate_prompt_tokens": -1})),
+            json!({"param": "truncate_prompt_tokens"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": ["d"],
+                          "truncate_prompt_tokens": 8})),
+            json!({"param": "truncate_prompt_tokens"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": "b", "dimensions": 1})),
+            json!({"param": "dimensions"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": ["d"], "normalize": true})),
+            json!({"param": "normalize"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": "b",
+                         "use_activation": false})),
+            json!({"param": "use_activation"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": "a", "text_2": ["b", ""]})),
+            json!({"param": "text_2"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "", "documents": ["d"]})),
+            json!({"param": "query"}),
+        ),
+        (
+            score(json!({"model": MODEL, "text_1": too_long, "text_2": "b"})),
+            json!({"param": "text_2", "code": "context_length_exceeded"}),
+        ),
+        (
+            rerank(json!({"model": MODEL, "query": "q", "documents": ["d", too_long]})),
+            json!({"param": "documents", "code": "context_length_exceeded"}),
+        ),
+    ];
+    for (request, expected) in cases {
+        assert_error(&server, request, 400, expected).await;
+    }
+    // Neither embeddings nor generation: each says what the model serves.
+    for path in ["/v1/embeddings", "/v1/completions", "/v1/chat/completions"] {
+        let (status, body) = server
+            .post(path, json!({"model": MODEL, "input": "a", "prompt": "a"}))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "model");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("is a cross-encoder: it serves /score and /rerank"),
+            "{message}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ from sluice.pooling import (
     PoolingParams,
     PoolingSpec,
     check_pooling_params,
+    check_second_text_start,
     runner_mismatch,
 )
 from sluice.sampling_params import SamplingParams
@@ -41,7 +42,8 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
         self.runner = resolve_runner(self.spec, config.model.runner)
-        self.embedding_size = int(self.spec.hf_config["hidden_size"])
+        # A cross-encoder's "embedding" is its one score.
+        self.embedding_size = 1 if self.spec.is_cross_encoder else int(self.spec.hf_config["hidden_size"])
         self.pooling_spec: PoolingSpec | None = model_pooling(self.spec) if self.runner == "pooling" else None
         # Every option is checked, and the KV pool sized, before any worker process starts.
         self.num_kv_blocks = check_engine_config(config, self.spec)
@@ -86,11 +88,13 @@ class EngineCore:
         priority: int = 0,
         cache_salt: str | None = None,
         pooling: PoolingParams | None = None,
+        second_text_start: int | None = None,
     ) -> None:
         """Validate, then queue. Raises InvalidRequestError and queues nothing on bad input.
 
-        With `pooling` the request is a pooling one: it finishes with its prompt's embedding."""
-        self.check_request(prompt_token_ids, params, cache_salt, pooling)
+        With `pooling` the request is a pooling one: it finishes with its prompt's embedding (a
+        cross-encoder's: its score, of the pair of texts that second_text_start splits)."""
+        self.check_request(prompt_token_ids, params, cache_salt, pooling, second_text_start)
         # Compiled before it is queued: a constraint that does not compile rejects the request.
         grammar = None
         if params.structured_output is not None:
@@ -110,6 +114,7 @@ class EngineCore:
                 and self.pooling_spec is not None
                 and self.pooling_spec.method != "last",
                 encodes_whole_prompt=self.spec.is_encoder,
+                second_text_start=second_text_start,
             )
         )
 
@@ -119,15 +124,17 @@ class EngineCore:
         params: SamplingParams,
         cache_salt: str | None = None,
         pooling: PoolingParams | None = None,
+        second_text_start: int | None = None,
     ) -> None:
         validate_request(
             prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids, cache_salt
         )
         if (pooling is not None) != (self.runner == "pooling"):
-            raise InvalidRequestError(runner_mismatch(self.runner), param="model")
+            raise InvalidRequestError(runner_mismatch(self.runner, self.spec.is_cross_encoder), param="model")
         if pooling is not None:
             assert self.pooling_spec is not None
             check_pooling_params(pooling, self.pooling_spec, self.embedding_size)
+        check_second_text_start(second_text_start, len(prompt_token_ids), self.pooling_spec)
 
     @property
     def matryoshka_dimensions(self) -> list[int] | None:

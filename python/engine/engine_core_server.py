@@ -185,6 +185,7 @@ class EngineCoreServer:
                     runner=self.engine.runner,
                     embedding_size=self.engine.embedding_size,
                     matryoshka_dimensions=self.engine.matryoshka_dimensions,
+                    cross_encoder=self.engine.spec.is_cross_encoder,
                 )
             )
             while not self.stop_requested:
@@ -313,6 +314,7 @@ class EngineCoreServer:
                 message.priority,
                 message.cache_salt,
                 message.pooling,
+                message.second_text_start,
             )
         except InvalidRequestError as exc:
             self.pending.append(_error_output(message.request_id, str(exc), exc.param or "request"))

@@ -32,7 +32,7 @@ from sluice.config import SluiceConfig, SpeculativeConfig
 from sluice.engine_args import config_from_options
 from sluice.errors import InvalidRequestError
 from sluice.frontend_seam import EngineOutput
-from sluice.pooling import PoolingParams
+from sluice.pooling import PoolingParams, runner_mismatch, second_text_start_of
 from sluice.sampling_params import SamplingParams
 from sluice.worker_seam import Logprobs
 
@@ -121,18 +121,29 @@ class LLM:
 
         Every prompt is validated before any is queued, so a bad one queues nothing; a request that
         fails in the engine raises InvalidRequestError naming it."""
-        params = pooling_params or PoolingParams()
+        if self.engine.spec.is_cross_encoder:
+            raise InvalidRequestError(runner_mismatch("pooling", cross_encoder=True), param="model")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        requests = [self._tokenize(p) for p in prompt_list]
+        return self._pool([self._tokenize(p) for p in prompt_list], pooling_params or PoolingParams())
+
+    def _pool(
+        self,
+        requests: list[_Prompt],
+        params: PoolingParams,
+        second_text_starts: list[int | None] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """Each prompt's pooled vector (a cross-encoder's: its one score, of the pair that its
+        second_text_start splits), validating every prompt before any is queued."""
+        starts = second_text_starts or [None] * len(requests)
         # Unused by a pooling request, and never sampled: only its prompt is computed.
         sampling = SamplingParams(max_tokens=1)
-        for request in requests:
-            self.engine.check_request(request.token_ids, sampling, request.cache_salt, params)
+        for request, start in zip(requests, starts, strict=True):
+            self.engine.check_request(request.token_ids, sampling, request.cache_salt, params, start)
         now = time.monotonic()
         request_ids = [str(next(self._ids)) for _ in requests]
-        for request_id, request in zip(request_ids, requests):
+        for request_id, request, start in zip(request_ids, requests, starts, strict=True):
             self.engine.add_request(
-                request_id, request.token_ids, sampling, now, 0, request.cache_salt, params
+                request_id, request.token_ids, sampling, now, 0, request.cache_salt, params, start
             )
         finished: dict[str, EngineOutput] = {}
         while self.engine.has_unfinished_requests():
@@ -172,6 +183,10 @@ class LLM:
                 f"and {len(second)}",
                 param="data_2",
             )
+        if self.engine.spec.is_cross_encoder:
+            return self._cross_encode(
+                first * len(second) if len(first) == 1 else first, second, pooling_params
+            )
         embedded = self.embed([*first, *second], pooling_params)
         queries, documents = embedded[: len(first)], embedded[len(first) :]
         if len(queries) == 1:
@@ -188,6 +203,37 @@ class LLM:
                 )
             )
         return results
+
+    def _cross_encode(
+        self, first: list[PromptType], second: list[PromptType], pooling_params: PoolingParams | None
+    ) -> list[ScoringRequestOutput]:
+        """A cross-encoder's score of each pair, tokenized as one prompt by the tokenizer's pair template."""
+        requests, starts = [], []
+        for a, b in zip(first, second, strict=True):
+            encoded = self.tokenizer(
+                self._text(a, "data_1"), self._text(b, "data_2"), return_token_type_ids=True
+            )
+            requests.append(_Prompt(None, list(encoded["input_ids"])))
+            starts.append(second_text_start_of(list(encoded["token_type_ids"])))
+        scored = self._pool(requests, pooling_params or PoolingParams(), starts)
+        return [
+            ScoringRequestOutput(
+                pair.request_id, pair.prompt_token_ids, ScoringOutput(pair.outputs.embedding[0])
+            )
+            for pair in scored
+        ]
+
+    @staticmethod
+    def _text(prompt: PromptType, param: str) -> str:
+        """A cross-encoder's text: its pair template needs both texts, not token ids."""
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+            return prompt["prompt"]
+        raise InvalidRequestError(
+            "a cross-encoder scores pairs of texts (a string or {'prompt': str}); token ids have no pair template",
+            param=param,
+        )
 
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams

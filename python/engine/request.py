@@ -90,8 +90,9 @@ class Request:
     # An encoder's request: its prompt is computed whole in one step (attention is bidirectional, so
     # neither a chunk nor a cached prefix could stand for part of it).
     encodes_whole_prompt: bool = False
-    # A finished pooling request's embedding (sluice.pooling.finish_embedding's bytes).
-    embedding: bytes | None = None
+    # A cross-encoder's pair of texts: the position of the second text's first token (token type 1
+    # from there on); None: one text.
+    second_text_start: int | None = None
 
     def __post_init__(self) -> None:
         assert len(self.prompt_token_ids) > 0, "the boundary rejects empty prompts"

@@ -244,6 +244,7 @@ class Scheduler:
                 params=params_to_wire(request.sampling_params),
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
+                second_text_start=request.second_text_start,
             )
             for request in new_reqs
         ]
@@ -422,7 +423,7 @@ class Scheduler:
         assert self.pooling_spec is not None and request.pooling is not None, "pooled a generation request"
         assert request.num_computed_tokens == request.num_tokens, "pooled before its prompt was in"
         vector = np.frombuffer(pooled, dtype="<f4")
-        request.embedding = finish_embedding(vector, request.pooling, self.pooling_spec)
+        embedding = finish_embedding(vector, request.pooling, self.pooling_spec)
         request.status = RequestStatus.FINISHED_STOPPED
         self._finish(request)
         return EngineOutput(
@@ -431,7 +432,7 @@ class Scheduler:
             finish_reason=request.status.finish_reason,
             num_cached_tokens=request.num_cached_tokens,
             first_scheduled_time=request.first_scheduled_time,
-            embedding=request.embedding,
+            embedding=embedding,
         )
 
     def _check_stop(self, request: Request, token_id: int) -> bool:

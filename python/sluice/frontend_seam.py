@@ -15,6 +15,7 @@ from typing import Any
 from sluice.pooling import POOLING_PARAMS_RECORD, RUNNERS, PoolingParams
 from sluice.sampling_params import PARAMS_RECORD, SamplingParams
 from sluice.wire import (
+    BOOL,
     BYTES,
     FLOAT,
     INT,
@@ -55,6 +56,9 @@ class AddRequest:
     # Set for a pooling request: the engine computes the prompt and answers with its embedding
     # (params are then the defaults with max_tokens 1, and unused).
     pooling: PoolingParams | None = None
+    # A cross-encoder's pair of texts (Ready.cross_encoder): the position of the second text's first
+    # token, token type 1 from there on, as the tokenizer's pair template types it; None: type 0 throughout.
+    second_text_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +87,9 @@ class Ready:
     embedding_size: int = 0
     # None: `dimensions` is refused; []: any size up to embedding_size; else exactly one of these.
     matryoshka_dimensions: list[int] | None = None
+    # A cross-encoder (a *ForSequenceClassification encoder): it embeds nothing, and scores a pair of
+    # texts given as one prompt (AddRequest.second_text_start); its "embedding" is the one score.
+    cross_encoder: bool = False
 
 
 @dataclass(slots=True)
@@ -240,6 +247,7 @@ _MESSAGES = MessageSet(
                     ("priority", INT),
                     ("cache_salt", optional(STR)),
                     ("pooling", optional(POOLING_PARAMS_RECORD.codec)),
+                    ("second_text_start", optional(INT)),
                 ),
             ),
         ),
@@ -256,6 +264,7 @@ _MESSAGES = MessageSet(
                     ("runner", one_of(STR, RUNNERS)),
                     ("embedding_size", INT),
                     ("matryoshka_dimensions", optional(INT_LIST)),
+                    ("cross_encoder", BOOL),
                 ),
             ),
         ),

@@ -10,7 +10,7 @@ from typing import Any
 from sluice.config import RunnerChoice
 from sluice.errors import InvalidRequestError, ModelNotFoundError, UnsupportedArchitectureError
 from sluice.gguf_model import gguf_model_folder, is_gguf_file
-from sluice.pooling import PoolingSpec, Runner, pooling_spec_of
+from sluice.pooling import PoolingSpec, Runner, cross_encoder_pooling, pooling_spec_of
 from sluice.rope_parameters import rope_parameters_of
 
 SUPPORTED_ARCHITECTURES = (
@@ -30,6 +30,12 @@ SUPPORTED_ARCHITECTURES = (
 )
 # Encoders of the BERT family: the pooling runner only, on worker/models/bert.py.
 ENCODER_ARCHITECTURES = ("BertModel", "XLMRobertaModel", "RobertaModel")
+# Cross-encoders (rerankers): an encoder with a one-label classification head, scoring a pair of texts.
+CROSS_ENCODER_ARCHITECTURES = (
+    "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+    "RobertaForSequenceClassification",
+)
 # Base models (no LM head), as embedding models ship them (Qwen3-Embedding's checkpoints are a
 # Qwen3Model's): served with the pooling runner only, on the layers of the causal model named.
 BASE_ARCHITECTURES = {
@@ -55,6 +61,8 @@ class ModelSpec:
     has_lm_head: bool = True
     # A bidirectional encoder (ENCODER_ARCHITECTURES): each prompt is computed whole in one step.
     is_encoder: bool = False
+    # An encoder with a classification head (CROSS_ENCODER_ARCHITECTURES): it scores pairs of texts.
+    is_cross_encoder: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -90,8 +98,14 @@ def read_model_spec(path: str | Path) -> ModelSpec:
     architectures = hf_config.get("architectures") or []
     supported = [a for a in architectures if a in SUPPORTED_ARCHITECTURES]
     base = [BASE_ARCHITECTURES[a] for a in architectures if a in BASE_ARCHITECTURES]
-    encoders = [a for a in architectures if a in ENCODER_ARCHITECTURES]
+    encoders = [a for a in architectures if a in (*ENCODER_ARCHITECTURES, *CROSS_ENCODER_ARCHITECTURES)]
     if gguf_file is None and encoders and not supported and not base:
+        cross_encoder = encoders[0] in CROSS_ENCODER_ARCHITECTURES
+        if cross_encoder and _num_labels(hf_config) != 1:
+            raise UnsupportedArchitectureError(
+                f"{encoders[0]} in {str(folder)!r} has {_num_labels(hf_config)} labels; Sluice serves "
+                "cross-encoders of one label (a relevance score)"
+            )
         return ModelSpec(
             path=folder,
             architecture=encoders[0],
@@ -100,12 +114,14 @@ def read_model_spec(path: str | Path) -> ModelSpec:
             eos_token_ids=(),
             has_lm_head=False,
             is_encoder=True,
+            is_cross_encoder=cross_encoder,
         )
     if not supported and not base:
         raise UnsupportedArchitectureError(
             f"architecture {architectures or '(none)'} in {str(folder)!r} is not supported; "
-            f"Sluice runs {', '.join(SUPPORTED_ARCHITECTURES)}, and for embeddings "
-            f"{', '.join([*BASE_ARCHITECTURES, *ENCODER_ARCHITECTURES])}"
+            f"Sluice runs {', '.join(SUPPORTED_ARCHITECTURES)}, for embeddings "
+            f"{', '.join([*BASE_ARCHITECTURES, *ENCODER_ARCHITECTURES])}, and for scores "
+            f"{', '.join(CROSS_ENCODER_ARCHITECTURES)}"
         )
     eos = hf_config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -122,6 +138,11 @@ def read_model_spec(path: str | Path) -> ModelSpec:
         gguf_file=gguf_file,
         has_lm_head=bool(supported),
     )
+
+
+def _num_labels(hf_config: dict[str, Any]) -> int:
+    """A classification head's outputs: transformers writes id2label, older configs num_labels."""
+    return len(hf_config["id2label"]) if hf_config.get("id2label") else int(hf_config.get("num_labels", 2))
 
 
 def _encoder_context(hf_config: dict[str, Any]) -> int:
@@ -171,5 +192,8 @@ def resolve_runner(spec: ModelSpec, requested: RunnerChoice) -> Runner:
 
 def model_pooling(spec: ModelSpec) -> PoolingSpec:
     """How the model pools under the pooling runner: its sentence-transformers modules, else as vLLM
-    does, the last token for a decoder and the first ([CLS]) for an encoder, normalised."""
+    does, the last token for a decoder and the first ([CLS]) for an encoder, normalised; a cross-encoder
+    scores its first token through its head (cross_encoder_pooling)."""
+    if spec.is_cross_encoder:
+        return cross_encoder_pooling(spec.hf_config)
     return pooling_spec_of(spec.path, spec.hf_config, "cls" if spec.is_encoder else "last")

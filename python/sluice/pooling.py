@@ -31,6 +31,13 @@ _ST_MODES: dict[str, PoolingMethod] = {
 }
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
+# A cross-encoder's score from its head's logit: sentence-transformers' CrossEncoder applies a sigmoid to a
+# one-label head unless its config.json names another activation_fn (Identity: the raw logit).
+ScoreActivation = Literal["sigmoid", "identity"]
+_ST_ACTIVATIONS: dict[str, ScoreActivation] = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,13 @@ class PoolingSpec:
     normalize: bool
     # None: `dimensions` is refused; (): any size up to the hidden size; else exactly one of these.
     matryoshka_dimensions: tuple[int, ...] | None
+    # Set for a cross-encoder: its first token's state goes through the classification head, and the
+    # "embedding" is the one score, this activation of the logit.
+    score_activation: ScoreActivation | None = None
+
+    @property
+    def cross_encoder(self) -> bool:
+        return self.score_activation is not None
 
 
 @dataclass(slots=True)
@@ -56,8 +70,13 @@ class PoolingParams:
 POOLING_PARAMS_RECORD = Record(PoolingParams, (("dimensions", optional(INT)), ("normalize", optional(BOOL))))
 
 
-def runner_mismatch(runner: Runner) -> str:
+def runner_mismatch(runner: Runner, cross_encoder: bool = False) -> str:
     """Why a request of the other kind is refused by a server of this runner."""
+    if cross_encoder:
+        return (
+            "the model is a cross-encoder: it scores pairs of texts on /score and /rerank (LLM.score); it "
+            "neither generates nor embeds"
+        )
     if runner == "pooling":
         return (
             "the model is served as an embedding model (--runner pooling): it answers /v1/embeddings "
@@ -88,6 +107,22 @@ def sentence_transformers_pooling(folder: Path) -> tuple[PoolingMethod, bool] | 
     return _ST_MODES[enabled[0]], normalize
 
 
+def write_pooling_modules(folder: Path, hidden: int, method: PoolingMethod, normalize: bool) -> None:
+    """The sentence-transformers modules.json (and its Pooling and Normalize modules) that say how the
+    model in `folder` pools: what sentence_transformers_pooling reads back."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": _ST_POOLING},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _ST_NORMALIZE})
+        (folder / "2_Normalize").mkdir()
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": hidden, **{key: mode == method for key, mode in _ST_MODES.items()}}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+
+
 def pooling_spec_of(folder: Path, hf_config: dict[str, Any], default_method: PoolingMethod) -> PoolingSpec:
     """The folder's own pooling, else default_method with normalisation (as vLLM: last for a decoder
     served for embeddings, the first token for an encoder)."""
@@ -100,8 +135,53 @@ def pooling_spec_of(folder: Path, hf_config: dict[str, Any], default_method: Poo
     return PoolingSpec(method, normalize, matryoshka)
 
 
+def cross_encoder_pooling(hf_config: dict[str, Any]) -> PoolingSpec:
+    """A one-label cross-encoder's: the first token through the head, never normalised or truncated."""
+    named = (hf_config.get("sentence_transformers") or {}).get("activation_fn")
+    if named is not None and named not in _ST_ACTIVATIONS:
+        raise ModelNotFoundError(
+            f"the cross-encoder's activation_fn {named!r} is not served; Sluice scores with "
+            f"{', '.join(_ST_ACTIVATIONS)}"
+        )
+    return PoolingSpec("cls", False, None, _ST_ACTIVATIONS[named] if named else "sigmoid")
+
+
+def second_text_start_of(token_types: list[int]) -> int | None:
+    """A pair's boundary from the token types its tokenizer's pair template gave: the first type 1, None
+    where every token is type 0 (XLM-RoBERTa's template). Types in another pattern have no boundary to
+    send, and are refused rather than flattened."""
+    start = next((i for i, t in enumerate(token_types) if t != 0), None)
+    if start is not None and any(t != 1 for t in token_types[start:]):
+        raise InvalidRequestError(
+            f"the tokenizer's pair template types tokens as {token_types}; Sluice passes a first text of "
+            "type 0 followed by a second of type 1"
+        )
+    return start
+
+
+def check_second_text_start(start: int | None, num_tokens: int, spec: PoolingSpec | None) -> None:
+    """A pair's boundary: only a cross-encoder's request has one, strictly inside its prompt."""
+    if start is None:
+        return
+    if spec is None or not spec.cross_encoder:
+        raise InvalidRequestError(
+            "second_text_start marks a pair of texts, which only a cross-encoder takes",
+            param="second_text_start",
+        )
+    if not 0 < start < num_tokens:
+        raise InvalidRequestError(
+            f"second_text_start must lie inside the prompt of {num_tokens} tokens, got {start}",
+            param="second_text_start",
+        )
+
+
 def check_pooling_params(params: PoolingParams, spec: PoolingSpec, embedding_size: int) -> None:
-    """Raise InvalidRequestError (param "dimensions") when the model cannot give the size asked for."""
+    """Raise InvalidRequestError (param "dimensions") when the model cannot give the size asked for, or
+    (a cross-encoder's score) the request asks to truncate or normalise it."""
+    if spec.cross_encoder and params.normalize is not None:
+        raise InvalidRequestError(
+            "a cross-encoder's score is one value: `normalize` does not apply", param="normalize"
+        )
     if params.dimensions is None:
         return
     allowed = spec.matryoshka_dimensions

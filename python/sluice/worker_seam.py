@@ -81,6 +81,8 @@ class NewRequestData:
     params: dict[str, Any]
     block_ids: list[int]
     num_computed_tokens: int
+    # A cross-encoder's pair: where the second text's tokens begin (AddRequest.second_text_start).
+    second_text_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -236,6 +238,7 @@ _NEW_REQUEST = Record(
         ("params", Record(dict, PARAMS_FIELDS).codec),
         ("block_ids", INT_LIST),
         ("num_computed_tokens", INT),
+        ("second_text_start", optional(INT)),
     ),
 )
 _CACHED_REQUESTS = Record(

@@ -148,13 +148,13 @@ def load_encoder(
     """An encoder (BertModel, XLMRobertaModel) with every weight of its folder; packed_linear and
     k_blocks as for load_model."""
     with torch.device(device):
-        model = BertEncoder(spec.hf_config, dtype)
+        model = BertEncoder(spec.hf_config, dtype, spec.is_cross_encoder)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for file, checkpoint_name, checkpoint in _checkpoint_tensors(
         spec, show_progress=True, keep_quantized=False
     ):
-        name = our_name(checkpoint_name)
+        name = our_name(checkpoint_name, spec.is_cross_encoder)
         if name is None:
             continue
         tensor = checkpoint[:]

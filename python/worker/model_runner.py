@@ -20,6 +20,7 @@ import torch
 from sluice.config import GraphConfig, SluiceConfig
 from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, model_pooling, resolve_max_model_len, resolve_runner
+from sluice.pooling import ScoreActivation
 from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -34,7 +35,7 @@ from worker.graphs.graph_runner import StepExecutor
 from worker.graphs.input_buffers import StaticInputBuffers
 from worker.input_batch import InputBatch
 from worker.model_loader import load_encoder, load_model
-from worker.models.bert import BertEncoder
+from worker.models.bert import BertEncoder, pack_token_types
 from worker.models.llama import LlamaForCausalLM
 from worker.native_ops import cpu_kernels, use_cpu_isa
 from worker.pooler import Pooler
@@ -114,11 +115,8 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         # The pooling runner pools hidden states and samples nothing.
-        self.pooler = (
-            Pooler(model_pooling(spec).method)
-            if resolve_runner(spec, config.model.runner) == "pooling"
-            else None
-        )
+        pooling = model_pooling(spec) if resolve_runner(spec, config.model.runner) == "pooling" else None
+        self.pooler = None if pooling is None else Pooler(pooling.method)
         self.num_layers = spec.num_layers
         kernel = config.kernel
         if device.type == "cpu":
@@ -145,6 +143,9 @@ class ModelRunner:
                 needs_lm_head=self.pooler is None,
             )
         )
+        if pooling is not None and pooling.score_activation is not None:
+            assert isinstance(self.model, BertEncoder)
+            self.pooler = Pooler(pooling.method, cross_encoder_head(self.model, pooling.score_activation))
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
         self.num_kv_heads = self.model.num_kv_heads
@@ -224,6 +225,7 @@ class ModelRunner:
                 sampling_params=params_from_wire(new.params),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                second_text_start=new.second_text_start,
             )
             self.requests[new.req_id] = state
             batch.add(state)
@@ -264,6 +266,8 @@ class ModelRunner:
             (out.num_scheduled_tokens[r] for r in req_ids), dtype=np.int32, count=num_rows
         )
         shape = self.inputs.build(batch, num_scheduled)
+        if isinstance(self.model, BertEncoder):
+            self._pack_token_types(req_ids, num_scheduled)
         since = timer.lap("prepare_inputs", since)
         mode, padded = self.dispatcher.dispatch(shape.batch_descriptor())
         hidden = self.step_executor.run(mode, padded, self.buffers)
@@ -319,6 +323,21 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             kept_drafts=kept_drafts,
         )
+
+    def _pack_token_types(self, req_ids: list[str], num_scheduled: np.ndarray) -> None:
+        """Type 1 into the ids of each pair's second text (an encoder computes a prompt whole, in one step)."""
+        starts = [self.requests[req_id].second_text_start for req_id in req_ids]
+        if all(start is None for start in starts):
+            return
+        assert not self.batch.num_computed_tokens[: len(req_ids)].any(), "an encoder's prompt in parts"
+        types = np.zeros(int(num_scheduled.sum()), dtype=np.int64)
+        offset = 0
+        for start, count in zip(starts, num_scheduled.tolist(), strict=True):
+            if start is not None:
+                types[offset + start : offset + count] = 1
+            offset += count
+        ids = self.buffers.input_ids[: len(types)]
+        pack_token_types(ids, torch.from_numpy(types).to(ids.device))
 
     def _finish_pooling_step(
         self, step_id: int, hidden: torch.Tensor, req_ids: list[str], num_scheduled: np.ndarray
@@ -378,3 +397,13 @@ def _cuda_graphs_for(
         )
         return dataclasses.replace(graph, mode="full" if graph.mode == "full_and_piecewise" else "none")
     return graph
+
+
+def cross_encoder_head(
+    model: BertEncoder, activation: ScoreActivation
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A cross-encoder's score from its pooled first token: the head's logit, through the activation
+    that sentence-transformers' CrossEncoder applies (sluice.pooling.cross_encoder_pooling)."""
+    if activation == "sigmoid":
+        return lambda first_token: torch.sigmoid(model.score_logit(first_token))
+    return model.score_logit

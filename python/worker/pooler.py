@@ -3,12 +3,13 @@
 A pooling request is computed like a prefill that never decodes. Its prompt may be chunked over
 several steps, so mean and first-token pooling keep a partial result per request between steps;
 the step that computes a prompt's last position hands its vector out (raw: the engine core
-truncates and normalises it, sluice.pooling.finish_embedding).
+truncates and normalises it, sluice.pooling.finish_embedding). A cross-encoder's vector goes through
+its head first, which makes it the pair's one score.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -18,8 +19,12 @@ from worker.request_state import RequestState
 
 
 class Pooler:
-    def __init__(self, method: PoolingMethod) -> None:
+    def __init__(
+        self, method: PoolingMethod, head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> None:
         self.method = method
+        # A cross-encoder's: the pooled vector [hidden] -> its score [1].
+        self.head = head
         # req_id -> the float32 sum of its positions so far (mean), or its first position's state (cls).
         self.partial: dict[str, torch.Tensor] = {}
 
@@ -64,6 +69,8 @@ class Pooler:
                 vector = self.partial.pop(req_id) / num_prompt
             else:
                 vector = self.partial.pop(req_id)
+            if self.head is not None:
+                vector = self.head(vector)
             pooled.append(vector.cpu().numpy().astype("<f4").tobytes())
         return pooled
 

@@ -15,6 +15,8 @@ class RequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # A cross-encoder's pair: where the second text's tokens begin (type 1 from there on).
+    second_text_start: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -102,6 +102,16 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         priority=3,
         pooling=PoolingParams(dimensions=256, normalize=None),
     ),
+    # A cross-encoder's pair: [CLS] query [SEP] document [SEP], the document typed 1 from position 4.
+    "add_request_pair": AddRequest(
+        request_id="score-e4da3b7f-0",
+        prompt_token_ids=[101, 2054, 2003, 102, 1037, 3899, 102],
+        params=SamplingParams(max_tokens=1),
+        arrival_time=1732190002.0,
+        priority=0,
+        pooling=PoolingParams(dimensions=None, normalize=None),
+        second_text_start=4,
+    ),
     "abort": Abort(request_ids=["cmpl-8f14e45f-0", "cmpl-8f14e45f-1"]),
     "utility": UtilityCall(call_id=300, method="stats"),
     "ready": Ready(
@@ -119,6 +129,15 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         runner="pooling",
         embedding_size=1024,
         matryoshka_dimensions=[32, 64, 128, 256, 512, 768, 1024],
+    ),
+    "ready_cross_encoder": Ready(
+        max_model_len=512,
+        num_kv_blocks=64,
+        block_size=16,
+        runner="pooling",
+        embedding_size=1,
+        matryoshka_dimensions=None,
+        cross_encoder=True,
     ),
     "outputs": Outputs(
         outputs=[

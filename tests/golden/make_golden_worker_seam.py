@@ -70,6 +70,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                 params=params_to_wire(SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)),
                 block_ids=[0, 2],
                 num_computed_tokens=16,
+                second_text_start=7,
             ),
         ],
         scheduled_cached_reqs=CachedRequestData(),

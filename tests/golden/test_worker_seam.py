@@ -47,7 +47,14 @@ PROTOCOL_KEYS = {
     "shutdown": ["v", "type"],
     "worker_error": ["v", "type", "rank", "message"],
 }
-NEW_REQUEST_KEYS = ["req_id", "prompt_token_ids", "params", "block_ids", "num_computed_tokens"]
+NEW_REQUEST_KEYS = [
+    "req_id",
+    "prompt_token_ids",
+    "params",
+    "block_ids",
+    "num_computed_tokens",
+    "second_text_start",
+]
 CACHED_KEYS = ["req_ids", "resumed", "new_block_ids", "num_computed_tokens", "num_output_tokens"]
 # bytes: msgpack bin, for the grammar bitmask.
 PLAIN_TYPES = (int, float, str, bool, type(None), bytes)

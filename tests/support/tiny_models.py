@@ -185,20 +185,69 @@ _ENCODERS: dict[str, dict[str, Any]] = {
 def write_tiny_encoder(model_type: str, folder: Path, pooling_mode: str, normalize: bool) -> Path:
     """A tiny random-init BertModel or XLMRobertaModel (`model_type` "bert" or "xlm-roberta") as a
     sentence-transformers folder, pooled as write_tiny_embedding_model's are."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     folder = Path(folder)
-    fields = {
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "layer_norm_eps": 1e-12,
+    config = _encoder_config(model_type)
+    _randomize(AutoModel.from_config(config, add_pooling_layer=False, dtype=torch.float32)).save_pretrained(
+        folder
+    )
+    _write_tokenizer(folder)
+    _write_sentence_transformers_modules(folder, config.hidden_size, pooling_mode, normalize)
+    return folder
+
+
+def write_tiny_cross_encoder(model_type: str, folder: Path) -> Path:
+    """A tiny random-init BertForSequenceClassification or XLMRobertaForSequenceClassification of one
+    label (a reranker), whose tokenizer types a pair as its family does: BERT's second text type 1,
+    XLM-RoBERTa's all type 0 with a doubled separator."""
+    from tokenizers import Tokenizer, processors
+    from transformers import AutoModelForSequenceClassification
+
+    folder = Path(folder)
+    config = _encoder_config(model_type, num_labels=1)
+    _randomize(AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)).save_pretrained(
+        folder
+    )
+    _write_tokenizer(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos, eos = ("<s>", tokenizer.token_to_id("<s>")), ("</s>", tokenizer.token_to_id("</s>"))
+    pair = "<s> $A </s> $B:1 </s>:1" if model_type == "bert" else "<s> $A </s> </s> $B </s>"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair=pair, special_tokens=[bos, eos]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    # sentence-transformers' CrossEncoder asks its tokenizer to pad (it predicts one pair at a time in
+    # the tests, so nothing is padded), and renders a pair through a chat template where there is one
+    # (rerankers have none). BERT's tokenizers hand the model token types, XLM-RoBERTa's do not.
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    del tokenizer_config["chat_template"]
+    if model_type == "bert":
+        tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**tokenizer_config, "pad_token": "</s>"}, indent=2)
+    )
+    return folder
+
+
+def _encoder_config(model_type: str, **fields: Any) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        layer_norm_eps=1e-12,
         **_ENCODERS[model_type],
-    }
-    config = AutoConfig.for_model(model_type, **fields)
-    model = AutoModel.from_config(config, add_pooling_layer=False, dtype=torch.float32)
+        **fields,
+    )
+
+
+def _randomize(model: Any) -> Any:
+    """Weights large enough that every part of the encoder moves its output (LayerNorm gains near 1)."""
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -209,10 +258,7 @@ def write_tiny_encoder(model_type: str, folder: Path, pooling_mode: str, normali
                 param.copy_(0.2 * noise)
             else:
                 param.copy_(0.08 * noise)
-    model.save_pretrained(folder)
-    _write_tokenizer(folder)
-    _write_sentence_transformers_modules(folder, int(fields["hidden_size"]), pooling_mode, normalize)
-    return folder
+    return model
 
 
 def _write_sentence_transformers_modules(

@@ -1,5 +1,5 @@
-//! vLLM's `/score` and the `/rerank` it serves in Jina's and Cohere's shape: a pooling model's
-//! embeddings compared by their cosine.
+//! vLLM's `/score` and the `/rerank` it serves in Jina's and Cohere's shape: an embedding model's
+//! embeddings compared by their cosine, or a cross-encoder's score of each pair read together.
 
 use std::collections::BTreeMap;
 
@@ -13,13 +13,15 @@ use crate::schema::whole_number;
 pub struct ScoreRequest {
     pub model: String,
     /// One text (or token list), scored against each of text_2's; or as many as text_2 holds.
-    /// vLLM's newer name `data_1` is read as it.
+    /// vLLM's newer name `data_1` is read as it. A cross-encoder takes text only.
     #[serde(alias = "data_1")]
     pub text_1: Prompt,
-    /// A text, texts, token ids or token lists: at most 2048 texts with text_1's, none empty.
+    /// A text, texts, token ids or token lists: at most 2048 texts with text_1's, none empty. A
+    /// cross-encoder takes text only.
     #[serde(alias = "data_2")]
     pub text_2: Prompt,
-    /// vLLM's: keep only each text's last N tokens (-1: the last max_model_len).
+    /// vLLM's: keep only each text's last N tokens (-1: the last max_model_len). Refused by a
+    /// cross-encoder.
     #[schema(minimum = -1)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub truncate_prompt_tokens: Option<i64>,
@@ -41,7 +43,7 @@ pub struct ScoreResponse {
     pub model: String,
     /// One per pair, in text_2's order.
     pub data: Vec<ScoreData>,
-    /// The tokens of the texts embedded, each distinct text once.
+    /// The tokens of the texts embedded, each distinct text once; a cross-encoder's, each pair's.
     pub usage: EmbeddingUsage,
 }
 
@@ -50,7 +52,7 @@ pub struct ScoreData {
     pub index: u32,
     /// "score".
     pub object: String,
-    /// The cosine similarity of the pair's embeddings.
+    /// The cosine similarity of the pair's embeddings; a cross-encoder's score of the pair.
     pub score: f64,
 }
 
@@ -67,7 +69,8 @@ pub struct RerankRequest {
     pub top_n: Option<i64>,
     /// Whether each result carries its document's text (default true, as vLLM's always do).
     pub return_documents: Option<bool>,
-    /// vLLM's: keep only each text's last N tokens (-1: the last max_model_len).
+    /// vLLM's: keep only each text's last N tokens (-1: the last max_model_len). Refused by a
+    /// cross-encoder.
     #[schema(minimum = -1)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub truncate_prompt_tokens: Option<i64>,
@@ -84,7 +87,8 @@ pub struct RerankRequest {
 pub struct RerankResponse {
     pub id: String,
     pub model: String,
-    /// The tokens of the query and the documents embedded, each distinct text once.
+    /// The tokens of the query and the documents embedded, each distinct text once; a
+    /// cross-encoder's, each pair's.
     pub usage: EmbeddingUsage,
     /// The most relevant first, at most top_n.
     pub results: Vec<RerankResult>,
@@ -97,7 +101,8 @@ pub struct RerankResult {
     /// Absent with `return_documents: false`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub document: Option<RerankDocument>,
-    /// The cosine similarity of the query's and the document's embeddings.
+    /// The cosine similarity of the query's and the document's embeddings; a cross-encoder's
+    /// score of the two read together.
     pub relevance_score: f64,
 }
 

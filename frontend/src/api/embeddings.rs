@@ -13,8 +13,7 @@ use crate::api::fan_out::{self, ChoiceResult};
 use crate::api::prepare;
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::valid_request::ValidRequest;
-use crate::api::validate::EncodingFormat;
-use crate::engine::protocol::Runner;
+use crate::api::validate::{EncodingFormat, Route};
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::{
     Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector,
@@ -28,7 +27,7 @@ pub async fn create(
     body: Result<Json<EmbeddingRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
-    prepare::check_runner(&state, Runner::Pooling)?;
+    prepare::check_route(&state, Route::Embeddings)?;
     let Json(request) = body?;
     let (request, format) = prepare::embeddings(&state, request).await?;
     let results = fan_out::start(&state, ID_PREFIX, &request, arrival)?
@@ -166,6 +165,7 @@ mod tests {
                     token_ids: vec![1, 2, 3],
                     echo: None,
                     params: SamplingParams::default(),
+                    second_text_start: None,
                 };
                 2
             ],

@@ -118,6 +118,7 @@ pub fn start(
                 priority: request.priority,
                 cache_salt: request.cache_salt.clone(),
                 pooling: request.pooling,
+                second_text_start: prompt.second_text_start,
             })?;
             let spec = ChoiceSpec {
                 index,

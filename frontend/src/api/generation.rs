@@ -18,8 +18,8 @@ use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::valid_request::ValidRequest;
+use crate::api::validate::Route;
 use crate::api::{best_of, prepare};
-use crate::engine::protocol::Runner;
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::Usage;
 
@@ -71,7 +71,7 @@ pub async fn create<E: GenerationEndpoint>(
     body: Result<Json<E::Request>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
-    prepare::check_runner(&state, Runner::Generate)?;
+    prepare::check_route(&state, Route::Generation)?;
     let Json(request) = body?;
     let (request, context) = E::prepare(&state, request, &headers).await?;
     let choices = fan_out::start(&state, &E::id_kind(&context), &request, arrival)?;

@@ -113,9 +113,10 @@ const GENERATION_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
 const TOKENIZER_ERRORS: &[u16] = &[400, 404, 413, 429, 500, 503];
 
 /// `/rerank`, `/v1/rerank` and `/v2/rerank` are one handler.
-const RERANK_SUMMARY: &str = "Documents ordered by the cosine similarity of their embeddings with \
-                              the query's (Jina's and Cohere's rerank, as vLLM serves it for a \
-                              pooling model)";
+const RERANK_SUMMARY: &str = "Documents ordered by relevance to the query (Jina's and Cohere's \
+                              rerank, as vLLM serves it for a pooling model): for an embedding \
+                              model the cosine similarity of their embeddings with the query's, for \
+                              a cross-encoder its score of each query and document read together";
 
 const ROUTES: &[Route] = &[
     Route {
@@ -178,7 +179,8 @@ const ROUTES: &[Route] = &[
         method: HttpMethod::Post,
         path: "/v1/embeddings",
         summary: "Embed one or more inputs (OpenAI's embeddings, with vLLM's fields); a server of \
-                  a generative model answers 400, as a pooling model's answers generation routes",
+                  a generative model or of a cross-encoder answers 400, as a pooling model's \
+                  answers generation routes",
         request: Some("EmbeddingRequest"),
         success: Success::Json("EmbeddingResponse"),
         errors: GENERATION_ERRORS,
@@ -186,8 +188,10 @@ const ROUTES: &[Route] = &[
     Route {
         method: HttpMethod::Post,
         path: "/score",
-        summary: "The cosine similarity of text pairs' embeddings (vLLM's score, for a pooling \
-                  model): one text_1 against each text_2, or the two one to one",
+        summary: "Scores of text pairs (vLLM's score, for a pooling model): for an embedding \
+                  model the cosine similarity of their embeddings, for a cross-encoder its score of \
+                  the two texts read together; one text_1 against each text_2, or the two one to \
+                  one",
         request: Some("ScoreRequest"),
         success: Success::Json("ScoreResponse"),
         errors: GENERATION_ERRORS,

@@ -16,12 +16,13 @@ use crate::api::valid_request::{
     check_chat_fields, check_completion_fields, ValidPrompt, ValidRequest,
 };
 use crate::api::validate::{
-    chat_ending, check_input_count, check_messages, check_model_name, check_priority,
-    check_prompt_not_empty, check_served_runner, check_token_ids, effective_max_tokens,
-    embedding_dimensions, embedding_input, encoding_format, out_of_range, score_pairs,
-    template_kwargs, top_n, truncated_prompt, EncodingFormat, DEFAULT_COMPLETION_MAX_TOKENS,
+    chat_ending, check_input_count, check_messages, check_model_name, check_pair_input,
+    check_priority, check_prompt_not_empty, check_served_route, check_token_ids,
+    effective_max_tokens, embedding_dimensions, embedding_input, encoding_format, out_of_range,
+    score_pairs, template_kwargs, top_n, truncated_prompt, EncodingFormat, Route, ServedModel,
+    DEFAULT_COMPLETION_MAX_TOKENS,
 };
-use crate::engine::protocol::{PoolingParams, Runner, SamplingParams};
+use crate::engine::protocol::{PoolingParams, SamplingParams};
 use crate::state::{AppState, EngineNotReady};
 use crate::text::reasoning::THINK_END;
 use crate::text::tool_prompt;
@@ -37,13 +38,13 @@ pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     check_model_name(model, &state.config.served_model_name)
 }
 
-/// A route for `route`'s models, refused when the engine serves the other kind. Until the engine
-/// core is ready its runner is unknown: the request goes on to be validated, and then to the 503
-/// that the engine's absence answers.
-pub fn check_runner(state: &AppState, route: Runner) -> Result<(), ApiError> {
+/// A route refused when the engine serves a model that it does not (see `check_served_route`).
+/// Until the engine core is ready its model is unknown: the request goes on to be validated, and
+/// then to the 503 that the engine's absence answers.
+pub fn check_route(state: &AppState, route: Route) -> Result<(), ApiError> {
     match state.engine() {
-        Ok(engine) => check_served_runner(
-            engine.ready().runner,
+        Ok(engine) => check_served_route(
+            ServedModel::of(engine.ready()),
             route,
             &state.config.served_model_name,
         ),
@@ -102,6 +103,7 @@ pub async fn completion(
             token_ids: ids,
             echo,
             params: sampling.params(max_tokens),
+            second_text_start: None,
         });
     }
     Ok(sampling.response(request.model.clone(), prompts, ignored_fields))
@@ -143,17 +145,29 @@ pub async fn embeddings(
         request.truncate_prompt_tokens,
     )
     .await?;
+    let inputs = inputs.into_iter().map(|ids| (ids, None));
     let valid = pooling_request(request.model, inputs, priority, ignored_fields, pooling);
     Ok((valid, format))
 }
 
-/// A `/score` or `/rerank` request that passed validation: one pooling request per distinct text,
-/// and the pairs of them (indices into the request's prompts) whose cosines are the scores, in the
-/// order they are answered.
+/// A `/score` or `/rerank` request that passed validation: its pooling requests, and how their
+/// answers become the scores.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidScore {
     pub request: ValidRequest,
-    pub pairs: Vec<(usize, usize)>,
+    pub scoring: Scoring,
+}
+
+/// How a score's pooling requests are answered, and so read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scoring {
+    /// An embedding model's (a bi-encoder's): one pooling request per distinct text, and the
+    /// pairs of them (indices into the request's prompts) whose cosines are the scores, in the
+    /// order they are answered.
+    Cosines(Vec<(usize, usize)>),
+    /// A cross-encoder's: one pooling request per pair, in the order they are answered, each
+    /// answered with its score.
+    CrossEncoder,
 }
 
 /// A `/rerank` request that passed validation: its pairs are the query with each document.
@@ -166,11 +180,29 @@ pub struct ValidRerank {
     pub documents: Option<Vec<String>>,
 }
 
+/// Whether the engine core serves a cross-encoder. Until it is ready that is unknown, and the
+/// request goes on as an embedding model's, to the 503 that the engine's absence answers.
+fn serves_cross_encoder(state: &AppState) -> bool {
+    state
+        .engine()
+        .is_ok_and(|engine| ServedModel::of(engine.ready()) == ServedModel::CrossEncoder)
+}
+
+/// The fields /score and /rerank refuse: a cross-encoder's refuse more.
+fn score_endpoint(cross_encoder: bool) -> Endpoint {
+    if cross_encoder {
+        Endpoint::CrossEncoderScore
+    } else {
+        Endpoint::Score
+    }
+}
+
 /// `POST /score` (vLLM's): one `text_1` against each `text_2`, or the two one to one.
 pub async fn score(state: &AppState, request: ScoreRequest) -> Result<ValidScore, ApiError> {
     check_model(state, &request.model)?;
+    let cross_encoder = serves_cross_encoder(state);
     let ignored_fields =
-        request_fields::ignored_fields(Endpoint::Score, &request.other_fields, [])?;
+        request_fields::ignored_fields(score_endpoint(cross_encoder), &request.other_fields, [])?;
     scored_pairs(
         state,
         request.model,
@@ -178,6 +210,7 @@ pub async fn score(state: &AppState, request: ScoreRequest) -> Result<ValidScore
         request.truncate_prompt_tokens,
         request.priority,
         ignored_fields,
+        cross_encoder,
     )
     .await
 }
@@ -185,8 +218,9 @@ pub async fn score(state: &AppState, request: ScoreRequest) -> Result<ValidScore
 /// `POST /rerank` (Jina's and Cohere's shape): the query against each document.
 pub async fn rerank(state: &AppState, request: RerankRequest) -> Result<ValidRerank, ApiError> {
     check_model(state, &request.model)?;
+    let cross_encoder = serves_cross_encoder(state);
     let ignored_fields =
-        request_fields::ignored_fields(Endpoint::Score, &request.other_fields, [])?;
+        request_fields::ignored_fields(score_endpoint(cross_encoder), &request.other_fields, [])?;
     let top_n = top_n(request.top_n)?;
     let documents = request
         .return_documents
@@ -202,6 +236,7 @@ pub async fn rerank(state: &AppState, request: RerankRequest) -> Result<ValidRer
         request.truncate_prompt_tokens,
         request.priority,
         ignored_fields,
+        cross_encoder,
     )
     .await?;
     Ok(ValidRerank {
@@ -211,8 +246,9 @@ pub async fn rerank(state: &AppState, request: RerankRequest) -> Result<ValidRer
     })
 }
 
-/// The pairs of a score's two sides (each its field and its texts; see `score_pairs`), every text
-/// tokenized and checked as an embeddings input, and each distinct one embedded once.
+/// The pairs of a score's two sides (each its field and its texts; see `score_pairs`): for an
+/// embedding model every text tokenized and checked as an embeddings input, and each distinct one
+/// embedded once; for a cross-encoder each pair tokenized as one prompt (see `cross_encoded`).
 async fn scored_pairs(
     state: &AppState,
     model: String,
@@ -220,6 +256,7 @@ async fn scored_pairs(
     truncate_prompt_tokens: Option<i64>,
     priority: Option<i64>,
     ignored_fields: Vec<String>,
+    cross_encoder: bool,
 ) -> Result<ValidScore, ApiError> {
     let priority = priority.unwrap_or(0);
     check_priority(priority, state.config.scheduling_policy)?;
@@ -227,22 +264,94 @@ async fn scored_pairs(
         (first, admission::prompt_count(&first_texts)),
         (second, admission::prompt_count(&second_texts)),
     )?;
+    let pooling = PoolingParams {
+        dimensions: None,
+        normalize: None,
+    };
+    if cross_encoder {
+        if truncate_prompt_tokens.is_some() {
+            return Err(out_of_range(
+                "truncate_prompt_tokens",
+                "truncate_prompt_tokens is not supported by a cross-encoder: it keeps a text's \
+                 last tokens, and a cross-encoder's prompt is a pair of texts between the \
+                 template's special tokens"
+                    .into(),
+            ));
+        }
+        let sides = [
+            (first, pair_texts(first, first_texts)?),
+            (second, pair_texts(second, second_texts)?),
+        ];
+        admission::check_fits(state, pairs.len(), second)?;
+        let inputs = cross_encoded(state, sides, &pairs).await?;
+        return Ok(ValidScore {
+            request: pooling_request(model, inputs, priority, ignored_fields, pooling),
+            scoring: Scoring::CrossEncoder,
+        });
+    }
     let mut inputs =
         pooling_inputs(state, first, first_texts, true, truncate_prompt_tokens).await?;
     inputs.extend(pooling_inputs(state, second, second_texts, true, truncate_prompt_tokens).await?);
     let (inputs, positions) = distinct(inputs);
     admission::check_fits(state, inputs.len(), second)?;
-    let pooling = PoolingParams {
-        dimensions: None,
-        normalize: None,
-    };
     Ok(ValidScore {
-        request: pooling_request(model, inputs, priority, ignored_fields, pooling),
-        pairs: pairs
-            .into_iter()
-            .map(|(a, b)| (positions[a], positions[b]))
-            .collect(),
+        request: pooling_request(
+            model,
+            inputs.into_iter().map(|ids| (ids, None)),
+            priority,
+            ignored_fields,
+            pooling,
+        ),
+        scoring: Scoring::Cosines(
+            pairs
+                .into_iter()
+                .map(|(a, b)| (positions[a], positions[b]))
+                .collect(),
+        ),
     })
+}
+
+/// A cross-encoder's side of a score, `param`'s texts: the pair template joins two texts, not
+/// token ids.
+fn pair_texts(param: &'static str, texts: Prompt) -> Result<Vec<String>, ApiError> {
+    match texts {
+        Prompt::Text(text) => Ok(vec![text]),
+        Prompt::Texts(texts) => Ok(texts),
+        Prompt::Tokens(_) | Prompt::TokenLists(_) => Err(out_of_range(
+            param,
+            format!(
+                "a cross-encoder tokenizes each pair of texts together, with its pair template: \
+                 {param} must be text, not token ids"
+            ),
+        )),
+    }
+}
+
+/// A cross-encoder's prompts: each of `pairs` (indices into the first side's texts followed by
+/// the second's) tokenized as one by the tokenizer's pair template, with where its token type 1
+/// starts.
+async fn cross_encoded(
+    state: &AppState,
+    [(first, first_texts), (second, second_texts)]: [(&'static str, Vec<String>); 2],
+    pairs: &[(usize, usize)],
+) -> Result<Vec<(Vec<u32>, Option<u32>)>, ApiError> {
+    let max_model_len = state.max_model_len()?;
+    try_join_all(pairs.iter().map(|&(a, b)| {
+        let (i, j) = (a, b - first_texts.len());
+        let texts = (first_texts[i].clone(), second_texts[j].clone());
+        async move {
+            let pair = state.pool.encode_pair(texts.0, texts.1).await?;
+            let [first_tokens, second_tokens] = pair.text_tokens;
+            check_pair_input(
+                [(first, i, first_tokens), (second, j, second_tokens)],
+                &pair.token_ids,
+                max_model_len,
+                state.vocab_size,
+            )?;
+            Ok::<_, ApiError>((pair.token_ids, pair.second_text_start))
+        }
+    }))
+    .await
 }
 
 /// The distinct token lists of `inputs`, first seen first, and where each input is among them.
@@ -290,17 +399,18 @@ async fn pooling_inputs(
         .collect()
 }
 
-/// A request of one pooling request per input in `inputs`.
+/// A request of one pooling request per input in `inputs`: its tokens, and a cross-encoder's
+/// pair's `second_text_start`.
 fn pooling_request(
     model: String,
-    inputs: Vec<Vec<u32>>,
+    inputs: impl IntoIterator<Item = (Vec<u32>, Option<u32>)>,
     priority: i64,
     ignored_fields: Vec<String>,
     pooling: PoolingParams,
 ) -> ValidRequest {
     let prompts = inputs
         .into_iter()
-        .map(|token_ids| ValidPrompt {
+        .map(|(token_ids, second_text_start)| ValidPrompt {
             token_ids,
             echo: None,
             // The engine checks a pooling request's params as any request's, and samples nothing.
@@ -308,6 +418,7 @@ fn pooling_request(
                 max_tokens: 1,
                 ..SamplingParams::default()
             },
+            second_text_start,
         })
         .collect();
     ValidRequest {
@@ -439,6 +550,7 @@ pub async fn chat(
         token_ids,
         echo,
         params,
+        second_text_start: None,
     };
     let mut valid = sampling.response(request.model.clone(), vec![prompt], ignored_fields);
     valid.tool_calls = reader;

@@ -133,6 +133,45 @@ const EMBEDDINGS: &[Unsupported] = &[
     unsupported("mm_processor_kwargs", "this model takes text only"),
 ];
 
+fn null(value: &Value) -> bool {
+    value.is_null()
+}
+
+fn absent_or_true(value: &Value) -> bool {
+    matches!(value, Value::Null | Value::Bool(true))
+}
+
+const OWN_ACTIVATION: &str = "a cross-encoder's score is always its classifier's logit through the \
+                              model's own activation (the sigmoid, unless its sentence-transformers \
+                              config names another)";
+
+/// Fields /score and /rerank refuse when the model is a cross-encoder (on top of [`TEXT_ONLY`]): its
+/// score is what its classifier gives, one number, not an embedding to shape. (An embedding
+/// model's /score knows none of them: they are unknown fields there, ignored and listed.)
+const CROSS_ENCODER: &[Unsupported] = &[
+    Unsupported {
+        name: "dimensions",
+        why: "a cross-encoder's score is one number, not an embedding to shorten",
+        inert: null,
+    },
+    Unsupported {
+        name: "normalize",
+        why: "a cross-encoder's score is one number, not an embedding to normalise",
+        inert: null,
+    },
+    // vLLM's switch between the classifier's logit and its activation, by its older and newer names.
+    Unsupported {
+        name: "activation",
+        why: OWN_ACTIVATION,
+        inert: absent_or_true,
+    },
+    Unsupported {
+        name: "use_activation",
+        why: OWN_ACTIVATION,
+        inert: absent_or_true,
+    },
+];
+
 /// Which endpoint a request came to, for the fields it refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -142,6 +181,8 @@ pub enum Endpoint {
     Embeddings,
     /// `/score` and `/rerank`.
     Score,
+    /// `/score` and `/rerank` when the model is a cross-encoder.
+    CrossEncoderScore,
 }
 
 impl Endpoint {
@@ -152,6 +193,7 @@ impl Endpoint {
             Endpoint::Chat => (COMMON, CHAT),
             Endpoint::Tokenize | Endpoint::Score => (&[][..], TEXT_ONLY),
             Endpoint::Embeddings => (&[][..], EMBEDDINGS),
+            Endpoint::CrossEncoderScore => (TEXT_ONLY, CROSS_ENCODER),
         };
         common.iter().chain(own)
     }
@@ -351,6 +393,32 @@ mod tests {
         assert_eq!(
             ignored_fields(Endpoint::Embeddings, &fields(inert), []),
             Ok(vec!["temperature".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_cross_encoders_scores_refuse_what_would_shape_an_embedding() {
+        for (field, value) in [
+            ("dimensions", json!(64)),
+            ("normalize", json!(false)),
+            ("activation", json!(false)),
+            ("use_activation", json!(false)),
+            ("mm_processor_kwargs", json!({"size": 1})),
+        ] {
+            let request = json!({ field: value });
+            assert_eq!(refused(Endpoint::CrossEncoderScore, request), field);
+        }
+        let inert = json!({"dimensions": null, "normalize": null, "use_activation": true,
+            "queries": ["x"]});
+        assert_eq!(
+            ignored_fields(Endpoint::CrossEncoderScore, &fields(inert), []),
+            Ok(vec!["queries".to_string()])
+        );
+        // An embedding model's /score knows none of them.
+        let shaped = json!({"dimensions": 64, "use_activation": false});
+        assert_eq!(
+            ignored_fields(Endpoint::Score, &fields(shaped), []),
+            Ok(vec!["dimensions".to_string(), "use_activation".to_string()])
         );
     }
 

@@ -1,7 +1,9 @@
 //! `POST /score` (vLLM's) and `POST /rerank`, `/v1/rerank`, `/v2/rerank` (Jina's and Cohere's shape,
-//! as vLLM serves them) for an embedding model, as a bi-encoder: each distinct text one pooling
+//! as vLLM serves them). For an embedding model, as a bi-encoder: each distinct text one pooling
 //! request, fanned out as embeddings' inputs are, and each score the cosine of a pair's embeddings,
-//! computed here in f64 from the engine's float32 values.
+//! computed here in f64 from the engine's float32 values. For a cross-encoder: each pair one
+//! pooling request (the two texts one prompt), fanned out the same way, and each score the one
+//! float32 value the engine answers it with.
 
 use std::sync::Arc;
 
@@ -13,9 +15,9 @@ use axum::Json;
 use crate::api::embeddings::{embedding_bytes, float32_values, pooling_usage};
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ResponseHeader};
-use crate::api::prepare::{self, ValidRerank, ValidScore};
+use crate::api::prepare::{self, Scoring, ValidRerank, ValidScore};
 use crate::api::request_fields::with_ignored_fields;
-use crate::engine::protocol::Runner;
+use crate::api::validate::Route;
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::EmbeddingUsage;
 use sluice_common::schema::score::{
@@ -28,7 +30,7 @@ pub async fn score(
     body: Result<Json<ScoreRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
-    prepare::check_runner(&state, Runner::Pooling)?;
+    prepare::check_route(&state, Route::Scores)?;
     let Json(request) = body?;
     let valid = prepare::score(&state, request).await?;
     let (header, scores) = pair_scores(&state, "score", &valid, arrival).await?;
@@ -42,7 +44,7 @@ pub async fn rerank(
     body: Result<Json<RerankRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Arrival::now();
-    prepare::check_runner(&state, Runner::Pooling)?;
+    prepare::check_route(&state, Route::Scores)?;
     let Json(request) = body?;
     let ValidRerank {
         score,
@@ -55,7 +57,7 @@ pub async fn rerank(
     Ok(with_ignored_fields(response, &score.request.ignored_fields))
 }
 
-/// Embeds the request's texts, and answers each pair's cosine in the pairs' order.
+/// Runs the request's pooling requests, and answers each pair's score in the pairs' order.
 async fn pair_scores(
     state: &AppState,
     id_kind: &str,
@@ -64,18 +66,34 @@ async fn pair_scores(
 ) -> Result<(ResponseHeader, Vec<f64>), ApiError> {
     let choices = fan_out::start(state, id_kind, &valid.request, arrival)?;
     let header = choices.header.clone();
-    let embeddings = choices
+    let outputs = choices
         .collect()
         .await?
         .into_iter()
         .map(|result| Ok(float32_values(&embedding_bytes(result)?)))
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let scores = valid
-        .pairs
-        .iter()
-        .map(|&(a, b)| cosine(&embeddings[a], &embeddings[b]))
-        .collect();
+    let scores = match &valid.scoring {
+        Scoring::Cosines(pairs) => pairs
+            .iter()
+            .map(|&(a, b)| cosine(&outputs[a], &outputs[b]))
+            .collect(),
+        Scoring::CrossEncoder => outputs
+            .iter()
+            .map(|values| cross_encoder_score(values))
+            .collect::<Result<_, _>>()?,
+    };
     Ok((header, scores))
+}
+
+/// A cross-encoder's answer to a pair: exactly one value, its score as the engine computed it.
+fn cross_encoder_score(values: &[f64]) -> Result<f64, ApiError> {
+    match values {
+        [score] => Ok(*score),
+        _ => Err(ApiError::Internal(format!(
+            "the engine answered a cross-encoder's pair with {} values, not its one score",
+            values.len()
+        ))),
+    }
 }
 
 /// The cosine similarity of two embeddings of one size; 0 when either is all zeros (as vLLM's,
@@ -168,6 +186,17 @@ mod tests {
         let half = cosine(&[1.0, 0.0], &[1.0, 3f64.sqrt()]);
         assert!((half - 0.5).abs() < 1e-15, "{half}");
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 2.0]), 0.0);
+    }
+
+    #[test]
+    fn a_cross_encoders_score_is_its_one_value_as_is() {
+        assert_eq!(cross_encoder_score(&[0.875]), Ok(0.875));
+        for values in [&[][..], &[0.5, 0.25]] {
+            assert!(matches!(
+                cross_encoder_score(values),
+                Err(ApiError::Internal(_))
+            ));
+        }
     }
 
     #[test]

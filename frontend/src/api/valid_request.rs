@@ -258,6 +258,9 @@ pub struct ValidPrompt {
     /// Completions' `echo`: the prompt's text, sent before the generated text.
     pub echo: Option<String>,
     pub params: SamplingParams,
+    /// A cross-encoder's pair of texts, as one prompt: where token type 1 starts (see
+    /// `AddRequest::second_text_start`). None for every other prompt.
+    pub second_text_start: Option<u32>,
 }
 
 impl ValidRequest {

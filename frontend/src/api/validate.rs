@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::error::ApiError;
-use crate::engine::protocol::Runner;
+use crate::engine::protocol::{Ready, Runner};
 use crate::state::SchedulingPolicy;
 use sluice_common::schema::openai::{ChatMessage, SamplingFields};
 
@@ -33,21 +33,58 @@ pub fn check_model_name(requested: &str, served: &str) -> Result<(), ApiError> {
     }
 }
 
-/// A route of the other runner's is a 400 that says which routes serve the model `model`.
-pub fn check_served_runner(served: Runner, route: Runner, model: &str) -> Result<(), ApiError> {
-    if served == route {
-        return Ok(());
+/// What the served model is, as its engine core's `ready` announced it: which routes serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedModel {
+    /// Completions, chat, messages and responses.
+    Generative,
+    /// A bi-encoder: /v1/embeddings, and /score and /rerank as the cosines of embeddings.
+    Embedding,
+    /// /score and /rerank only: each pair of texts scored as one prompt.
+    CrossEncoder,
+}
+
+impl ServedModel {
+    pub fn of(ready: &Ready) -> Self {
+        match ready.runner {
+            Runner::Generate => ServedModel::Generative,
+            Runner::Pooling if ready.cross_encoder => ServedModel::CrossEncoder,
+            Runner::Pooling => ServedModel::Embedding,
+        }
     }
-    let message = match served {
-        Runner::Generate => format!(
+}
+
+/// The routes, by the models that serve them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Completions, chat, messages and responses: a generative model's.
+    Generation,
+    /// /v1/embeddings: an embedding model's.
+    Embeddings,
+    /// /score and /rerank: an embedding model's or a cross-encoder's.
+    Scores,
+}
+
+/// A route the model `model` does not serve is a 400 that says which routes serve it.
+pub fn check_served_route(served: ServedModel, route: Route, model: &str) -> Result<(), ApiError> {
+    let message = match (served, route) {
+        (ServedModel::Generative, Route::Generation)
+        | (ServedModel::Embedding, Route::Embeddings | Route::Scores)
+        | (ServedModel::CrossEncoder, Route::Scores) => return Ok(()),
+        (ServedModel::Generative, _) => format!(
             "The model `{model}` is a generative model: it serves /v1/completions, \
              /v1/chat/completions, /v1/messages and /v1/responses. /v1/embeddings, /score and \
              /rerank need a pooling model: serve it with `sluice serve MODEL --runner pooling`, or \
              serve an embedding model's folder (one with a sentence-transformers modules.json)"
         ),
-        Runner::Pooling => format!(
+        (ServedModel::Embedding, _) => format!(
             "The model `{model}` is an embedding model (served with --runner pooling): it serves \
              /v1/embeddings, /score and /rerank, and generates no text"
+        ),
+        (ServedModel::CrossEncoder, _) => format!(
+            "The model `{model}` is a cross-encoder: it serves /score and /rerank (also \
+             /v1/rerank and /v2/rerank), scoring each pair of texts as one prompt; it embeds no \
+             text and generates none"
         ),
     };
     Err(out_of_range("model", message))
@@ -558,6 +595,40 @@ pub fn embedding_input(
     Ok(ids)
 }
 
+/// A cross-encoder's pair tokenized as one prompt (`ids`): each text with tokens of its own, every
+/// token in the vocabulary, and the whole within the context. `sides` are each text's field, its
+/// index there and its own tokens (the template's special tokens left out).
+pub fn check_pair_input(
+    sides: [(&'static str, usize, usize); 2],
+    ids: &[u32],
+    max_model_len: u32,
+    vocab_size: u32,
+) -> Result<(), ApiError> {
+    for (param, index, tokens) in sides {
+        if tokens == 0 {
+            return Err(out_of_range(
+                param,
+                format!("{param} {index} is empty: it has no tokens"),
+            ));
+        }
+    }
+    let [(first, first_index, _), (second, second_index, _)] = sides;
+    let pair = format!("the pair of {first} {first_index} and {second} {second_index}");
+    check_token_ids(second, ids, vocab_size)
+        .map_err(|error| out_of_range(second, format!("{pair}: {error}")))?;
+    if ids.len() > max_model_len as usize {
+        return Err(ApiError::ContextLengthExceeded {
+            param: second,
+            message: format!(
+                "This model's maximum context length is {max_model_len} tokens, but {pair}, \
+                 tokenized together, has {} tokens",
+                ids.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The pairs a score compares, as indices into the first side's texts followed by the second's:
 /// one first text against each second one, else the two sides one to one. Each side is its field
 /// and its count; both are given, and hold at most [`MAX_EMBEDDING_INPUTS`] texts together.
@@ -851,10 +922,17 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn each_runner_serves_its_own_routes_and_names_the_others() {
-        assert!(check_served_runner(Runner::Generate, Runner::Generate, "smol").is_ok());
-        assert!(check_served_runner(Runner::Pooling, Runner::Pooling, "smol").is_ok());
-        let message = |served, route| match check_served_runner(served, route, "smol") {
+    fn each_model_serves_its_own_routes_and_names_them_on_the_others() {
+        use {Route::*, ServedModel::*};
+        for (served, route) in [
+            (Generative, Generation),
+            (Embedding, Embeddings),
+            (Embedding, Scores),
+            (CrossEncoder, Scores),
+        ] {
+            assert!(check_served_route(served, route, "smol").is_ok());
+        }
+        let message = |served, route| match check_served_route(served, route, "smol") {
             Err(ApiError::InvalidParameter { param, message }) => {
                 assert_eq!(param, "model");
                 assert!(message.contains("`smol`"), "{message}");
@@ -862,11 +940,45 @@ pub(crate) mod tests {
             }
             other => panic!("unexpected {other:?}"),
         };
-        let generative = message(Runner::Generate, Runner::Pooling);
-        for route in ["/v1/chat/completions", "/v1/responses", "--runner pooling"] {
-            assert!(generative.contains(route), "{generative}");
+        for route in [Embeddings, Scores] {
+            let generative = message(Generative, route);
+            for route in ["/v1/chat/completions", "/v1/responses", "--runner pooling"] {
+                assert!(generative.contains(route), "{generative}");
+            }
         }
-        assert!(message(Runner::Pooling, Runner::Generate).contains("serves /v1/embeddings"));
+        assert!(message(Embedding, Generation).contains("serves /v1/embeddings"));
+        for route in [Generation, Embeddings] {
+            let cross_encoder = message(CrossEncoder, route);
+            assert!(
+                cross_encoder.contains("is a cross-encoder: it serves /score and /rerank"),
+                "{cross_encoder}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pooling_model_is_a_cross_encoder_only_when_ready_says_so() {
+        let ready = |runner, cross_encoder| Ready {
+            max_model_len: 512,
+            num_kv_blocks: 64,
+            block_size: 16,
+            runner,
+            embedding_size: 1,
+            matryoshka_dimensions: None,
+            cross_encoder,
+        };
+        assert_eq!(
+            ServedModel::of(&ready(Runner::Generate, false)),
+            ServedModel::Generative
+        );
+        assert_eq!(
+            ServedModel::of(&ready(Runner::Pooling, false)),
+            ServedModel::Embedding
+        );
+        assert_eq!(
+            ServedModel::of(&ready(Runner::Pooling, true)),
+            ServedModel::CrossEncoder
+        );
     }
 
     #[test]
@@ -993,6 +1105,39 @@ pub(crate) mod tests {
             param_of(score_pairs(("query", 1), ("documents", 0))),
             "documents"
         );
+    }
+
+    #[test]
+    fn a_pair_needs_tokens_of_each_text_and_fits_the_context_whole() {
+        let sides = |first_tokens, second_tokens| {
+            [("query", 0, first_tokens), ("documents", 3, second_tokens)]
+        };
+        let ids = [1, 5, 6, 2, 7, 8, 2];
+        assert_eq!(check_pair_input(sides(2, 2), &ids, 7, 10), Ok(()));
+        assert_eq!(
+            param_of(check_pair_input(sides(0, 2), &ids, 7, 10)),
+            "query"
+        );
+        assert_eq!(
+            param_of(check_pair_input(sides(2, 0), &ids, 7, 10)),
+            "documents"
+        );
+        assert_eq!(
+            param_of(check_pair_input(sides(2, 2), &ids, 7, 8)),
+            "documents"
+        );
+        match check_pair_input(sides(2, 2), &ids, 6, 10) {
+            Err(ApiError::ContextLengthExceeded { param, message }) => {
+                assert_eq!(param, "documents");
+                assert!(
+                    message.contains(
+                        "the pair of query 0 and documents 3, tokenized together, has 7 tokens"
+                    ),
+                    "{message}"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub struct AddRequest {
     /// Present: a pooling request, answered with the prompt's embedding instead of tokens (its
     /// `params` are then the defaults with max_tokens 1, and unused).
     pub pooling: Option<PoolingParams>,
+    /// A cross-encoder's pair of texts ([`Ready::cross_encoder`]), tokenized as one prompt by the
+    /// tokenizer's pair template: where the second text's first token is, token type 1 from there
+    /// on. None: type 0 throughout (XLM-RoBERTa's template types both texts 0).
+    pub second_text_start: Option<u32>,
 }
 
 /// vLLM's `PoolingParams`: what a pooling request asks of its embedding.
@@ -228,6 +232,10 @@ pub struct Ready {
     /// None: `dimensions` is refused; empty: any size from 1 to embedding_size; else exactly one
     /// of these sizes (a Matryoshka model's).
     pub matryoshka_dimensions: Option<Vec<u32>>,
+    /// A cross-encoder (a `*ForSequenceClassification` encoder): it embeds nothing; each pooling
+    /// request is a pair of texts (`second_text_start`), and its embedding is one float32, the
+    /// pair's score. `embedding_size` is then 1.
+    pub cross_encoder: bool,
 }
 
 /// What the served model does, and so which routes serve it.
@@ -517,6 +525,7 @@ mod tests {
             priority: 0,
             cache_salt: Some("tenant".into()),
             pooling: None,
+            second_text_start: None,
         }
     }
 
@@ -591,6 +600,15 @@ mod tests {
                 ..sample_add_request()
             }
             .into(),
+            AddRequest {
+                pooling: Some(PoolingParams {
+                    dimensions: None,
+                    normalize: None,
+                }),
+                second_text_start: Some(4),
+                ..sample_add_request()
+            }
+            .into(),
             Abort {
                 request_ids: vec!["a".into(), "b".into()],
             }
@@ -607,6 +625,7 @@ mod tests {
                 runner: Runner::Generate,
                 embedding_size: 0,
                 matryoshka_dimensions: None,
+                cross_encoder: false,
             }
             .into(),
             Ready {
@@ -616,6 +635,17 @@ mod tests {
                 runner: Runner::Pooling,
                 embedding_size: 768,
                 matryoshka_dimensions: Some(vec![64, 256, 768]),
+                cross_encoder: false,
+            }
+            .into(),
+            Ready {
+                max_model_len: 512,
+                num_kv_blocks: 64,
+                block_size: 16,
+                runner: Runner::Pooling,
+                embedding_size: 1,
+                matryoshka_dimensions: None,
+                cross_encoder: true,
             }
             .into(),
             sample_outputs().into(),
@@ -692,8 +722,9 @@ mod tests {
             runner: Runner::Pooling,
             embedding_size: 576,
             matryoshka_dimensions: Some(Vec::new()),
+            cross_encoder: true,
         }));
-        let mut expected = vec![0x88];
+        let mut expected = vec![0x89];
         expected.extend(s("v"));
         expected.push(0x01);
         expected.extend(s("type"));
@@ -710,31 +741,38 @@ mod tests {
         expected.extend([0xcd, 0x02, 0x40]);
         expected.extend(s("matryoshka_dimensions"));
         expected.push(0x90);
+        expected.extend(s("cross_encoder"));
+        expected.push(0xc3);
         assert_eq!(bytes, expected);
     }
 
     #[test]
-    fn pooling_is_the_last_key_of_add_request_and_a_map_of_nil_or_values() {
-        let pooling = |pooling| {
+    fn pooling_then_second_text_start_end_add_request_as_a_map_and_an_int_or_nils() {
+        let add_request = |pooling, second_text_start| {
             encode(&Message::AddRequest(Box::new(AddRequest {
                 pooling,
+                second_text_start,
                 ..sample_add_request()
             })))
         };
         let mut absent = s("pooling");
         absent.push(0xc0);
-        assert!(pooling(None).ends_with(&absent));
+        absent.extend(s("second_text_start"));
+        absent.push(0xc0);
+        assert!(add_request(None, None).ends_with(&absent));
         let mut given = s("pooling");
         given.push(0x82);
         given.extend(s("dimensions"));
         given.push(0xc0);
         given.extend(s("normalize"));
         given.push(0xc3);
+        given.extend(s("second_text_start"));
+        given.push(0x04);
         let asked = PoolingParams {
             dimensions: None,
             normalize: Some(true),
         };
-        assert!(pooling(Some(asked)).ends_with(&given));
+        assert!(add_request(Some(asked), Some(4)).ends_with(&given));
     }
 
     #[test]
@@ -803,6 +841,7 @@ mod tests {
             "\"priority\"",
             "\"cache_salt\"",
             "\"pooling\"",
+            "\"second_text_start\"",
         ];
         let positions: Vec<usize> = keys.iter().map(|k| json.find(k).unwrap()).collect();
         assert!(positions.windows(2).all(|w| w[0] < w[1]), "{json}");

@@ -28,6 +28,25 @@ pub enum TokenizerPoolError {
     Closed,
     #[error("a tokenizer job panicked")]
     JobPanicked,
+    /// The engine takes a pair's token types as the one position where type 1 starts.
+    #[error(
+        "the tokenizer's pair template types a pair's tokens {0}, which this server cannot pass \
+         to the engine: it passes type 0 up to one position and type 1 from there on"
+    )]
+    PairTyping(String),
+}
+
+/// A cross-encoder's prompt: a pair of texts tokenized as one by the tokenizer's pair template
+/// (`[CLS] A [SEP] B [SEP]` for BERT, `<s> A </s></s> B </s>` for XLM-RoBERTa), special tokens and
+/// all, with the token types the template gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairPrompt {
+    pub token_ids: Vec<u32>,
+    /// Where token type 1 starts and goes on to the end (BERT's template: at the second text's
+    /// first token); None: type 0 throughout (XLM-RoBERTa's template).
+    pub second_text_start: Option<u32>,
+    /// The tokens of each text of its own, without the template's special tokens.
+    pub text_tokens: [usize; 2],
 }
 
 /// A handle to the worker threads; clones share the same workers. The workers
@@ -113,6 +132,16 @@ impl TokenizerPool {
         .await?
     }
 
+    /// The pair `(first, second)` as one prompt (see [`PairPrompt`]).
+    pub async fn encode_pair(
+        &self,
+        first: String,
+        second: String,
+    ) -> Result<PairPrompt, TokenizerPoolError> {
+        self.run(move |tokenizer| pair_prompt(tokenizer, &first, &second))
+            .await?
+    }
+
     pub async fn decode(
         &self,
         ids: Vec<u32>,
@@ -143,6 +172,51 @@ impl TokenizerPool {
     }
 }
 
+fn pair_prompt(
+    tokenizer: &Tokenizer,
+    first: &str,
+    second: &str,
+) -> Result<PairPrompt, TokenizerPoolError> {
+    // Whole: the piecewise encoder cuts one text, and a cross-encoder's context is short anyway.
+    let encoding = tokenizer
+        .encode_fast((first, second), true)
+        .map_err(|error| TokenizerPoolError::Tokenizer(error.to_string()))?;
+    let type_ids = encoding.get_type_ids();
+    let second_text_start = second_text_start(type_ids)
+        .ok_or_else(|| TokenizerPoolError::PairTyping(type_runs(type_ids)))?;
+    let mut text_tokens = [0; 2];
+    for sequence in encoding.get_sequence_ids().into_iter().flatten() {
+        text_tokens[sequence] += 1;
+    }
+    Ok(PairPrompt {
+        token_ids: encoding.get_ids().to_vec(),
+        second_text_start,
+        text_tokens,
+    })
+}
+
+/// Where type 1 starts in types of the form 0…0 1…1, None when all are 0; no answer (the outer
+/// None) for types of any other form, which one position cannot pass on.
+fn second_text_start(type_ids: &[u32]) -> Option<Option<u32>> {
+    let start = type_ids
+        .iter()
+        .position(|&type_id| type_id != 0)
+        .unwrap_or(type_ids.len());
+    type_ids[start..]
+        .iter()
+        .all(|&type_id| type_id == 1)
+        .then(|| (start < type_ids.len()).then_some(start as u32))
+}
+
+/// Token types as their runs, `[0 ×4, 1 ×3, 0 ×1]`: a long prompt's whole list says no more.
+fn type_runs(type_ids: &[u32]) -> String {
+    let runs: Vec<String> = type_ids
+        .chunk_by(|a, b| a == b)
+        .map(|run| format!("{} ×{}", run[0], run.len()))
+        .collect();
+    format!("[{}]", runs.join(", "))
+}
+
 fn run_worker(tokenizer: &Tokenizer, receiver: &Mutex<mpsc::Receiver<Job>>) {
     loop {
         let job = {
@@ -165,6 +239,112 @@ mod tests {
 
     fn default_pool(workers: usize) -> TokenizerPool {
         TokenizerPool::new(Arc::new(load_default_model_tokenizer()), workers, 16, 0)
+    }
+
+    /// A word-level tokenizer of a few words whose pair template is `pair`, in the tokenizers
+    /// library's notation (`[CLS] $A [SEP] $B:1 [SEP]:1`).
+    fn pair_tokenizer(pair: &str) -> Tokenizer {
+        let vocab = serde_json::json!({
+            "[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "<s>": 3, "</s>": 4,
+            "what": 5, "is": 6, "a": 7, "dog": 8,
+        });
+        let piece = |item: &str| {
+            let (name, type_id) = item.split_once(':').unwrap_or((item, "0"));
+            let type_id: u32 = type_id.parse().unwrap();
+            match name.strip_prefix('$') {
+                Some(sequence) => {
+                    serde_json::json!({"Sequence": {"id": sequence, "type_id": type_id}})
+                }
+                None => serde_json::json!({"SpecialToken": {"id": name, "type_id": type_id}}),
+            }
+        };
+        let special = |token: &str| {
+            let id = vocab[token].as_u64().unwrap();
+            serde_json::json!({"id": token, "ids": [id], "tokens": [token]})
+        };
+        let config = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [piece("$A")],
+                "pair": pair.split(' ').map(piece).collect::<Vec<_>>(),
+                "special_tokens": {
+                    "[CLS]": special("[CLS]"), "[SEP]": special("[SEP]"),
+                    "<s>": special("<s>"), "</s>": special("</s>"),
+                },
+            },
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+        });
+        config.to_string().parse().unwrap()
+    }
+
+    #[test]
+    fn bert_types_the_second_text_and_its_sep_1_from_its_first_token() {
+        let tokenizer = pair_tokenizer("[CLS] $A [SEP] $B:1 [SEP]:1");
+        let pair = pair_prompt(&tokenizer, "what is", "a dog").unwrap();
+        assert_eq!(
+            pair,
+            PairPrompt {
+                token_ids: vec![1, 5, 6, 2, 7, 8, 2],
+                second_text_start: Some(4),
+                text_tokens: [2, 2],
+            }
+        );
+    }
+
+    #[test]
+    fn xlm_roberta_types_everything_0() {
+        let tokenizer = pair_tokenizer("<s> $A </s> </s> $B </s>");
+        let pair = pair_prompt(&tokenizer, "what is", "a dog").unwrap();
+        assert_eq!(
+            pair,
+            PairPrompt {
+                token_ids: vec![3, 5, 6, 4, 4, 7, 8, 4],
+                second_text_start: None,
+                text_tokens: [2, 2],
+            }
+        );
+    }
+
+    #[test]
+    fn types_that_one_start_cannot_pass_are_refused() {
+        // Type 1 for the second text only, its closing separator back to 0.
+        let tokenizer = pair_tokenizer("[CLS] $A [SEP] $B:1 [SEP]");
+        let error = pair_prompt(&tokenizer, "what is", "a dog").unwrap_err();
+        assert!(matches!(error, TokenizerPoolError::PairTyping(_)));
+        assert!(
+            error.to_string().starts_with(
+                "the tokenizer's pair template types a pair's tokens [0 ×4, 1 ×2, 0 ×1]"
+            ),
+            "{error}"
+        );
+        // A third type is no more one start of type 1.
+        assert_eq!(second_text_start(&[0, 0, 2, 2]), None);
+        assert_eq!(second_text_start(&[0, 1, 1]), Some(Some(1)));
+        assert_eq!(second_text_start(&[1, 1]), Some(Some(0)));
+        assert_eq!(second_text_start(&[]), Some(None));
+    }
+
+    #[tokio::test]
+    async fn a_pair_is_encoded_on_the_pool_and_its_typing_error_is_the_pools() {
+        let pool = |pair| TokenizerPool::new(Arc::new(pair_tokenizer(pair)), 1, 4, 0);
+        let bert = pool("[CLS] $A [SEP] $B:1 [SEP]:1");
+        let pair = bert.encode_pair("dog".into(), "what".into()).await.unwrap();
+        assert_eq!(
+            (pair.token_ids, pair.second_text_start),
+            (vec![1, 8, 2, 5, 2], Some(3))
+        );
+        let odd = pool("$A:1 $B:0");
+        assert!(matches!(
+            odd.encode_pair("dog".into(), "what".into()).await,
+            Err(TokenizerPoolError::PairTyping(_))
+        ));
     }
 
     #[tokio::test]

@@ -1,10 +1,14 @@
-"""Encoder models of the BERT family (BertModel, XLMRobertaModel) for the pooling runner.
+"""Encoder models of the BERT family (BertModel, XLMRobertaModel) for the pooling runner, and their
+cross-encoders (*ForSequenceClassification), which score a pair of texts through a classification head.
 
 Post-LayerNorm encoder layers: bidirectional self-attention with biases, then a GELU feed-forward,
 each added to its input and normalised. Every prompt is encoded whole in one step (the scheduler never
 chunks an encoder's prompt), so attention needs no KV cache: each sequence of the step attends to
 itself alone. The linears run on the layer ops of the process's CPU tier (packed weights, as the
 decoders' do); attention and LayerNorm are torch's.
+
+A pair's token types ride in the step's token ids (pack_token_types, as vLLM V1 passes them): the
+forward takes the same inputs as a decoder's, through the same step executors.
 """
 
 from __future__ import annotations
@@ -30,6 +34,21 @@ _ACTIVATIONS = {
 }
 # Checkpoint prefixes of the same weights inside task models (BertForMaskedLM's "bert.", ...).
 _PREFIXES = ("bert.", "roberta.")
+# A token id's bits from here up hold its token type; vocabularies stay far below 2**30.
+TOKEN_TYPE_SHIFT = 30
+# The classification head's tensors -> ours: BERT's pooler then classifier, RoBERTa's head (one
+# tanh layer on the first token, then the output), the same computation.
+_HEAD_NAMES = {
+    "bert.pooler.dense": "head_dense",
+    "classifier": "head_out",
+    "classifier.dense": "head_dense",
+    "classifier.out_proj": "head_out",
+}
+
+
+def pack_token_types(token_ids: torch.Tensor, token_types: torch.Tensor) -> None:
+    """Put each token's type (0 or 1) into the high bits of its id, in place."""
+    token_ids.bitwise_or_(token_types.to(token_ids.dtype) << TOKEN_TYPE_SHIFT)
 
 
 class EncoderLayer(nn.Module):
@@ -73,7 +92,7 @@ class BertEncoder(nn.Module):
     has_experts = False
     runs_llama_layers = False
 
-    def __init__(self, hf_config: dict[str, Any], dtype: torch.dtype) -> None:
+    def __init__(self, hf_config: dict[str, Any], dtype: torch.dtype, cross_encoder: bool = False) -> None:
         super().__init__()
         if hf_config.get("position_embedding_type", "absolute") != "absolute":
             raise UnsupportedArchitectureError(
@@ -85,6 +104,7 @@ class BertEncoder(nn.Module):
                 f"hidden_act {activation!r}: Sluice's encoders run {', '.join(_ACTIVATIONS)}"
             )
         self.activation = _ACTIVATIONS[activation]
+        self.dtype = dtype
         hidden = int(hf_config["hidden_size"])
         eps = float(hf_config.get("layer_norm_eps", 1e-12))
         self.num_kv_heads = int(hf_config["num_attention_heads"])
@@ -104,6 +124,10 @@ class BertEncoder(nn.Module):
             EncoderLayer(hidden, int(hf_config["intermediate_size"]), self.num_kv_heads, eps, dtype)
             for _ in range(int(hf_config["num_hidden_layers"]))
         )
+        # A cross-encoder's head (model_spec.CROSS_ENCODER_ARCHITECTURES, one label): tanh(dense) of
+        # the first token's state, then its logit.
+        self.head_dense = Projection(hidden, hidden, True, dtype, "replicated") if cross_encoder else None
+        self.head_out = Projection(hidden, 1, True, dtype, "replicated") if cross_encoder else None
         self.ops = layer_ops_for(torch.get_default_device())
 
     def forward(
@@ -113,11 +137,12 @@ class BertEncoder(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        # Token type 0 throughout: a pooling request is one text.
+        # Type 0 but for a pair's second text, whose ids carry type 1 (pack_token_types).
+        token_types = input_ids >> TOKEN_TYPE_SHIFT
         x = (
-            self.word_embeddings(input_ids)
+            self.word_embeddings(input_ids & ((1 << TOKEN_TYPE_SHIFT) - 1))
             + self.position_embeddings(positions + self.position_offset)
-            + self.token_type_embeddings.weight[0]
+            + self.token_type_embeddings(token_types)
         )
         x = self.embeddings_norm(x)
         starts = metadata.query_start_loc[: metadata.num_seqs + 1].tolist()
@@ -125,10 +150,21 @@ class BertEncoder(nn.Module):
             x = layer(x, starts, self.ops, self.activation)
         return x
 
+    def score_logit(self, first_token: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's head: its logit [1] from the first token's final state [hidden]."""
+        assert self.head_dense is not None and self.head_out is not None, "not a cross-encoder"
+        x = torch.tanh(
+            self.ops.linear(first_token.to(self.dtype)[None], self.head_dense.weight, self.head_dense.bias)
+        )
+        return self.ops.linear(x, self.head_out.weight, self.head_out.bias)[0].float()
+
     def prepare_linear_weights(self, k_blocks: bool) -> None:
         for layer in self.layers:
             for projection in layer.projections():
                 projection.prepare(self.ops, k_blocks=k_blocks)
+        for head in (self.head_dense, self.head_out):
+            if head is not None:
+                head.prepare(self.ops, k_blocks=k_blocks)
 
 
 # transformers' checkpoint names -> ours, per layer ("encoder.layer.{i}." is the layer's prefix).
@@ -150,12 +186,16 @@ _EMBEDDING_NAMES = {
 }
 
 
-def our_name(checkpoint_name: str) -> str | None:
-    """The parameter a checkpoint tensor fills, or None for the tensors an encoder leaves out (the pooler
-    head, position id buffers, a task model's head)."""
+def our_name(checkpoint_name: str, cross_encoder: bool) -> str | None:
+    """The parameter a checkpoint tensor fills, or None for the tensors an encoder leaves out (an
+    embedding model's pooler, position id buffers, a task model's other heads); a cross-encoder's head
+    too unless the model is one."""
     name = next(
         (checkpoint_name[len(p) :] for p in _PREFIXES if checkpoint_name.startswith(p)), checkpoint_name
     )
+    module, _, leaf = checkpoint_name.rpartition(".")
+    if module in _HEAD_NAMES:
+        return f"{_HEAD_NAMES[module]}.{leaf}" if cross_encoder else None
     module, _, leaf = name.rpartition(".")
     # Old checkpoints call LayerNorm's parameters gamma and beta.
     leaf = {"gamma": "weight", "beta": "bias"}.get(leaf, leaf)

@@ -3,8 +3,9 @@
 Serving `model.gguf` reads the weights from the file itself (the workers dequantize them at load,
 worker/gguf_weights.py). Everything else is text that the frontend, the engine core and the
 offline API read from a folder: this module writes that folder (config.json, generation_config.json,
-tokenizer.json, tokenizer_config.json, chat_template.jinja) from the GGUF's metadata, under
-$SLUICE_CACHE/gguf/, keyed by the file's path, size and modification time.
+tokenizer.json, tokenizer_config.json, chat_template.jinja, and for an embedding model the
+sentence-transformers modules that say how it pools) from the GGUF's metadata, under $SLUICE_CACHE/gguf/,
+keyed by the file's path, size and modification time and the folder's format.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from sluice.cache_folder import publish_folder
 from sluice.config import sluice_cache_dir
 from sluice.errors import ModelNotFoundError, UnsupportedArchitectureError
+from sluice.pooling import PoolingMethod, write_pooling_modules
 
 GGUF_SUFFIX = ".gguf"
 # GGUF's general.architecture -> the Hugging Face architecture and model_type Sluice runs with the same
@@ -34,6 +36,14 @@ ARCHITECTURES = {
     "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 MIXTRAL = ("MixtralForCausalLM", "mixtral")
+# An embedding model's file (it has a pooling type): the base model (model_spec.BASE_ARCHITECTURES) it is.
+BASE_ARCHITECTURES = {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
+# llama.cpp's {arch}.pooling_type: none (a generative model), mean, first token, last token, and a
+# reranker's head (rank).
+POOLING_TYPES: dict[int, PoolingMethod | None] = {0: None, 1: "mean", 2: "cls", 3: "last"}
+RANK_POOLING = 4
+# Written into the key of a file's folder: a folder written by an older Sluice is written again.
+FOLDER_FORMAT = 2
 FOLDER_FILES = (
     "config.json",
     "generation_config.json",
@@ -103,6 +113,13 @@ def hf_config_from_metadata(
 
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     architecture, model_type = MIXTRAL if arch == "llama" and experts else ARCHITECTURES[arch]
+    if pooling_method(metadata) is not None:
+        if arch not in BASE_ARCHITECTURES or experts:
+            raise UnsupportedArchitectureError(
+                f"a GGUF embedding model of architecture {arch!r} is not supported; Sluice embeds with "
+                f"{', '.join(BASE_ARCHITECTURES)} files"
+            )
+        architecture = BASE_ARCHITECTURES[arch]
     heads = int(value("attention.head_count"))
     hidden = int(value("embedding_length"))
     config: dict[str, Any] = {
@@ -248,13 +265,30 @@ def _longrope(
     }
 
 
+def pooling_method(metadata: dict[str, Any]) -> PoolingMethod | None:
+    """How an embedding model's file pools (its pooling type); None for a generative model's."""
+    arch = metadata.get("general.architecture")
+    pooling_type = int(metadata.get(f"{arch}.pooling_type", 0))
+    if pooling_type == RANK_POOLING:
+        raise UnsupportedArchitectureError(
+            "the GGUF is a reranker (pooling type rank): Sluice serves cross-encoders from their Hugging Face folders"
+        )
+    if pooling_type not in POOLING_TYPES:
+        raise UnsupportedArchitectureError(
+            f"the GGUF's pooling type {pooling_type} is not one llama.cpp defines"
+        )
+    return POOLING_TYPES[pooling_type]
+
+
 def gguf_model_folder(gguf_file: str | Path, cache_dir: Path | None = None) -> Path:
     """The folder of text files that describe `gguf_file`, written on first use."""
     source = Path(gguf_file).resolve()
     if not source.is_file():
         raise ModelNotFoundError(f"GGUF file {str(gguf_file)!r} does not exist")
     stat = source.stat()
-    key = hashlib.sha256(f"{source}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{source}\0{stat.st_size}\0{stat.st_mtime_ns}\0{FOLDER_FORMAT}".encode()
+    ).hexdigest()[:16]
     target = Path(cache_dir or sluice_cache_dir()) / "gguf" / f"{source.stem}-{key}"
     if _is_complete(target):
         return target
@@ -290,6 +324,10 @@ def _write_folder(source: Path, out: Path) -> None:
     if template is not None:
         tokenizer_config["chat_template"] = template
         (out / "chat_template.jinja").write_text(template)
+    method = pooling_method(metadata)
+    if method is not None:
+        # llama.cpp normalises embeddings unless told not to (--embd-normalize), and a file cannot say.
+        write_pooling_modules(out, config["hidden_size"], method, normalize=True)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
     for name, content in (
         ("config.json", config),

@@ -106,10 +106,12 @@ def write_family_gguf(
     path: Path,
     expert_type: str = "F32",
     sentencepiece: dict[str, Any] | None = None,
+    pooling_type: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """The GGUF of `folder` (float32 but the experts, in `expert_type`), with the folder's byte-level
     vocabulary or a `sentencepiece` one (sentencepiece_vocab.gguf_metadata); returns each tensor's values
-    as Sluice should load them, by Sluice's name."""
+    as Sluice should load them, by Sluice's name. With a `pooling_type` it is an embedding model's file,
+    as llama.cpp's converter writes one: the pooling type in its metadata, and no LM head."""
     config = json.loads((folder / "config.json").read_text())
     gemma = arch.startswith("gemma")
     writer = gguf.GGUFWriter(str(path), arch)
@@ -146,6 +148,8 @@ def write_family_gguf(
         writer.add_float32(f"{arch}.rope.freq_base_swa", rope["sliding_attention"]["rope_theta"])
         writer.add_string(f"{arch}.rope.scaling.type", rope["full_attention"]["rope_type"])
         writer.add_float32(f"{arch}.rope.scaling.factor", rope["full_attention"]["factor"])
+    if pooling_type is not None:
+        writer.add_uint32(f"{arch}.pooling_type", pooling_type)
     if sentencepiece is None:
         write_byte_level_vocabulary(writer, folder, config["vocab_size"])
     else:
@@ -162,6 +166,8 @@ def write_family_gguf(
     expected: dict[str, torch.Tensor] = {}
     experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, weight in load_file(str(folder / "model.safetensors")).items():
+        if pooling_type is not None and name == "lm_head.weight":
+            continue
         ours, values = _ours(name), weight.to(torch.float32).numpy()
         if ".experts." in ours:
             _, _, layer, _, _, expert, part, _ = ours.split(".")

@@ -228,7 +228,7 @@ class KernelConfig:
         "CPU, a GGUF file: dequantize its quantized linear weights to --dtype at load, for the float GEMM; by "
         "default they stay quantized and run on the integer GEMM",
     )
-    # The LM head too; a GGUF file is quantized already.
+    # A decoder's LM head too (a cross-encoder's head stays float); a GGUF file is quantized already.
     quantization: Quantization | None = setting(
         None,
         "CPU: quantize a Hugging Face folder's linear weights at load for the integer GEMM: int8 (blocks of 32 "

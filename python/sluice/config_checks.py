@@ -86,7 +86,7 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
 
 
 def _check_encoder(config: SluiceConfig, spec: ModelSpec) -> None:
-    """An encoder computes each prompt whole in one step, on one rank, from a folder's weights."""
+    """An encoder computes each prompt whole in one step, on one rank."""
     max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
     if max_model_len > config.scheduler.max_num_batched_tokens:
         raise InvalidConfigError(
@@ -97,8 +97,6 @@ def _check_encoder(config: SluiceConfig, spec: ModelSpec) -> None:
         raise InvalidConfigError(
             f"{spec.architecture} runs on one rank: tensor parallelism is for the decoders"
         )
-    if config.kernel.quantization is not None:
-        raise InvalidConfigError(f"--quantization is for the decoders' linears, not {spec.architecture}'s")
 
 
 def _check_quantization(config: SluiceConfig, spec: ModelSpec) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from sluice.config import QUANTIZATION_BLOCK, Quantization
 from sluice.errors import SluiceError
@@ -143,10 +144,15 @@ def load_model(
 
 
 def load_encoder(
-    spec: ModelSpec, dtype: torch.dtype, device: torch.device, packed_linear: bool, k_blocks: bool
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    packed_linear: bool,
+    k_blocks: bool,
+    quantization: Quantization | None = None,
 ) -> BertEncoder:
-    """An encoder (BertModel, XLMRobertaModel) with every weight of its folder; packed_linear and
-    k_blocks as for load_model."""
+    """An encoder (BertModel, XLMRobertaModel) with every weight of its folder; packed_linear, k_blocks
+    and quantization (its layers' linears; a cross-encoder's head stays float) as for load_model."""
     with torch.device(device):
         model = BertEncoder(spec.hf_config, dtype, spec.is_cross_encoder)
     params = dict(model.named_parameters())
@@ -169,7 +175,9 @@ def load_encoder(
     if missing:
         raise WeightLoadError(f"model {str(spec.path)!r} lacks tensor(s) {', '.join(missing[:5])}")
     if packed_linear:
-        model.prepare_linear_weights(k_blocks)
+        model.prepare_linear_weights(
+            k_blocks, _quantize_projections(model, quantization) if quantization is not None else {}
+        )
     return model.eval()
 
 
@@ -329,13 +337,20 @@ def _quantized_shard(target: _Target, rows: QuantizedRows, name: str) -> Quantiz
 
 def _quantize_linear_weights(model: LlamaForCausalLM, quantization: Quantization) -> QuantizedParts:
     """Every projection's weight and the LM head, as loaded (this rank's shards), quantized whole."""
+    parts = _quantize_projections(model, quantization)
+    quantize = quantize_q8 if quantization == "int8" else quantize_q4
+    parts["lm_head.weight"] = [(0, quantize(model.lm_head.weight.data, quantization))]
+    return parts
+
+
+def _quantize_projections(model: nn.Module, quantization: Quantization) -> QuantizedParts:
+    """Every quantizable projection's weight, as loaded, quantized whole, by parameter name."""
     quantize = quantize_q8 if quantization == "int8" else quantize_q4
     parts: QuantizedParts = {}
     for name, param in model.named_parameters():
         module = model.get_submodule(name.rpartition(".")[0])
         if isinstance(module, Projection) and module.quantizable and name.endswith(".weight"):
             parts[name] = [(0, quantize(param.data, quantization))]
-    parts["lm_head.weight"] = [(0, quantize(model.lm_head.weight.data, quantization))]
     return parts
 
 

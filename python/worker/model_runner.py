@@ -126,7 +126,9 @@ class ModelRunner:
             device, block_size=self.block_size, dtype=self.dtype, kernel=kernel
         )
         self.model: LlamaForCausalLM | BertEncoder = (
-            load_encoder(spec, self.dtype, device, kernel.packed_linear, kernel.gemm_k_blocks)
+            load_encoder(
+                spec, self.dtype, device, kernel.packed_linear, kernel.gemm_k_blocks, kernel.quantization
+            )
             if spec.is_encoder
             else load_model(
                 spec,

@@ -213,3 +213,23 @@ def test_two_tensor_parallel_ranks_embed_what_one_does():
     one = engine_embeddings(tiny_llm(folder), prompts)
     two = engine_embeddings(tiny_llm(folder, tensor_parallel_size=2), prompts)
     np.testing.assert_allclose(two, one, atol=1e-4)
+
+
+@pytest.mark.parametrize(("quantization", "min_cosine"), [("int8", 0.999), ("int4", 0.98)])
+def test_an_encoder_quantized_at_load_embeds_close_to_its_float_weights(quantization, min_cosine):
+    """--quantization runs an encoder's linears on the integer GEMM: close to sentence-transformers' float
+    vectors, and not the same (the weights did change)."""
+    folder = encoder_model("bert", "mean_tokens", True)
+    prompts = random_prompts(lowest=4)
+    reference = reference_embeddings(folder, prompts)
+    llm = LLM(
+        model=str(folder),
+        dtype="float32",
+        max_num_batched_tokens=256,
+        max_model_len=96,
+        quantization=quantization,
+    )
+    got = engine_embeddings(llm, prompts)
+    assert cosines(got, reference).min() >= min_cosine
+    # The float GEMM matches the reference to 1e-5 (test_encoders_match_sentence_transformers).
+    assert np.abs(got - reference).max() > 1e-4

@@ -24,6 +24,7 @@ from sluice.errors import UnsupportedArchitectureError
 from worker.attention.backend import AttentionMetadata
 from worker.layer_ops import LayerOps, layer_ops_for
 from worker.models.layers import Projection
+from worker.quantized_weights import QuantizedParts
 
 # hidden_act -> the activation (transformers' names).
 _ACTIVATIONS = {
@@ -67,9 +68,6 @@ class EncoderLayer(nn.Module):
         self.intermediate = Projection(hidden, intermediate, True, dtype, column)
         self.output = Projection(intermediate, hidden, True, dtype, row)
         self.output_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
-
-    def projections(self) -> list[Projection]:
-        return [self.query, self.key, self.value, self.attention_out, self.intermediate, self.output]
 
     def forward(self, x: torch.Tensor, starts: list[int], ops: LayerOps, activation: Any) -> torch.Tensor:
         q, k, v = (ops.linear(x, p.weight, p.bias) for p in (self.query, self.key, self.value))
@@ -126,8 +124,15 @@ class BertEncoder(nn.Module):
         )
         # A cross-encoder's head (model_spec.CROSS_ENCODER_ARCHITECTURES, one label): tanh(dense) of
         # the first token's state, then its logit.
-        self.head_dense = Projection(hidden, hidden, True, dtype, "replicated") if cross_encoder else None
-        self.head_out = Projection(hidden, 1, True, dtype, "replicated") if cross_encoder else None
+        # The head stays float under --quantization: one row per request, and the score rests on it.
+        self.head_dense = (
+            Projection(hidden, hidden, True, dtype, "replicated", quantizable=False)
+            if cross_encoder
+            else None
+        )
+        self.head_out = (
+            Projection(hidden, 1, True, dtype, "replicated", quantizable=False) if cross_encoder else None
+        )
         self.ops = layer_ops_for(torch.get_default_device())
 
     def forward(
@@ -158,13 +163,11 @@ class BertEncoder(nn.Module):
         )
         return self.ops.linear(x, self.head_out.weight, self.head_out.bias)[0].float()
 
-    def prepare_linear_weights(self, k_blocks: bool) -> None:
-        for layer in self.layers:
-            for projection in layer.projections():
-                projection.prepare(self.ops, k_blocks=k_blocks)
-        for head in (self.head_dense, self.head_out):
-            if head is not None:
-                head.prepare(self.ops, k_blocks=k_blocks)
+    def prepare_linear_weights(self, k_blocks: bool, quantized: QuantizedParts) -> None:
+        """Every projection in the form the ops read; quantized: --quantization's parts, by parameter name."""
+        for name, module in self.named_modules():
+            if isinstance(module, Projection):
+                module.prepare(self.ops, k_blocks=k_blocks, quantized=quantized.get(f"{name}.weight"))
 
 
 # transformers' checkpoint names -> ours, per layer ("encoder.layer.{i}." is the layer's prefix).

@@ -86,16 +86,12 @@ def check_engine_config(config: SluiceConfig, spec: ModelSpec) -> int:
 
 
 def _check_encoder(config: SluiceConfig, spec: ModelSpec) -> None:
-    """An encoder computes each prompt whole in one step, on one rank."""
+    """An encoder computes each prompt whole in one step."""
     max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
     if max_model_len > config.scheduler.max_num_batched_tokens:
         raise InvalidConfigError(
             f"{spec.architecture} encodes each prompt whole in one step: --max-num-batched-tokens "
             f"({config.scheduler.max_num_batched_tokens}) must hold a prompt of --max-model-len ({max_model_len})"
-        )
-    if config.parallel.tensor_parallel_size > 1:
-        raise InvalidConfigError(
-            f"{spec.architecture} runs on one rank: tensor parallelism is for the decoders"
         )
 
 

@@ -155,23 +155,22 @@ def load_encoder(
     and quantization (its layers' linears; a cross-encoder's head stays float) as for load_model."""
     with torch.device(device):
         model = BertEncoder(spec.hf_config, dtype, spec.is_cross_encoder)
-    params = dict(model.named_parameters())
+    targets = _encoder_targets(model)
     loaded: set[str] = set()
     for file, checkpoint_name, checkpoint in _checkpoint_tensors(
-        spec, show_progress=True, keep_quantized=False
+        spec, show_progress=model.tp.rank == 0, keep_quantized=False
     ):
         name = our_name(checkpoint_name, spec.is_cross_encoder)
         if name is None:
             continue
-        tensor = checkpoint[:]
-        if name not in params or params[name].shape != tensor.shape:
+        if name not in targets:
             raise WeightLoadError(
-                f"{file.name} holds tensor {checkpoint_name!r} of shape {tuple(tensor.shape)}, which "
-                f"{spec.architecture} with this config.json does not have"
+                f"{file.name} holds tensor {checkpoint_name!r}, which {spec.architecture} with this "
+                "config.json does not have"
             )
-        params[name].data.copy_(tensor)
+        _copy_into(targets[name], checkpoint, checkpoint_name)
         loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(targets) - loaded)
     if missing:
         raise WeightLoadError(f"model {str(spec.path)!r} lacks tensor(s) {', '.join(missing[:5])}")
     if packed_linear:
@@ -291,6 +290,18 @@ def _checkpoint_targets(model: LlamaForCausalLM) -> dict[str, _Target]:
             )
             targets[hf_name.replace(f".{fused}.", f".{part}.")] = part_target
             offset += size
+    return targets
+
+
+def _encoder_targets(model: BertEncoder) -> dict[str, _Target]:
+    """Each parameter's part of its checkpoint tensor on this rank, split as its projection says (our
+    names: worker/models/bert.py's our_name maps the checkpoint's to them)."""
+    targets: dict[str, _Target] = {}
+    for name, param in model.named_parameters():
+        module_path, _, kind = name.rpartition(".")
+        module = model.get_submodule(module_path)
+        split = module.split if isinstance(module, Projection) else "replicated"
+        targets[name] = _shard_target(param.data, split, kind, model.tp, name, 0)
     return targets
 
 

@@ -112,3 +112,12 @@ def test_the_pair_boundary_is_the_first_token_of_type_one(types, start):
 def test_types_in_another_pattern_are_refused():
     with pytest.raises(InvalidRequestError, match="pair template"):
         second_text_start_of([0, 1, 1, 0])
+
+
+def test_two_tensor_parallel_ranks_score_what_one_does():
+    folder = cross_encoder("bert")
+    one = LLM(model=str(folder), dtype="float32", max_model_len=128).score(QUERY, DOCUMENTS)
+    two = LLM(model=str(folder), dtype="float32", max_model_len=128, tensor_parallel_size=2).score(
+        QUERY, DOCUMENTS
+    )
+    np.testing.assert_allclose([r.outputs.score for r in two], [r.outputs.score for r in one], atol=1e-6)

@@ -233,3 +233,13 @@ def test_an_encoder_quantized_at_load_embeds_close_to_its_float_weights(quantiza
     assert cosines(got, reference).min() >= min_cosine
     # The float GEMM matches the reference to 1e-5 (test_encoders_match_sentence_transformers).
     assert np.abs(got - reference).max() > 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
+def test_two_tensor_parallel_ranks_encode_what_one_does(model_type):
+    folder = encoder_model(model_type, "mean_tokens", True)
+    prompts = random_prompts(lowest=4)[:4]
+    options = {"dtype": "float32", "max_num_batched_tokens": 256, "max_model_len": 96}
+    one = engine_embeddings(LLM(model=str(folder), **options), prompts)
+    two = engine_embeddings(LLM(model=str(folder), tensor_parallel_size=2, **options), prompts)
+    np.testing.assert_allclose(two, one, atol=1e-5)

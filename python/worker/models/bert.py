@@ -22,6 +22,7 @@ from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
 from worker.attention.backend import AttentionMetadata
+from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
 from worker.models.layers import Projection
 from worker.quantized_weights import QuantizedParts
@@ -53,21 +54,38 @@ def pack_token_types(token_ids: torch.Tensor, token_types: torch.Tensor) -> None
 
 
 class EncoderLayer(nn.Module):
+    """Under tensor parallelism split as a decoder's layer is: this rank's heads of q, k and v and its
+    part of the feed-forward's width (column), the output projections' matching inputs (row), whose
+    partial sums the ranks add up before each residual and LayerNorm."""
+
     def __init__(
-        self, hidden: int, intermediate: int, num_heads: int, eps: float, dtype: torch.dtype
+        self,
+        hidden: int,
+        intermediate: int,
+        num_heads: int,
+        eps: float,
+        dtype: torch.dtype,
+        tp: TensorParallelGroup,
     ) -> None:
         super().__init__()
-        # One rank: an encoder is not sharded (config_checks refuses tensor parallelism for it).
-        column = row = "replicated"
-        self.num_heads = num_heads
-        self.query = Projection(hidden, hidden, True, dtype, column)
-        self.key = Projection(hidden, hidden, True, dtype, column)
-        self.value = Projection(hidden, hidden, True, dtype, column)
-        self.attention_out = Projection(hidden, hidden, True, dtype, row)
+        # sluice.parallel_validation.check_tensor_parallel refuses sizes that do not divide these.
+        assert num_heads % tp.size == 0 and intermediate % tp.size == 0, (num_heads, intermediate)
+        self.tp = tp
+        self.num_heads = num_heads // tp.size
+        width = hidden // tp.size
+        self.query = Projection(hidden, width, True, dtype, "column")
+        self.key = Projection(hidden, width, True, dtype, "column")
+        self.value = Projection(hidden, width, True, dtype, "column")
+        self.attention_out = Projection(width, hidden, True, dtype, "row")
         self.attention_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
-        self.intermediate = Projection(hidden, intermediate, True, dtype, column)
-        self.output = Projection(intermediate, hidden, True, dtype, row)
+        self.intermediate = Projection(hidden, intermediate // tp.size, True, dtype, "column")
+        self.output = Projection(intermediate // tp.size, hidden, True, dtype, "row")
         self.output_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
+
+    def _row_parallel(self, ops: LayerOps, x: torch.Tensor, projection: Projection) -> torch.Tensor:
+        # Every rank's partial sum, added up; one rank adds the bias.
+        bias = projection.bias if self.tp.rank == 0 else None
+        return self.tp.all_reduce(ops.linear(x, projection.weight, bias))
 
     def forward(self, x: torch.Tensor, starts: list[int], ops: LayerOps, activation: Any) -> torch.Tensor:
         q, k, v = (ops.linear(x, p.weight, p.bias) for p in (self.query, self.key, self.value))
@@ -78,9 +96,9 @@ class EncoderLayer(nn.Module):
             q_s, k_s, v_s = (t[start:end].unflatten(1, (heads, -1)).transpose(0, 1) for t in (q, k, v))
             out = F.scaled_dot_product_attention(q_s, k_s, v_s)
             attended[start:end] = out.transpose(0, 1).flatten(1)
-        x = self.attention_norm(x + ops.linear(attended, self.attention_out.weight, self.attention_out.bias))
+        x = self.attention_norm(x + self._row_parallel(ops, attended, self.attention_out))
         inner = activation(ops.linear(x, self.intermediate.weight, self.intermediate.bias))
-        return self.output_norm(x + ops.linear(inner, self.output.weight, self.output.bias))
+        return self.output_norm(x + self._row_parallel(ops, inner, self.output))
 
 
 class BertEncoder(nn.Module):
@@ -90,8 +108,15 @@ class BertEncoder(nn.Module):
     has_experts = False
     runs_llama_layers = False
 
-    def __init__(self, hf_config: dict[str, Any], dtype: torch.dtype, cross_encoder: bool = False) -> None:
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        dtype: torch.dtype,
+        cross_encoder: bool = False,
+        tp: TensorParallelGroup | None = None,
+    ) -> None:
         super().__init__()
+        self.tp = tp or tensor_parallel_group()
         if hf_config.get("position_embedding_type", "absolute") != "absolute":
             raise UnsupportedArchitectureError(
                 f"position_embedding_type {hf_config['position_embedding_type']!r}: Sluice's encoders have absolute positions"
@@ -105,8 +130,10 @@ class BertEncoder(nn.Module):
         self.dtype = dtype
         hidden = int(hf_config["hidden_size"])
         eps = float(hf_config.get("layer_norm_eps", 1e-12))
-        self.num_kv_heads = int(hf_config["num_attention_heads"])
-        self.head_dim = hidden // self.num_kv_heads
+        heads = int(hf_config["num_attention_heads"])
+        self.head_dim = hidden // heads
+        # This rank's heads: what the runner's (unused) KV cache is sized by.
+        self.num_kv_heads = heads // self.tp.size
         # RoBERTa's positions start after its padding index (transformers' create_position_ids_from_input_ids).
         roberta = hf_config.get("model_type") in ("xlm-roberta", "roberta")
         self.position_offset = int(hf_config.get("pad_token_id", 1)) + 1 if roberta else 0
@@ -119,7 +146,7 @@ class BertEncoder(nn.Module):
         )
         self.embeddings_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
         self.layers = nn.ModuleList(
-            EncoderLayer(hidden, int(hf_config["intermediate_size"]), self.num_kv_heads, eps, dtype)
+            EncoderLayer(hidden, int(hf_config["intermediate_size"]), heads, eps, dtype, self.tp)
             for _ in range(int(hf_config["num_hidden_layers"]))
         )
         # A cross-encoder's head (model_spec.CROSS_ENCODER_ARCHITECTURES, one label): tanh(dense) of

@@ -79,8 +79,8 @@ struct Args {
     /// without tools gets a Hermes prompt, so hermes.
     #[arg(long, default_value = "auto", value_parser = PossibleValuesParser::new(parser_choices()))]
     tool_call_parser: String,
-    /// Leave `tool_choice: "auto"` unconstrained: without this, a parser that has a lazy grammar
-    /// (hermes) makes every call the model opens well formed and one of the request's tools.
+    /// Leave `tool_choice: "auto"` unconstrained: without this, the parser's lazy grammar (every
+    /// parser has one) makes every call the model opens well formed and one of the request's tools.
     #[arg(long)]
     no_tool_call_grammar: bool,
     /// Split a reasoning model's thinking (`<think>...</think>`) out of chat's answer, as

@@ -32,6 +32,58 @@ pub fn call_schema(tools: &[Tool], arguments_key: &str) -> Value {
     json!({"anyOf": calls})
 }
 
+/// `schema` held to one of its types, `kind`: a format that reads a value by one type (Qwen3-Coder's
+/// XML), or writes some types its own way (pythonic `True`), constrains the rest as JSON of it.
+pub fn of_type(schema: &Value, kind: &str) -> Value {
+    let mut schema = match schema {
+        Value::Object(_) => schema.clone(),
+        // `true` or another schema that is not an object: it allows anything.
+        _ => json!({}),
+    };
+    schema["type"] = kind.into();
+    schema
+}
+
+/// The values a schema lists, by `const` or `enum`; none when it lists none.
+pub fn listed_values(schema: &Value) -> Vec<&Value> {
+    match (schema.get("const"), schema.get("enum")) {
+        (Some(one), _) => vec![one],
+        (None, Some(Value::Array(values))) => values.iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The properties of an object schema, in its order, each with whether it is required, that a
+/// format can write (`nameable`, by name); None when a required one cannot be written, so that no
+/// call in the format matches the schema.
+pub fn nameable_properties(
+    schema: &Value,
+    nameable: impl Fn(&str) -> bool,
+) -> Option<Vec<(&str, &Value, bool)>> {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut properties = Vec::new();
+    for (name, property) in schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let is_required = required.contains(&name.as_str());
+        if nameable(name) {
+            properties.push((name.as_str(), property, is_required));
+        } else if is_required {
+            return None;
+        }
+    }
+    Some(properties)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

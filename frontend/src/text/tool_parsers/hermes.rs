@@ -1,11 +1,11 @@
 //! Hermes-style calls (Qwen, Hermes, and the prompt Sluice gives templates without tools): each
 //! call is a JSON object inside `<tool_call>` and `</tool_call>`; everything else is content.
 
-use serde_json::Value;
 use sluice_common::schema::openai_tools::Tool;
 
 use super::call_json::scan_call;
 use super::call_schema::call_schema;
+use super::lark::{calls_after, literal};
 use super::tool_call_blocks::{read_blocks, CLOSE, OPEN};
 use super::{CallText, OutputParse, ToolCallParser};
 
@@ -37,23 +37,12 @@ impl ToolCallParser for Hermes {
     }
 
     fn lazy_grammar(&self, tools: &[Tool], at_most_one: bool) -> Option<String> {
-        // TEXT never holds the opening tag; `prefix` is text that ends at it (llguidance's `stop`).
-        // Free text ends the output; each call is the schema's JSON between the tags.
-        let more = if at_most_one {
-            "TEXT"
-        } else {
-            "TEXT | prefix call more"
-        };
+        // Each call is the schema's JSON between the tags.
         Some(format!(
-            "start: TEXT | prefix call more\n\
-             more: {more}\n\
-             TEXT: /(?s:.*)/ & ~/(?s:.*{open}.*)/\n\
-             prefix[stop={open_json}]: /(?s:.*)/\n\
-             call: /[ \\t\\r\\n]*/ %json {call_schema} /[ \\t\\r\\n]*/ {close_json}\n",
-            open = OPEN,
-            open_json = Value::String(OPEN.into()),
-            close_json = Value::String(CLOSE.into()),
-            call_schema = call_schema(tools, "arguments"),
+            "{}call: /[ \\t\\r\\n]*/ %json {} /[ \\t\\r\\n]*/ {}\n",
+            calls_after(OPEN, at_most_one),
+            call_schema(tools, "arguments"),
+            literal(CLOSE),
         ))
     }
 

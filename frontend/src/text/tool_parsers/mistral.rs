@@ -2,7 +2,11 @@
 //! tokens skipped the marker is gone from the text, so an output that opens with an array of
 //! objects is read as calls too.
 
+use sluice_common::schema::openai_tools::Tool;
+
 use super::call_json::scan_call_array;
+use super::call_schema::call_schema;
+use super::lark::{call_list, free_text, holding, prefix};
 use super::{OutputParse, ToolCallParser};
 use crate::text::partial_marker::partial_marker_len;
 
@@ -42,6 +46,27 @@ fn array_start(text: &str, finished: bool) -> ArrayStart {
 impl ToolCallParser for Mistral {
     fn name(&self) -> String {
         "mistral".into()
+    }
+
+    fn lazy_grammar(&self, tools: &[Tool], at_most_one: bool) -> Option<String> {
+        // The two ways parse() reads calls: an array that opens the output (the marker is a
+        // special token, gone from the text when special tokens are skipped; a grammar over text
+        // cannot name it without the vocabulary, so a model whose vocabulary has it writes calls
+        // this way), or text up to the marker written as text, then the array; nothing but
+        // whitespace after it. TEXT is neither: it never holds the marker, nor opens with `[` and
+        // `{`; text before the marker does not open so either, so that it ends at the `{`.
+        let opening = r"\s*\[\s*\{(?s:.*)".to_owned();
+        Some(format!(
+            "start: TEXT | calls | prefix calls\n\
+             {text}\
+             {prefix}\
+             {calls}\
+             call: %json {schema}\n",
+            text = free_text(&[holding(MARKER), opening.clone()]),
+            prefix = prefix(MARKER, &[opening]),
+            calls = call_list(at_most_one),
+            schema = call_schema(tools, "arguments"),
+        ))
     }
 
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
@@ -103,6 +128,42 @@ mod tests {
             let parse = Mistral.parse(text, true);
             assert_eq!(parse.content, text);
             assert!(parse.calls.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_lazy_grammar_takes_an_opening_array_or_one_after_the_marker() {
+        let tools: Vec<Tool> = serde_json::from_value(serde_json::json!(
+            [{"type": "function", "function": {"name": "f"}}]
+        ))
+        .unwrap();
+        let many = Mistral.lazy_grammar(&tools, false).unwrap();
+        assert!(
+            many.starts_with("start: TEXT | calls | prefix calls\n"),
+            "{many}"
+        );
+        assert!(
+            many.contains("prefix[stop=\"[TOOL_CALLS]\"]: /(?s:.*)/ & ~/\\s*\\[\\s*\\{(?s:.*)/\n"),
+            "{many}"
+        );
+        let schema = call_schema(&tools, "arguments");
+        assert!(many.contains(&format!("call: %json {schema}\n")), "{many}");
+        assert!(
+            many.contains("calls: OPEN call (SEP call)* CLOSE\n"),
+            "{many}"
+        );
+        let one = Mistral.lazy_grammar(&tools, true).unwrap();
+        assert!(one.contains("calls: OPEN call CLOSE\n"), "{one}");
+        // What it takes, the parser reads as calls.
+        let call = "{\"name\": \"f\", \"arguments\": {}}";
+        for text in [
+            format!(" [{call}, {call}]\n"),
+            format!("Sure.[TOOL_CALLS] [{call}] "),
+        ] {
+            assert_eq!(
+                Mistral.parse(&text, true).calls.len(),
+                text.matches("\"f\"").count()
+            );
         }
     }
 

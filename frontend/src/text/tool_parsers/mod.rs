@@ -1,13 +1,16 @@
 //! Tool-call parsers: each reads a model's output format (Hermes' `<tool_call>` blocks, Llama 3's
 //! bare JSON, Mistral's `[TOOL_CALLS]` array, Qwen3-Coder's XML, pythonic call lists, and the JSON
 //! that forced calls are constrained to)
-//! into content and calls, behind one trait. [`REGISTRY`] names the ones `--tool-call-parser`
-//! picks from: a new format is a file implementing [`ToolCallParser`] and one line there.
+//! into content and calls, behind one trait; each registered format also gives `tool_choice:
+//! "auto"` its lazy grammar, so that a call the model opens is one it reads. [`REGISTRY`] names the
+//! ones `--tool-call-parser` picks from: a new format is a file implementing [`ToolCallParser`]
+//! and one line there.
 
 mod call_json;
 pub mod call_schema;
 mod forced;
 mod hermes;
+mod lark;
 mod llama3_json;
 mod mistral;
 mod pythonic;

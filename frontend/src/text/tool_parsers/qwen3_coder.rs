@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::tool_call_blocks::read_blocks;
+use super::call_schema::{arguments_schema, listed_values, nameable_properties, of_type};
+use super::lark::{calls_after, free_text, holding, literal, sequence};
+use super::tool_call_blocks::{read_blocks, CLOSE, OPEN};
 use super::{CallText, OutputParse, ToolCallParser};
 use sluice_common::schema::openai_tools::Tool;
 
@@ -74,6 +76,38 @@ fn typed_value(text: &str, kind: Option<&str>) -> Value {
 fn trim_one_newline(text: &str) -> &str {
     let text = text.strip_prefix('\n').unwrap_or(text);
     text.strip_suffix('\n').unwrap_or(text)
+}
+
+/// Whether parse() reads `name` back as written, as a function's or a parameter's: it ends at the
+/// first `>` and is trimmed, and a function's holds no `<` or newline.
+fn is_tag_name(name: &str) -> bool {
+    !name.is_empty() && name.trim() == name && !name.contains(['<', '>', '\n'])
+}
+
+/// A parameter's value and its closing tag, held to what parse() makes of it by its schema's type:
+/// an integer, number, boolean, null, object or array is read as JSON, so it is written as JSON
+/// of the schema (held to that type); any other value stays the text, so it is text that does not
+/// close the parameter early (`VALUE`), or one of the schema's strings when it lists them.
+fn value_grammar(schema: &Value) -> String {
+    let close = literal(&format!("\n{PARAMETER_END}"));
+    match schema_type(schema).as_deref() {
+        Some(kind @ ("integer" | "number" | "boolean" | "null" | "object" | "array")) => {
+            format!("%json {} {close}", of_type(schema, kind))
+        }
+        _ => {
+            let strings: Option<Vec<&str>> = listed_values(schema)
+                .into_iter()
+                .map(Value::as_str)
+                .collect();
+            match strings.filter(|strings| !strings.is_empty()) {
+                Some(strings) => {
+                    let choices: Vec<String> = strings.into_iter().map(literal).collect();
+                    format!("({}) {close}", choices.join(" | "))
+                }
+                None => "VALUE".into(),
+            }
+        }
+    }
 }
 
 impl Qwen3Coder {
@@ -171,6 +205,56 @@ impl ToolCallParser for Qwen3Coder {
         }))
     }
 
+    fn lazy_grammar(&self, tools: &[Tool], at_most_one: bool) -> Option<String> {
+        // Calls in `<tool_call>` blocks, as Hermes': each is a tool's function tag, then its
+        // parameters in its schema's order (required ones present, no others), one tag and one
+        // value each, on lines of their own as the template writes them.
+        let mut calls = Vec::new();
+        let mut rules = String::new();
+        for tool in tools {
+            let name = &tool.function.name;
+            let schema = arguments_schema(tool);
+            let Some(properties) = nameable_properties(&schema, is_tag_name) else {
+                continue;
+            };
+            if !is_tag_name(name) {
+                continue;
+            }
+            let rule = format!("c{}", calls.len());
+            let parameters: Vec<(String, bool)> = properties
+                .iter()
+                .map(|(key, property, required)| {
+                    let open = literal(&format!("{PARAMETER}{key}>\n"));
+                    let item = format!("{open} {} \"\\n\"", value_grammar(property));
+                    (item, *required)
+                })
+                .collect();
+            let arguments = if parameters.is_empty() {
+                String::new()
+            } else {
+                rules.push_str(&sequence(&format!("{rule}_a"), &parameters, ""));
+                format!(" {rule}_a")
+            };
+            calls.push(format!(
+                "{rule}: {}{arguments} {}\n",
+                literal(&format!("\n{FUNCTION}{name}>\n")),
+                literal(&format!("{FUNCTION_END}\n{CLOSE}"))
+            ));
+        }
+        if calls.is_empty() {
+            return Some(format!("start: TEXT\n{}", free_text(&[holding(OPEN)])));
+        }
+        let alternatives: Vec<String> = (0..calls.len()).map(|at| format!("c{at}")).collect();
+        Some(format!(
+            "{}call: {}\n{}{rules}VALUE: (/(?s:.*)/ & ~/{}/) {}\n",
+            calls_after(OPEN, at_most_one),
+            alternatives.join(" | "),
+            calls.concat(),
+            holding(PARAMETER_END),
+            literal(&format!("\n{PARAMETER_END}")),
+        ))
+    }
+
     fn parse(&self, text: &str, finished: bool) -> OutputParse {
         read_blocks(text, finished, |inner, closed| {
             self.block_call(inner, closed)
@@ -243,6 +327,52 @@ mod tests {
             }
         }
         assert_eq!(last, whole);
+    }
+
+    #[test]
+    fn the_lazy_grammar_types_values_as_the_parser_reads_them() {
+        let tools: Vec<Tool> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "required": ["city"], "properties": {
+                    "city": {"type": "string"}, "days": {"type": "integer"},
+                    "metric": {"type": ["boolean", "null"]}, "unit": {"enum": ["C", "F"]},
+                    "odd>name": {"type": "string"}
+                }}}},
+            {"type": "function", "function": {"name": "bad>name"}},
+            {"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "required": ["a b>"], "properties": {"a b>": {}}}}}
+        ]))
+        .unwrap();
+        let many = Qwen3Coder::default().lazy_grammar(&tools, false).unwrap();
+        assert!(
+            many.starts_with("start: TEXT | prefix call more\n"),
+            "{many}"
+        );
+        // A tool or a required parameter that parse() cannot read back is left out.
+        assert!(many.contains("call: c0\n"), "{many}");
+        assert!(!many.contains("odd>name"), "{many}");
+        for piece in [
+            "c0: \"\\n<function=get_weather>\\n\" c0_a \"</function>\\n</tool_call>\"\n",
+            "c0_a: \"<parameter=city>\\n\" VALUE \"\\n\" c0_a_t1\n",
+            "\"<parameter=days>\\n\" %json {\"type\":\"integer\"} \"\\n</parameter>\" \"\\n\"",
+            "%json {\"type\":\"boolean\"}",
+            "(\"C\" | \"F\") \"\\n</parameter>\"",
+            "VALUE: (/(?s:.*)/ & ~/(?s:.*<\\/parameter>.*)/) \"\\n</parameter>\"\n",
+        ] {
+            assert!(many.contains(piece), "{piece} in {many}");
+        }
+        let one = Qwen3Coder::default().lazy_grammar(&tools, true).unwrap();
+        assert!(one.contains("more: TEXT\n"), "{one}");
+        // What it takes, the parser reads as a call of the schema's types.
+        let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\n\
+            <parameter=days>\n2\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n\
+            <parameter=unit>\nC\n</parameter>\n</function>\n</tool_call>";
+        let parser = Qwen3Coder::default().for_tools(&tools).unwrap();
+        let parse = parser.parse(text, true);
+        assert_eq!(
+            serde_json::from_str::<Value>(&parse.calls[0].arguments).unwrap(),
+            json!({"city": "a", "days": 2, "metric": false, "unit": "C"})
+        );
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl FakeEngine {
             embedding_size: 0,
             matryoshka_dimensions: None,
             cross_encoder: false,
+            eos_token_ids: vec![2],
         });
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while self

@@ -133,6 +133,7 @@ fn generative() -> Ready {
         embedding_size: 576,
         matryoshka_dimensions: None,
         cross_encoder: false,
+        eos_token_ids: vec![2],
     }
 }
 
@@ -144,6 +145,7 @@ async fn cross_encoder() -> Server {
             runner: Runner::Pooling,
             embedding_size: 1,
             cross_encoder: true,
+            eos_token_ids: vec![2],
             ..generative()
         })
         .await;

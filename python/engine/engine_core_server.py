@@ -186,6 +186,7 @@ class EngineCoreServer:
                     embedding_size=self.engine.embedding_size,
                     matryoshka_dimensions=self.engine.matryoshka_dimensions,
                     cross_encoder=self.engine.spec.is_cross_encoder,
+                    eos_token_ids=list(self.engine.spec.eos_token_ids),
                 )
             )
             while not self.stop_requested:

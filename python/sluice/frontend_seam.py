@@ -90,6 +90,9 @@ class Ready:
     # A cross-encoder (a *ForSequenceClassification encoder): it embeds nothing, and scores a pair of
     # texts given as one prompt (AddRequest.second_text_start); its "embedding" is the one score.
     cross_encoder: bool = False
+    # The ids that end a generation (the engine core's, from config.json): the frontend's beam search
+    # finishes a beam on them.
+    eos_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -265,6 +268,7 @@ _MESSAGES = MessageSet(
                     ("embedding_size", INT),
                     ("matryoshka_dimensions", optional(INT_LIST)),
                     ("cross_encoder", BOOL),
+                    ("eos_token_ids", INT_LIST),
                 ),
             ),
         ),

@@ -132,7 +132,8 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
     ("endpoint", "fields", "param"),
     [
         ("completions", {"suffix": " and that is all."}, "suffix"),
-        ("completions", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
+        ("chat", {"extra_body": {"use_beam_search": True}}, "use_beam_search"),
+        ("completions", {"extra_body": {"length_penalty": 0.5}}, "length_penalty"),
         ("completions", {"extra_body": {"bad_words": ["Paris", " "]}}, "bad_words"),
         ("completions", {"extra_body": {"truncate_prompt_tokens": 0}}, "truncate_prompt_tokens"),
         ("chat", {"extra_body": {"truncate_prompt_tokens": 5000}}, "truncate_prompt_tokens"),

@@ -121,6 +121,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         runner="generate",
         embedding_size=576,
         matryoshka_dimensions=None,
+        eos_token_ids=[2, 49152],
     ),
     "ready_pooling": Ready(
         max_model_len=32768,

@@ -54,6 +54,7 @@ PROTOCOL_KEYS = {
         "embedding_size",
         "matryoshka_dimensions",
         "cross_encoder",
+        "eos_token_ids",
     ],
     "outputs": ["v", "type", "outputs", "stats", "timestamp"],
     "utility_result": ["v", "type", "call_id", "result", "error"],

@@ -157,10 +157,26 @@ pub struct CompletionRequest {
     #[schema(maximum = 20)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub prompt_logprobs: Option<u32>,
+    /// vLLM's: each prompt's `n` best beams (`n` is the beam width, at most 10), best first.
+    pub use_beam_search: Option<bool>,
+    /// vLLM's, with beam search: a beam's score is its cumulative logprob over its output length
+    /// to this power (default 1.0; above 0 favours longer outputs, below 0 shorter ones).
+    pub length_penalty: Option<f64>,
+    /// vLLM's, with beam search: `true` stops once `n` beams have finished, `false` (the default)
+    /// also once no live beam can beat the worst of them, `"never"` runs every beam to its end.
+    pub early_stopping: Option<EarlyStopping>,
     /// Fields this type does not know: refused or ignored and reported (see `api::request_fields`).
     #[serde(flatten)]
     #[schema(ignore)]
     pub other_fields: BTreeMap<String, serde_json::Value>,
+}
+
+/// Beam search's `early_stopping`: `true`, `false` or `"never"` (another string is a 400 naming it).
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum EarlyStopping {
+    Flag(bool),
+    Word(String),
 }
 
 /// A chat message's content: a string, or OpenAI's array of parts of which text parts are joined.

@@ -248,7 +248,7 @@ const ENGINE_CHECKED_FIELDS: &[&str] = &[
 
 /// A failed choice's error: the engine's own failure is a 500 while the engine is healthy, a 503
 /// once it is not (the failure was the engine going away).
-fn api_error(
+pub(crate) fn api_error(
     engine: &EngineClient,
     structured_output_field: Option<&'static str>,
     error: ChoiceError,

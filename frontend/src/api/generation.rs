@@ -19,7 +19,7 @@ use crate::api::fan_out::{self, ChoiceResult, Choices, ResponseHeader};
 use crate::api::request_fields::with_ignored_fields;
 use crate::api::valid_request::ValidRequest;
 use crate::api::validate::Route;
-use crate::api::{best_of, prepare};
+use crate::api::{beam_search, best_of, prepare};
 use crate::state::{AppState, Arrival};
 use sluice_common::schema::openai::Usage;
 
@@ -74,8 +74,16 @@ pub async fn create<E: GenerationEndpoint>(
     prepare::check_route(&state, Route::Generation)?;
     let Json(request) = body?;
     let (request, context) = E::prepare(&state, request, &headers).await?;
-    let choices = fan_out::start(&state, &E::id_kind(&context), &request, arrival)?;
     let prompt_tokens = request.prompt_tokens();
+    if let Some(params) = &request.beam_search {
+        let id_kind = E::id_kind(&context);
+        let (header, results) =
+            beam_search::run(&state, &id_kind, &request, params, arrival).await?;
+        let usage = fan_out::whole_usage(&results, prompt_tokens, request.n);
+        let response = Json(E::whole(header, results, usage, &request, context)).into_response();
+        return Ok(with_ignored_fields(response, &request.ignored_fields));
+    }
+    let choices = fan_out::start(&state, &E::id_kind(&context), &request, arrival)?;
     let response = if request.stream {
         E::stream(choices, prompt_tokens, &request, context).await?
     } else {

@@ -1,9 +1,10 @@
 //! The OpenAI-compatible HTTP API (with OpenAI's Responses API and Anthropic's Messages API, both
 //! translated to chat, and OpenAI's embeddings and vLLM's score and rerank for pooling models):
 //! routes, validation (`validate`'s field rules, `valid_request`'s typed values, `prepare`'s
-//! rendering and tokenizing), fan-out and SSE framing (the wire types are `sluice_common::schema`'s).
+//! rendering and tokenizing), fan-out (or beam search) and SSE framing (the wire types are `sluice_common::schema`'s).
 pub mod admission;
 pub mod auth;
+pub mod beam_search;
 pub mod best_of;
 pub mod chat;
 pub mod completions;

@@ -617,7 +617,13 @@ mod tests {
         let stream_options = schemas["StreamOptions"]["properties"].as_object().unwrap();
         assert!(stream_options.contains_key("continuous_usage_stats"));
         let completion = serde_json::to_string(&schemas["CompletionRequest"]).unwrap();
-        for field in ["suffix", "add_special_tokens"] {
+        for field in [
+            "suffix",
+            "add_special_tokens",
+            "use_beam_search",
+            "length_penalty",
+            "early_stopping",
+        ] {
             assert!(
                 completion.contains(field),
                 "CompletionRequest lacks {field}"

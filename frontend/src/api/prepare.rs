@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use futures::future::try_join_all;
 
 use crate::api::admission;
+use crate::api::beam_search;
 use crate::api::error::ApiError;
 use crate::api::request_fields::{self, Endpoint};
 use crate::api::tools::{self, ValidTools};
@@ -64,6 +65,8 @@ pub async fn completion(
         state.config.scheduling_policy,
     )?;
     let ignored_fields = sampling.ignored_fields(Endpoint::Completions, &request.other_fields)?;
+    let constrained = sampling.structured_output.as_ref().map(|c| c.field);
+    let beam_search = beam_search::check(&request, constrained)?;
     // Before any prompt is tokenized: a request that can never be admitted is refused at once.
     admission::check_fits(
         state,
@@ -106,7 +109,9 @@ pub async fn completion(
             second_text_start: None,
         });
     }
-    Ok(sampling.response(request.model.clone(), prompts, ignored_fields))
+    let mut valid = sampling.response(request.model.clone(), prompts, ignored_fields);
+    valid.beam_search = beam_search;
+    Ok(valid)
 }
 
 /// `POST /v1/embeddings`: each input tokenized (text with special tokens, no chat template) or

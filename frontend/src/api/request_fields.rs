@@ -61,15 +61,6 @@ const fn unsupported(name: &'static str, why: &'static str) -> Unsupported {
 /// Fields both endpoints refuse (vLLM's extensions this server does not implement).
 const COMMON: &[Unsupported] = &[
     unsupported(
-        "use_beam_search",
-        "beam search is not served over HTTP yet (the offline LLM.beam_search has it)",
-    ),
-    Unsupported {
-        name: "length_penalty",
-        why: "it applies to beam search, which is not served over HTTP yet",
-        inert: absent_or_one,
-    },
-    unsupported(
         "logits_processors",
         "custom logits processors are not implemented",
     ),
@@ -86,8 +77,18 @@ const COMPLETIONS: &[Unsupported] = &[unsupported(
     "prompts are text or token ids",
 )];
 
+const CHAT_BEAM_SEARCH: &str = "beam search is served on /v1/completions only (a chat \
+                                request's rendered prompt can be sent there as its prompt)";
+
 /// Fields only chat refuses.
 const CHAT: &[Unsupported] = &[
+    unsupported("use_beam_search", CHAT_BEAM_SEARCH),
+    Unsupported {
+        name: "length_penalty",
+        why: CHAT_BEAM_SEARCH,
+        inert: absent_or_one,
+    },
+    unsupported("early_stopping", CHAT_BEAM_SEARCH),
     unsupported("audio", "this model produces text only"),
     Unsupported {
         name: "modalities",
@@ -323,8 +324,12 @@ mod tests {
     #[test]
     fn fields_that_cannot_be_honoured_are_refused_by_name() {
         assert_eq!(
-            refused(Endpoint::Completions, json!({"use_beam_search": true})),
+            refused(Endpoint::Chat, json!({"use_beam_search": true})),
             "use_beam_search"
+        );
+        assert_eq!(
+            refused(Endpoint::Chat, json!({"early_stopping": "never"})),
+            "early_stopping"
         );
         assert_eq!(
             refused(Endpoint::Chat, json!({"length_penalty": 0.5})),

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use futures::future::try_join_all;
 
+use crate::api::beam_search::BeamSearchParams;
 use crate::api::error::ApiError;
 use crate::api::request_fields::{self, Endpoint};
 use crate::api::structured_output::{self, Constraint};
@@ -185,6 +186,7 @@ impl CheckedSampling<'_> {
             return_tokens_as_token_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
             cache_salt: fields.cache_salt.clone(),
             pooling: None,
+            beam_search: None,
         }
     }
 
@@ -248,6 +250,9 @@ pub struct ValidRequest {
     pub cache_salt: Option<String>,
     /// Embeddings: each prompt is a pooling request, answered with its embedding.
     pub pooling: Option<PoolingParams>,
+    /// Completions' `use_beam_search`: each prompt's n best beams are its choices (`beam_search`),
+    /// and its `params` serve only for max_tokens.
+    pub beam_search: Option<BeamSearchParams>,
 }
 
 /// One prompt, its echo text and its engine parameters (with its own max_tokens).

@@ -966,6 +966,7 @@ pub(crate) mod tests {
             embedding_size: 1,
             matryoshka_dimensions: None,
             cross_encoder,
+            eos_token_ids: Vec::new(),
         };
         assert_eq!(
             ServedModel::of(&ready(Runner::Generate, false)),

@@ -236,6 +236,9 @@ pub struct Ready {
     /// request is a pair of texts (`second_text_start`), and its embedding is one float32, the
     /// pair's score. `embedding_size` is then 1.
     pub cross_encoder: bool,
+    /// The ids that end a generation, as the engine core reads them: beam search finishes a beam
+    /// on them. Empty for a model without one (an encoder).
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// What the served model does, and so which routes serve it.
@@ -626,6 +629,7 @@ mod tests {
                 embedding_size: 0,
                 matryoshka_dimensions: None,
                 cross_encoder: false,
+                eos_token_ids: vec![2],
             }
             .into(),
             Ready {
@@ -636,6 +640,7 @@ mod tests {
                 embedding_size: 768,
                 matryoshka_dimensions: Some(vec![64, 256, 768]),
                 cross_encoder: false,
+                eos_token_ids: vec![2],
             }
             .into(),
             Ready {
@@ -646,6 +651,7 @@ mod tests {
                 embedding_size: 1,
                 matryoshka_dimensions: None,
                 cross_encoder: true,
+                eos_token_ids: Vec::new(),
             }
             .into(),
             sample_outputs().into(),
@@ -723,8 +729,9 @@ mod tests {
             embedding_size: 576,
             matryoshka_dimensions: Some(Vec::new()),
             cross_encoder: true,
+            eos_token_ids: vec![2, 49152],
         }));
-        let mut expected = vec![0x89];
+        let mut expected = vec![0x8a];
         expected.extend(s("v"));
         expected.push(0x01);
         expected.extend(s("type"));
@@ -743,6 +750,8 @@ mod tests {
         expected.push(0x90);
         expected.extend(s("cross_encoder"));
         expected.push(0xc3);
+        expected.extend(s("eos_token_ids"));
+        expected.extend([0x92, 0x02, 0xcd, 0xc0, 0x00]);
         assert_eq!(bytes, expected);
     }
 

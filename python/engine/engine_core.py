@@ -42,8 +42,11 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(self.spec, config.model.max_model_len)
         self.vocab_size = int(self.spec.hf_config["vocab_size"])
         self.runner = resolve_runner(self.spec, config.model.runner)
+        # What Ready tells the frontend of the model.
+        self.cross_encoder = self.spec.is_cross_encoder
+        self.eos_token_ids = self.spec.eos_token_ids
         # A cross-encoder's "embedding" is its one score.
-        self.embedding_size = 1 if self.spec.is_cross_encoder else int(self.spec.hf_config["hidden_size"])
+        self.embedding_size = 1 if self.cross_encoder else int(self.spec.hf_config["hidden_size"])
         self.pooling_spec: PoolingSpec | None = model_pooling(self.spec) if self.runner == "pooling" else None
         # Every option is checked, and the KV pool sized, before any worker process starts.
         self.num_kv_blocks = check_engine_config(config, self.spec)

@@ -185,8 +185,8 @@ class EngineCoreServer:
                     runner=self.engine.runner,
                     embedding_size=self.engine.embedding_size,
                     matryoshka_dimensions=self.engine.matryoshka_dimensions,
-                    cross_encoder=self.engine.spec.is_cross_encoder,
-                    eos_token_ids=list(self.engine.spec.eos_token_ids),
+                    cross_encoder=self.engine.cross_encoder,
+                    eos_token_ids=list(self.engine.eos_token_ids),
                 )
             )
             while not self.stop_requested:

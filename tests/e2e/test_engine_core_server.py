@@ -34,7 +34,7 @@ from sluice.frontend_seam import (
     encode,
 )
 from sluice.sampling_params import SamplingParams
-from tiny_models import VOCAB_SIZE, tiny_model_dir
+from tiny_models import EOS_ID, VOCAB_SIZE, tiny_model_dir
 
 ENGINE_OPTIONS = ["--dtype", "float32", "--num-kv-blocks", "256", "--num-threads", "1"]
 MAX_MODEL_LEN = 256
@@ -210,7 +210,7 @@ def prompt_of(length: int, salt: int = 0) -> list[int]:
 
 
 def test_ready_reports_the_served_geometry(server):
-    # The tiny Llama: generative, 64 wide.
+    # The tiny Llama: generative, 64 wide, its end-of-sequence id as its config.json says.
     assert server.client.ready == Ready(
         max_model_len=MAX_MODEL_LEN,
         num_kv_blocks=256,
@@ -218,6 +218,8 @@ def test_ready_reports_the_served_geometry(server):
         runner="generate",
         embedding_size=64,
         matryoshka_dimensions=None,
+        cross_encoder=False,
+        eos_token_ids=[EOS_ID],
     )
     assert "ready" in server.stderr()
 
@@ -432,6 +434,8 @@ class _FailingEngine:
         self.runner = "generate"
         self.embedding_size = 32
         self.matryoshka_dimensions = None
+        self.cross_encoder = False
+        self.eos_token_ids = (2,)
         self.config = _Namespace(model=_Namespace(path="failing"), cache=_Namespace(block_size=16))
         self.requests: dict[str, list[int]] = {}
 
@@ -444,6 +448,7 @@ class _FailingEngine:
         priority: int,
         cache_salt: str | None,
         pooling: Any,
+        second_text_start: int | None,
     ) -> None:
         self.requests[request_id] = prompt
 

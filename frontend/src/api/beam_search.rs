@@ -13,7 +13,7 @@ use futures::future::try_join_all;
 use crate::api::admission;
 use crate::api::error::ApiError;
 use crate::api::fan_out::{self, ChoiceResult, ResponseHeader};
-use crate::api::valid_request::ValidRequest;
+use crate::api::valid_request::{BeamSearchParams, EarlyStopping, ValidRequest};
 use crate::api::validate::{out_of_range, MAX_LOGPROBS};
 use crate::engine::client::{EngineClient, OutputStream};
 use crate::engine::protocol::{AddRequest, FinishReason, Logprobs, SamplingParams};
@@ -24,27 +24,6 @@ use sluice_common::schema::openai::{CompletionRequest, EarlyStopping as EarlySto
 /// What a beam's top logprobs cover: 2 x beam_width, as in vLLM, so that beam_width live beams
 /// remain even when every beam's best tokens end it.
 const CANDIDATES_PER_BEAM: u32 = 2;
-
-/// When a search stops before every live beam has reached its end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EarlyStopping {
-    /// `true`: once beam_width beams have finished.
-    Finished,
-    /// `false` (the default): also once no live beam scores better than the worst of the
-    /// beam_width best finished ones (Hugging Face's heuristic).
-    Hopeless,
-    /// `"never"`: every beam runs to its end or max_tokens.
-    Never,
-}
-
-/// A request's beam search, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BeamSearchParams {
-    pub beam_width: u32,
-    pub length_penalty: f64,
-    pub early_stopping: EarlyStopping,
-    pub ignore_eos: bool,
-}
 
 /// Why a field beside `use_beam_search` would change nothing, for its 400.
 const SAMPLES_NOTHING: &str = "beam search ranks each beam's candidates by the model's own \

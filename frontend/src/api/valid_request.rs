@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use futures::future::try_join_all;
 
-use crate::api::beam_search::BeamSearchParams;
 use crate::api::error::ApiError;
 use crate::api::request_fields::{self, Endpoint};
 use crate::api::structured_output::{self, Constraint};
@@ -366,6 +365,27 @@ async fn bad_words_token_ids(
         }
     }
     Ok(sequences)
+}
+
+/// When a search stops before every live beam has reached its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyStopping {
+    /// `true`: once beam_width beams have finished.
+    Finished,
+    /// `false` (the default): also once no live beam scores better than the worst of the
+    /// beam_width best finished ones (Hugging Face's heuristic).
+    Hopeless,
+    /// `"never"`: every beam runs to its end or max_tokens.
+    Never,
+}
+
+/// A request's beam search, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeamSearchParams {
+    pub beam_width: u32,
+    pub length_penalty: f64,
+    pub early_stopping: EarlyStopping,
+    pub ignore_eos: bool,
 }
 
 #[cfg(test)]

@@ -1539,6 +1539,19 @@ async fn rerank_orders_the_documents_by_relevance_with_their_text() {
         .map(|index| (index, fake_cosine(query_len, lens[index])))
         .collect();
     expected.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let tokens = query_len + lens.iter().sum::<usize>();
+    assert_reranked(&server, query, &documents, &expected, tokens).await;
+}
+
+/// Each rerank route answers the documents in `expected`'s order (index, score), with their texts
+/// and `tokens` prompt tokens; `top_n` 1 without `return_documents` answers the best one alone.
+async fn assert_reranked(
+    server: &Server,
+    query: &str,
+    documents: &[&str],
+    expected: &[(usize, f64)],
+    tokens: usize,
+) {
     for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
         let (status, body) = server
             .post(
@@ -1553,13 +1566,12 @@ async fn rerank_orders_the_documents_by_relevance_with_their_text() {
         );
         assert_eq!(body["model"], MODEL);
         let results = body["results"].as_array().unwrap();
-        for (result, &(index, _)) in results.iter().zip(&expected) {
+        for (result, &(index, _)) in results.iter().zip(expected) {
             assert_eq!(result["index"], index, "{path}: {body}");
             assert_eq!(result["document"], json!({"text": documents[index]}));
         }
         let scores: Vec<f64> = expected.iter().map(|&(_, score)| score).collect();
         assert_scores(&body["results"], "relevance_score", &scores);
-        let tokens = query_len + lens.iter().sum::<usize>();
         assert_eq!(
             body["usage"],
             json!({"prompt_tokens": tokens, "total_tokens": tokens})
@@ -1725,33 +1737,7 @@ async fn a_cross_encoder_scores_each_pair_as_one_prompt_with_its_second_text_typ
 
     let mut expected: Vec<(usize, f64)> = (0..).zip(pairs.iter().map(|pair| pair.2)).collect();
     expected.sort_by(|a, b| b.1.total_cmp(&a.1));
-    for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
-        let (status, body) = server
-            .post(
-                path,
-                json!({"model": MODEL, "query": query, "documents": documents}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{path}: {body}");
-        let results = body["results"].as_array().unwrap();
-        for (result, &(index, _)) in results.iter().zip(&expected) {
-            assert_eq!(result["index"], index, "{path}: {body}");
-            assert_eq!(result["document"], json!({"text": documents[index]}));
-        }
-        let scores: Vec<f64> = expected.iter().map(|&(_, score)| score).collect();
-        assert_scores(&body["results"], "relevance_score", &scores);
-        assert_eq!(body["usage"]["prompt_tokens"], tokens);
-    }
-    let (status, body) = server
-        .post(
-            "/rerank",
-            json!({"model": MODEL, "query": query, "documents": documents, "top_n": 1,
-                   "return_documents": false}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["results"][0]["index"], expected[0].0);
-    assert_eq!(body["results"][0].get("document"), None);
+    assert_reranked(&server, query, &documents, &expected, tokens).await;
     assert_eq!(server.state.permits.available_permits(), 64);
 }
 

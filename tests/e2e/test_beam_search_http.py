@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from openai_errors import refused_param as openai_400_param
 from serve_fixtures import Server, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -77,12 +78,7 @@ def beam_request(client: openai.OpenAI, case: Case) -> Any:
 
 def refused_param(call: Any, **kwargs: Any) -> str | None:
     """The `param` of the 400 that `call(**kwargs)` must get, in OpenAI's error shape."""
-    with pytest.raises(openai.BadRequestError) as refused:
-        call(model=MODEL, **kwargs)
-    assert refused.value.status_code == 400
-    body: Any = refused.value.body
-    assert set(body) == {"message", "type", "param", "code"}, body
-    return body["param"]
+    return openai_400_param(call, model=MODEL, **kwargs)
 
 
 def refusals(client: openai.OpenAI) -> dict[str, str | None]:

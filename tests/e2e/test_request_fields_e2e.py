@@ -23,6 +23,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
+from openai_errors import refused_param as openai_400_param
 from serve_fixtures import Server, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -67,12 +68,7 @@ def client(server: Server) -> Iterator[openai.OpenAI]:
 
 def refused_param(call: Any, **kwargs: Any) -> str | None:
     """The `param` of the 400 that `call(**kwargs)` must get."""
-    with pytest.raises(openai.BadRequestError) as refused:
-        call(model=MODEL, **kwargs)
-    assert refused.value.status_code == 400
-    body: Any = refused.value.body
-    assert set(body) == {"message", "type", "param", "code"}, body
-    return body["param"]
+    return openai_400_param(call, model=MODEL, **kwargs)
 
 
 def test_an_unknown_field_is_accepted_listed_in_the_header_and_logged_once(

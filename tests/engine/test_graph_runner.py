@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch
 
 from sluice.model_spec import read_model_spec
 from tiny_models import tiny_model_dir, write_tiny_encoder
+from triton_interpreter import run_interpreted
 from worker.attention.backend import AttentionMetadata
 from worker.attention.selector import select_attention_backend
 from worker.graphs.dispatcher import GraphDispatcher, GraphMode, PaddingTable
@@ -191,22 +190,7 @@ def test_replayed_steps_match_the_model_run_op_by_op(variant: str) -> None:
 
 @pytest.mark.skipif(CUDA or INTERPRETED, reason="CUDA runs it here; the child runs only the Triton variant")
 def test_triton_variant_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "triton-interpreted",
-        __file__,
-    ]
-    done = subprocess.run(
-        cmd, check=False, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-6000:] + done.stderr[-3000:]
+    run_interpreted(__file__, "-k", "triton-interpreted")
 
 
 def test_piecewise_pieces_without_padding_are_bitwise_the_model() -> None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from triton_interpreter import run_interpreted
 from worker.layer_ops import TorchLayerOps
 from worker.moe_tensors import MoeTensors, torch_moe
 
@@ -86,12 +84,7 @@ def assert_matches_reference(x: torch.Tensor, moe: MoeTensors) -> None:
 
 @pytest.mark.skipif(RUN_HERE, reason="the kernels run in this process")
 def test_moe_kernel_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    done = subprocess.run(
-        cmd, check=False, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    run_interpreted(__file__)
 
 
 @here

@@ -11,15 +11,13 @@ from the start; the child then takes the RUN_HERE branch.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 from paged_attention_cases import MIXED, Case, attend, make_case
+from triton_interpreter import run_interpreted
 from worker.attention.torch_backend import TorchAttentionBackend
 
 CUDA = torch.cuda.is_available()
@@ -71,12 +69,7 @@ def assert_matches(
 
 @pytest.mark.skipif(RUN_HERE, reason="the kernels run in this process")
 def test_triton_kernels_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    done = subprocess.run(
-        cmd, check=False, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    run_interpreted(__file__)
 
 
 @pytest.mark.skipif(CUDA, reason="CUDA is present")

@@ -20,7 +20,7 @@ import torch
 from sluice.config import GraphConfig, SluiceConfig
 from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, model_pooling, resolve_max_model_len, resolve_runner
-from sluice.pooling import ScoreActivation
+from sluice.pooling import PoolingSpec, ScoreActivation
 from sluice.sampling_params import params_from_wire
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
@@ -116,7 +116,6 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         # The pooling runner pools hidden states and samples nothing.
         pooling = model_pooling(spec) if resolve_runner(spec, config.model.runner) == "pooling" else None
-        self.pooler = None if pooling is None else Pooler(pooling.method)
         self.num_layers = spec.num_layers
         kernel = config.kernel
         if device.type == "cpu":
@@ -142,12 +141,10 @@ class ModelRunner:
                 gguf_dequantize=kernel.gguf_dequantize,
                 quantization=kernel.quantization,
                 fused_moe=kernel.fused_moe,
-                needs_lm_head=self.pooler is None,
+                needs_lm_head=pooling is None,
             )
         )
-        if pooling is not None and pooling.score_activation is not None:
-            assert isinstance(self.model, BertEncoder)
-            self.pooler = Pooler(pooling.method, cross_encoder_head(self.model, pooling.score_activation))
+        self.pooler = None if pooling is None else Pooler(pooling.method, self._score_head(pooling))
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
         self.num_kv_heads = self.model.num_kv_heads
@@ -325,6 +322,13 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             kept_drafts=kept_drafts,
         )
+
+    def _score_head(self, pooling: PoolingSpec) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A cross-encoder's head over its pooled first token; None for an embedding model."""
+        if pooling.score_activation is None:
+            return None
+        assert isinstance(self.model, BertEncoder), "only encoders have a classification head"
+        return cross_encoder_head(self.model, pooling.score_activation)
 
     def _pack_token_types(self, req_ids: list[str], num_scheduled: np.ndarray) -> None:
         """Type 1 into the ids of each pair's second text (an encoder computes a prompt whole, in one step)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from sluice.kv_events_seam import AllCleared, BlockRemoved, BlockStored, KVEvent
 
 BlockHash = bytes
+HASH_BYTES = hashlib.sha256().digest_size
 
 
 def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -33,6 +34,17 @@ def cache_salt_root(cache_salt: str | None) -> BlockHash | None:
     if cache_salt is None:
         return None
     return hashlib.sha256(b"cache_salt:" + cache_salt.encode()).digest()
+
+
+def group_cache_key(block_hash: BlockHash, group: int) -> BlockHash:
+    """What the prefix cache files a block of `group` (sluice/kv_cache_groups.py) under: group 0's blocks
+    under their hash, which the routers' KV events name; another group's under the hash and the group,
+    which no block hash equals (a hash is HASH_BYTES long)."""
+    return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
+
+
+def is_group_zero_key(key: BlockHash) -> bool:
+    return len(key) == HASH_BYTES
 
 
 class KVCacheBlock:
@@ -147,25 +159,33 @@ class BlockPool:
             return
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
-            if self.kv_events is not None:
+            if self.kv_events is not None and is_group_zero_key(block.block_hash):
                 self.kv_events.append(BlockRemoved(block.block_hash))
         block.block_hash = None
         self.num_evictions += 1
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+    def get_cached_block(self, block_hash: BlockHash, group: int = 0) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(group_cache_key(block_hash, group))
 
     def cache_full_blocks(
-        self, blocks: Sequence[KVCacheBlock | None], block_hashes: Sequence[BlockHash], start: int, end: int
+        self,
+        blocks: Sequence[KVCacheBlock | None],
+        block_hashes: Sequence[BlockHash],
+        start: int,
+        end: int,
+        group: int = 0,
     ) -> None:
-        """Register blocks[start:end], full of the tokens block_hashes[start:end] name (none of them released:
-        a block is cached when it fills, before it can leave a window)."""
+        """Register blocks[start:end] of one group's table, full of the tokens block_hashes[start:end] name.
+        A block is cached when it fills, before it can leave a window: a None among them is a window's
+        block before a prefix-cache hit, which the request never held."""
         if not self.enable_caching:
             return
         assert end <= len(blocks) and end <= len(block_hashes)
         for i in range(start, end):
-            block, block_hash = blocks[i], block_hashes[i]
-            assert block is not None, f"block {i} was released before it was cached"
+            block = blocks[i]
+            if block is None:
+                continue
+            block_hash = group_cache_key(block_hashes[i], group)
             if block.block_hash is not None:
                 # A prefix-cache hit: the block is registered already.
                 assert block.block_hash == block_hash
@@ -175,7 +195,7 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
-            if self.kv_events is not None:
+            if self.kv_events is not None and group == 0:
                 self.kv_events.append(BlockStored(block_hash, block_hashes[i - 1] if i else None))
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:

@@ -89,10 +89,10 @@ def audit_block_pool(manager: KVCacheManager, live_request_ids: Collection[str])
 
     holders: Counter[int] = Counter()
     audit.num_holding_requests = len(manager.req_to_blocks)
-    for request_id, blocks in manager.req_to_blocks.items():
+    for request_id in manager.req_to_blocks:
+        ids = [block.block_id for block in manager.held_blocks(request_id)]
         if request_id not in live_request_ids:
-            audit.problems.append(f"finished request {request_id!r} still holds {len(blocks)} blocks")
-        ids = [block.block_id for block in blocks]
+            audit.problems.append(f"finished request {request_id!r} still holds {len(ids)} blocks")
         if len(set(ids)) != len(ids):
             audit.problems.append(f"request {request_id!r} holds a block twice")
         holders.update(ids)

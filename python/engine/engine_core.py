@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from engine.block_pool import is_group_zero_key
 from engine.block_pool_audit import BlockPoolAudit, audit_block_pool
 from engine.executor import make_executor
 from engine.kv_events_publisher import KVEventPublisher
@@ -21,6 +22,7 @@ from sluice.config import SluiceConfig, steps_in_flight
 from sluice.config_checks import check_engine_config
 from sluice.errors import InvalidRequestError, WorkerDiedError
 from sluice.frontend_seam import EngineOutput, EngineStats
+from sluice.kv_cache_groups import model_kv_cache_groups
 from sluice.model_spec import model_pooling, read_model_spec, resolve_max_model_len, resolve_runner
 from sluice.pooling import (
     PoolingParams,
@@ -30,7 +32,6 @@ from sluice.pooling import (
     runner_mismatch,
 )
 from sluice.sampling_params import SamplingParams
-from sluice.sliding_windows import uniform_window
 from sluice.step_timing import PhaseTimes
 from sluice.worker_seam import GrammarBitmask, SchedulerOutput
 
@@ -62,7 +63,7 @@ class EngineCore:
             self.num_kv_blocks,
             self.max_model_len,
             config.speculative,
-            uniform_window(self.spec.hf_config, self.spec.architecture, self.max_model_len),
+            model_kv_cache_groups(self.spec, self.max_model_len, config.cache.hybrid_kv_cache).windows,
             self.pooling_spec,
         )
         self.kv_events: KVEventPublisher | None = None
@@ -247,7 +248,10 @@ class EngineCore:
             "seq": 0 if self.kv_events is None else self.kv_events.seq,
             "block_size": self.config.cache.block_size,
             "kv_events_port": self.config.cache.kv_events_port,
-            "block_hashes": sorted(block_hash.hex() for block_hash in pool.cached_block_hash_to_block),
+            # Group 0's: those the KV events name (engine/block_pool.py's group_cache_key).
+            "block_hashes": sorted(
+                key.hex() for key in pool.cached_block_hash_to_block if is_group_zero_key(key)
+            ),
         }
 
     def audit_block_pool(self) -> BlockPoolAudit:

@@ -20,7 +20,7 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -99,11 +99,11 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         speculative_config: SpeculativeConfig | None = None,
-        sliding_window: int = 0,
+        group_windows: Sequence[int] = (0,),
         pooling_spec: PoolingSpec | None = None,
     ) -> None:
-        """sliding_window: the window every layer of the model shares (sluice/sliding_windows.py's
-        uniform_window), or 0; requests then release the blocks their queries can no longer see.
+        """group_windows: the window of each group of the model's layers (sluice/kv_cache_groups.py), 0 for
+        the whole context; a windowed group's requests release the blocks its queries can no longer see.
         pooling_spec: the model's pooling under the pooling runner, which finishes its requests'
         embeddings; None under the generate runner."""
         self.pooling_spec = pooling_spec
@@ -115,7 +115,14 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, sliding_window
+            num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            group_windows,
+            # Rejected drafts move a request's computed count back by up to this many tokens.
+            speculative_config.num_speculative_tokens
+            if speculative_config is not None and speculative_config.enabled
+            else 0,
         )
         self.requests: dict[str, Request] = {}
         self.waiting: FcfsQueue | PriorityQueue = (
@@ -312,7 +319,9 @@ class Scheduler:
         return request.num_tokens + placeholders - request.num_computed_tokens
 
     @staticmethod
-    def _add_cached(cached: CachedRequestData, request: Request, block_ids: list[int], resumed: bool) -> None:
+    def _add_cached(
+        cached: CachedRequestData, request: Request, block_ids: list[list[int]], resumed: bool
+    ) -> None:
         cached.req_ids.append(request.request_id)
         cached.resumed.append(resumed)
         cached.new_block_ids.append(block_ids)

@@ -94,6 +94,15 @@ class CacheConfig:
         "value and a scale per cached row: about twice the tokens in the same --kv-cache-memory)",
     )
     enable_prefix_caching: bool = setting(True, "share KV blocks between requests with a common prefix")
+    # sluice/kv_cache_groups.py: a model whose layers have different windows (Gemma 2 and 3, Qwen2's
+    # max_window_layers) keeps a block table per group of layers, and its sliding-window layers release
+    # the blocks their windows left. Off: one block table for every layer, each holding the whole context.
+    hybrid_kv_cache: bool = setting(
+        True,
+        "a model with sliding-window and full-attention layers: give each kind its own block tables, so that "
+        "its windowed layers hold only the blocks their window sees (--no-hybrid-kv-cache: every layer holds "
+        "the whole context)",
+    )
     # Overrides the memory budget with an exact block count (tests that force preemption).
     num_gpu_blocks_override: int | None = setting(
         None, "exact number of KV blocks, overriding --kv-cache-memory", flag="--num-kv-blocks", at_least=1

@@ -1,5 +1,6 @@
 """Which layers attend through a sliding window, and how wide: read from a model's config by the workers
-(each layer's attention) and by the engine core (which KV blocks a request may release)."""
+(each layer's attention) and, through sluice/kv_cache_groups.py, by the engine core (which KV blocks a
+request may release)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,3 @@ def sliding_windows(hf_config: dict[str, Any], architecture: str, max_model_len:
     if types is None:
         return [window] * layers
     return [window if kind == "sliding_attention" else 0 for kind in types]
-
-
-def uniform_window(hf_config: dict[str, Any], architecture: str, max_model_len: int) -> int:
-    """The window every layer shares, or 0 where any layer sees the whole context: only then can a
-    request's blocks that fell out of the window be released (one block table serves every layer)."""
-    windows = set(sliding_windows(hf_config, architecture, max_model_len))
-    return windows.pop() if len(windows) == 1 else 0

@@ -79,7 +79,9 @@ class NewRequestData:
     prompt_token_ids: list[int]
     # The `params` map of docs/protocol.md (sluice.sampling_params.PARAMS_FIELDS), plain values.
     params: dict[str, Any]
-    block_ids: list[int]
+    # Its block table in each KV cache group (sluice/kv_cache_groups.py), RELEASED_BLOCK_ID (-1) where a
+    # sliding window's block was released.
+    block_ids: list[list[int]]
     num_computed_tokens: int
     # A cross-encoder's pair: where the second text's tokens begin (AddRequest.second_text_start).
     second_text_start: int | None = None
@@ -92,7 +94,8 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     # True when the request resumes after a preemption: its new_block_ids then replace its blocks.
     resumed: list[bool] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    # Per request, per KV cache group: the blocks appended (or, resumed, its whole tables).
+    new_block_ids: list[list[list[int]]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     # The engine core's count of the request's output tokens. A resumed request's worker state
     # drops any beyond it: tokens sampled for it in flight when it was preempted were discarded.
@@ -102,7 +105,7 @@ class CachedRequestData:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
-    def rows(self) -> Iterator[tuple[str, bool, list[int], int, int]]:
+    def rows(self) -> Iterator[tuple[str, bool, list[list[int]], int, int]]:
         """Per request: (req_id, resumed, new_block_ids, num_computed_tokens, num_output_tokens)."""
         return zip(
             self.req_ids,
@@ -236,7 +239,7 @@ _NEW_REQUEST = Record(
         ("req_id", STR),
         ("prompt_token_ids", INT_LIST),
         ("params", Record(dict, PARAMS_FIELDS).codec),
-        ("block_ids", INT_LIST),
+        ("block_ids", list_of(INT_LIST)),
         ("num_computed_tokens", INT),
         ("second_text_start", optional(INT)),
     ),
@@ -246,7 +249,7 @@ _CACHED_REQUESTS = Record(
     (
         ("req_ids", list_of(STR)),
         ("resumed", list_of(BOOL)),
-        ("new_block_ids", list_of(INT_LIST)),
+        ("new_block_ids", list_of(list_of(INT_LIST))),
         ("num_computed_tokens", INT_LIST),
         ("num_output_tokens", INT_LIST),
     ),

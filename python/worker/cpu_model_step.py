@@ -17,6 +17,7 @@ hidden states returned are a view of a buffer that the next step overwrites.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 
@@ -124,8 +125,10 @@ class ModelStep:
         self._caches = caches
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: Sequence[AttentionMetadata]
     ) -> torch.Tensor:
+        """metadata: the KV cache groups' (cpu_model_step_for builds a step for a model of one group)."""
+        (step,) = metadata
         n = input_ids.shape[0]
         if (
             input_ids.dtype != torch.int64
@@ -139,8 +142,8 @@ class ModelStep:
                 input_ids.data_ptr(),
                 positions.data_ptr(),
                 n,
-                ctypes.byref(slots(metadata.slot_mapping)),
-                ctypes.byref(batch(metadata.block_table, metadata.query_start_loc, metadata.seq_lens)),
+                ctypes.byref(slots(step.slot_mapping)),
+                ctypes.byref(batch(step.block_table, step.query_start_loc, step.seq_lens)),
             )
         )
         return self.rows("hidden", n)
@@ -230,7 +233,7 @@ class CpuModelStep:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: KVCaches,
-        metadata: AttentionMetadata,
+        metadata: Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         """Final-normed hidden states [num_tokens, hidden], as LlamaForCausalLM.forward returns them."""
         assert self.supports_full, "FULL needs a single rank and the CPU attention backend"
@@ -245,7 +248,7 @@ class CpuModelStep:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: KVCaches,
-        metadata: AttentionMetadata,
+        metadata: Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         return self.model.forward(input_ids, positions, kv_caches, metadata, stages=self.stages)
 
@@ -260,8 +263,11 @@ def cpu_model_step_for(
     """The fast path for a CPU model, or None where every step is to run eagerly: --enforce-eager, the
     "none" tier, weights left unpacked (--no-packed-linear), experts run one by one (--no-fused-moe:
     the step runs MoE layers in the kernels' one call only), or layers that are not Llama's (Gemma's,
-    an encoder's)."""
+    an encoder's), or a model whose layers read more than one block table (a hybrid KV cache: the C++
+    step takes one)."""
     if not model.runs_llama_layers or graph.enforce_eager or graph.mode == "none":
+        return None
+    if model.kv_cache_groups.num_groups > 1:
         return None
     if model.embed_tokens.weight.device.type != "cpu" or (model.has_experts and not model.fused_moe):
         return None

@@ -25,6 +25,7 @@ class InputBatch:
         block_size: int,
         sampling_state: SamplingState,
         device: torch.device,
+        num_kv_groups: int = 1,
     ) -> None:
         self.max_num_rows = max_num_rows
         self.device = device
@@ -34,7 +35,11 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_rows, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_rows, dtype=np.int32)
         max_blocks = (max_model_len + block_size - 1) // block_size
-        self.block_table = BlockTable(max_num_rows, max_blocks, pin_memory=device.type == "cuda")
+        # One per KV cache group (sluice/kv_cache_groups.py).
+        self.block_tables = [
+            BlockTable(max_num_rows, max_blocks, pin_memory=device.type == "cuda")
+            for _ in range(num_kv_groups)
+        ]
         self.sampling = sampling_state
         self._holes: list[int] = []
 
@@ -52,7 +57,8 @@ class InputBatch:
         self.token_ids[row, : len(tokens)].copy_(torch.tensor(tokens, dtype=torch.int64), non_blocking=True)
         self.num_tokens[row] = len(tokens)
         self.num_computed_tokens[row] = state.num_computed_tokens
-        self.block_table.set_row(row, state.block_ids)
+        for table, block_ids in zip(self.block_tables, state.block_ids, strict=True):
+            table.set_row(row, block_ids)
         self.sampling.add(row, state.sampling_params, state.prompt_token_ids, state.output_token_ids)
         return row
 
@@ -87,7 +93,8 @@ class InputBatch:
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         self.num_tokens[dst] = n
         self.num_computed_tokens[dst] = self.num_computed_tokens[src]
-        self.block_table.move_row(src, dst)
+        for table in self.block_tables:
+            table.move_row(src, dst)
         self.sampling.move(src, dst)
 
     def append_sampled(self, rows: list[int], sampled: torch.Tensor) -> None:

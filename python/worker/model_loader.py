@@ -73,6 +73,7 @@ def load_model(
     quantization: Quantization | None = None,
     fused_moe: bool = True,
     needs_lm_head: bool = True,
+    hybrid_kv_cache: bool = True,
 ) -> LlamaForCausalLM:
     """The model with this rank's shard of every weight; tp defaults to the process's group.
 
@@ -86,10 +87,17 @@ def load_model(
     (sluice/config_checks.py has checked that the model and the tier allow it). fused_moe
     (KernelConfig.fused_moe) runs each MoE layer in the ops' one call rather than expert by expert.
     needs_lm_head is False under the pooling runner: a checkpoint without an LM head loads (a base
-    model's names lack the "model." prefix), and the unused head is zeros."""
+    model's names lack the "model." prefix), and the unused head is zeros. hybrid_kv_cache
+    (CacheConfig.hybrid_kv_cache) gives layers of different windows their own block tables."""
     with torch.device(device):
         model = LlamaForCausalLM(
-            spec.hf_config, dtype, attention, max_model_len=max_model_len, tp=tp, fused_moe=fused_moe
+            spec.hf_config,
+            dtype,
+            attention,
+            max_model_len=max_model_len,
+            tp=tp,
+            fused_moe=fused_moe,
+            hybrid_kv_cache=hybrid_kv_cache,
         )
     targets = _checkpoint_targets(model)
     loaded: set[str] = set()

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from sluice.config import GraphConfig, SluiceConfig
+from sluice.kv_cache_groups import model_kv_cache_groups
 from sluice.kv_cache_layout import kv_heads_per_rank
 from sluice.model_spec import ModelSpec, model_pooling, resolve_max_model_len, resolve_runner
 from sluice.pooling import PoolingSpec, ScoreActivation
@@ -116,7 +117,6 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(spec, config.model.max_model_len)
         # The pooling runner pools hidden states and samples nothing.
         pooling = model_pooling(spec) if resolve_runner(spec, config.model.runner) == "pooling" else None
-        self.num_layers = spec.num_layers
         kernel = config.kernel
         if device.type == "cpu":
             # Before anything is built: the model's ops, its attention and its step take this tier's kernels.
@@ -142,8 +142,15 @@ class ModelRunner:
                 quantization=kernel.quantization,
                 fused_moe=kernel.fused_moe,
                 needs_lm_head=pooling is None,
+                hybrid_kv_cache=config.cache.hybrid_kv_cache,
             )
         )
+        # The engine core's groups: it sized the pool and plans each group's block table by them.
+        self.kv_cache_groups = self.model.kv_cache_groups
+        assert self.kv_cache_groups == model_kv_cache_groups(
+            spec, self.max_model_len, config.cache.hybrid_kv_cache
+        ), "the engine core and the model disagree on the KV cache groups"
+        num_groups = self.kv_cache_groups.num_groups
         self.pooler = None if pooling is None else Pooler(pooling.method, self._score_head(pooling))
         # This rank's share of the KV heads: the engine core sized the pool for the same count.
         assert self.model.num_kv_heads == kv_heads_per_rank(spec, config.parallel.tensor_parallel_size)
@@ -153,9 +160,15 @@ class ModelRunner:
         max_rows = scheduler.max_num_seqs
         vocab_size = int(spec.hf_config["vocab_size"])
         self.sampling_state = SamplingState(max_rows, vocab_size, device, spec.eos_token_ids)
-        self.batch = InputBatch(max_rows, self.max_model_len, self.block_size, self.sampling_state, device)
+        self.batch = InputBatch(
+            max_rows, self.max_model_len, self.block_size, self.sampling_state, device, num_groups
+        )
         self.buffers = StaticInputBuffers(
-            scheduler.max_num_batched_tokens, max_rows, -(-self.max_model_len // self.block_size), device
+            scheduler.max_num_batched_tokens,
+            max_rows,
+            -(-self.max_model_len // self.block_size),
+            device,
+            num_groups,
         )
         self.inputs = StepInputBuilder(self.buffers, self.block_size)
         tp_size = config.parallel.tensor_parallel_size
@@ -188,13 +201,16 @@ class ModelRunner:
         kv_cache_dtype = self.config.cache.kv_cache_dtype
         shape = cache_shape(kv_cache_dtype, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         dtype = cache_dtype(kv_cache_dtype, self.dtype)
-        self.kv_caches = [
+        # One pair of tensors a slot; a layer reads its slot's through its group's block table, so layers
+        # of different groups share a pair (sluice/kv_cache_groups.py).
+        slots = [
             (
                 torch.zeros(shape, dtype=dtype, device=self.device),
                 torch.zeros(shape, dtype=dtype, device=self.device),
             )
-            for _ in range(self.num_layers)
+            for _ in range(self.kv_cache_groups.num_slots)
         ]
+        self.kv_caches = [slots[slot] for slot in self.kv_cache_groups.layer_slot]
         self.step_executor = make_step_executor(self)
         self.step_executor.capture(self.buffers)
 
@@ -211,7 +227,8 @@ class ModelRunner:
             self.pooler.forget(out.finished_req_ids)
         for req_id in out.preempted_req_ids:
             # Its tokens stay: a resumption is sent as a diff, not a full re-send.
-            self.requests[req_id].block_ids.clear()
+            for block_ids in self.requests[req_id].block_ids:
+                block_ids.clear()
             batch.remove(req_id)
         # Running requests the scheduler skipped this step leave the batch but keep their state.
         for req_id in [r for r in batch.req_id_to_row if r not in out.num_scheduled_tokens]:
@@ -222,7 +239,7 @@ class ModelRunner:
                 prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=[],
                 sampling_params=params_from_wire(new.params),
-                block_ids=list(new.block_ids),
+                block_ids=[list(block_ids) for block_ids in new.block_ids],
                 num_computed_tokens=new.num_computed_tokens,
                 second_text_start=new.second_text_start,
             )
@@ -236,14 +253,16 @@ class ModelRunner:
                 # Tokens sampled while its preemption was in flight were dropped by the engine core.
                 assert len(state.output_token_ids) >= num_outputs
                 del state.output_token_ids[num_outputs:]
-                state.block_ids[:] = new_blocks
+                state.block_ids[:] = [list(block_ids) for block_ids in new_blocks]
             else:
-                state.block_ids.extend(new_blocks)
+                for block_ids, new_ids in zip(state.block_ids, new_blocks, strict=True):
+                    block_ids.extend(new_ids)
             row = batch.req_id_to_row.get(req_id)
             if row is None:
                 batch.add(state)
             else:
-                batch.block_table.append_to_row(row, new_blocks)
+                for table, new_ids in zip(batch.block_tables, new_blocks, strict=True):
+                    table.append_to_row(row, new_ids)
                 batch.num_computed_tokens[row] = num_computed
         batch.condense()
 

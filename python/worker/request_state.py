@@ -13,7 +13,8 @@ class RequestState:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    # Its block table in each KV cache group.
+    block_ids: list[list[int]]
     num_computed_tokens: int
     # A cross-encoder's pair: where the second text's tokens begin (type 1 from there on).
     second_text_start: int | None = None

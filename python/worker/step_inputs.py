@@ -37,7 +37,8 @@ class StepInputBuilder:
         # Per-row values up to the device.
         buffers.query_start_loc[: num_reqs + 1].copy_(torch.from_numpy(query_start_loc), non_blocking=True)
         buffers.seq_lens[:num_reqs].copy_(torch.from_numpy(seq_lens), non_blocking=True)
-        batch.block_table.mirror(buffers.block_table, num_reqs)
+        for table, device_table in zip(batch.block_tables, buffers.block_table, strict=True):
+            table.mirror(device_table, num_reqs)
         computed_dev = self._computed[:num_reqs]
         computed_dev.copy_(torch.from_numpy(computed), non_blocking=True)
 
@@ -55,10 +56,11 @@ class StepInputBuilder:
             torch.sub(self._arange[:num_tokens], starts[rows], out=positions)
             positions.add_(computed_dev[rows])
         buffers.input_ids[:num_tokens] = batch.token_ids[rows, positions]
-        block_ids = buffers.block_table[rows, positions // self.block_size].to(torch.int64)
-        torch.add(
-            positions % self.block_size, block_ids * self.block_size, out=buffers.slot_mapping[:num_tokens]
-        )
+        offsets = positions % self.block_size
+        block_columns = positions // self.block_size
+        for block_table, slot_mapping in zip(buffers.block_table, buffers.slot_mapping, strict=True):
+            block_ids = block_table[rows, block_columns].to(torch.int64)
+            torch.add(offsets, block_ids * self.block_size, out=slot_mapping[:num_tokens])
         torch.sub(
             buffers.query_start_loc[1 : num_reqs + 1].to(torch.int64),
             1,

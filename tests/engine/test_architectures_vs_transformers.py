@@ -14,6 +14,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from hf_reference import hf_greedy, load_hf_model
+from sluice.kv_cache_groups import model_kv_cache_groups
+from sluice.model_spec import read_model_spec, resolve_max_model_len
 from tiers import PLACES
 from tiny_models import VOCAB_SIZE, tiny_model_dir, write_tiny_model
 
@@ -47,8 +49,13 @@ def assert_greedy_matches_transformers(folder, place: dict, shortest: int = 3, l
     """Returns how often the engine preempted a request for want of KV blocks."""
     prompts = random_prompts(shortest, longest)
     reference = reference_tokens(folder, shortest, longest)
-    # A small budget and pool make this batch chunk its prompts and preempt as well.
-    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=16, **place)
+    # A small budget and pool make this batch chunk its prompts and preempt as well: 16 blocks a KV cache
+    # group (a hybrid model's windowed and global layers draw on one pool, each a table of its own).
+    spec = read_model_spec(folder)
+    groups = model_kv_cache_groups(spec, resolve_max_model_len(spec, None), hybrid=True).num_groups
+    llm = LLM(
+        model=str(folder), dtype="float32", max_num_batched_tokens=32, num_kv_blocks=16 * groups, **place
+    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [r.outputs[0].token_ids for r in results] == reference

@@ -139,7 +139,9 @@ def eager_reference(
         max_seq_len=shape.max_seq_len,
     )
     with torch.inference_mode():
-        return model(inputs["input_ids"], inputs["positions"], caches, metadata)
+        return model(
+            inputs["input_ids"], inputs["positions"], caches, [metadata] * model.kv_cache_groups.num_groups
+        )
 
 
 # Prefill of three prompts (41 tokens: PIECEWISE at 48), decodes (FULL at 4 and at 1), a step too
@@ -214,19 +216,24 @@ def test_piecewise_pieces_without_padding_are_bitwise_the_model() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_model_with_nothing_to_capture_is_never_cut_into_pieces(variant: str) -> None:
     """A Gemma runs eagerly on CUDA (its layers are not Llama's, which the pieces mirror): with nothing to
-    capture, the runner builds no pieces and runs every step op by op."""
+    capture, the runner builds no pieces and runs every step op by op. Its windowed and global layers
+    read a block table each (here the same one: every layer has caches of its own)."""
     model = load_tiny(variant, "gemma2")
+    groups = model.kv_cache_groups.num_groups
+    assert groups == 2
     device = model.embed_tokens.weight.device
     seqs_ref, seqs_eager = Sequences([9, 30], device), Sequences([9, 30], device)
     caches_ref, caches_eager = nan_caches(model, seqs_ref.num_blocks), nan_caches(model, seqs_ref.num_blocks)
     dispatcher = small_dispatcher(frozenset())
-    buffers = StaticInputBuffers(64, 4, MAX_MODEL_LEN // BLOCK_SIZE, device)
+    buffers = StaticInputBuffers(64, 4, MAX_MODEL_LEN // BLOCK_SIZE, device, groups)
     runner = GraphRunner(model, caches_eager, dispatcher, recorder_for(variant), MAX_MODEL_LEN)
     runner.capture(buffers)
     for schedule in ({0: 9, 1: 30}, {0: 1, 1: 1}):
         shape, inputs = seqs_ref.step(schedule)
         want = eager_reference(model, caches_ref, shape, inputs)
         shape, inputs = seqs_eager.step(schedule)
+        for name in ("slot_mapping", "block_table"):
+            inputs[name] = torch.stack([inputs[name]] * groups)
         buffers.write(shape, **inputs)
         mode, padded = dispatcher.dispatch(shape.batch_descriptor())
         assert mode is GraphMode.NONE

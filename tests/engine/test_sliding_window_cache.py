@@ -1,6 +1,7 @@
 """Sliding windows in the KV cache, through the engine: a request of a model whose every layer is windowed
-holds its window's blocks, not its length; prefix-cache hits on windowed models give the tokens that misses
-give; a model with a full-attention layer keeps every block."""
+holds its window's blocks, not its length; a hybrid model's windowed layers (a block table of their own)
+hold their window while its full-attention layers hold everything; prefix-cache hits on windowed models
+give the tokens that misses give, as does the hybrid cache turned off."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def test_a_windowed_request_holds_at_most_its_window_and_a_block(mistral_window:
     "overrides",
     [
         {"sliding_window": WINDOW},
-        # Layer 0 full, layer 1 windowed: every block is kept, and hits still match.
+        # Layer 0 full, layer 1 windowed: a group each, and hits still match.
         {"arch": "qwen2", "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+        # Gemma 2: windowed and global layers alternate.
+        {"arch": "gemma2", "sliding_window": WINDOW},
     ],
-    ids=["every-layer-windowed", "mixed-layers"],
+    ids=["every-layer-windowed", "mixed-layers", "gemma2"],
 )
 def test_prefix_cache_hits_on_windowed_models_give_the_tokens_misses_give(
     overrides: dict, tmp_path: Path
@@ -85,3 +88,46 @@ def test_prefix_cache_hits_on_windowed_models_give_the_tokens_misses_give(
     hits, cached = run(caching=True)
     assert no_hits == 0 and cached >= 2 * (100 // BLOCK) * BLOCK
     assert hits == misses
+
+
+def test_a_hybrid_model_holds_a_window_in_its_windowed_group_and_answers_as_without_groups(
+    tmp_path: Path,
+) -> None:
+    folder = write_tiny_model(
+        "gemma2", tmp_path, overrides={"sliding_window": WINDOW, "num_hidden_layers": 4}
+    )
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts(2, 60, seed=4)]
+    hybrid = LLM(model=str(folder), dtype="float32", block_size=BLOCK, max_num_batched_tokens=64)
+    manager = hybrid.engine.scheduler.kv_cache_manager
+    # Layers 1 and 3 are global (every second one): they come first, as group 0.
+    assert manager.group_windows == (0, WINDOW)
+    held: list[tuple[int, int, int]] = []
+    step = hybrid.engine.step
+
+    def recording_step() -> list[EngineOutput]:
+        outputs = step()
+        for request in hybrid.engine.scheduler.running:
+            full, windowed = manager.req_to_blocks[request.request_id]
+            held.append(
+                (
+                    request.num_computed_tokens,
+                    sum(b is not None for b in full),
+                    sum(b is not None for b in windowed),
+                )
+            )
+        return outputs
+
+    hybrid.engine.step = recording_step
+    got = [out.outputs[0].token_ids for out in hybrid.generate(batch, params)]
+    # The requests grow to 160 tokens (10 blocks): the global group holds them all, the windowed group
+    # a window and one block once the prefill's chunks are done.
+    decodes = [entry for entry in held if entry[0] > 64]
+    assert len(decodes) > 150
+    assert all(full == -(-computed // BLOCK) for computed, full, _ in decodes)
+    assert max(windowed for _, _, windowed in decodes) == WINDOW // BLOCK + 1
+    single = LLM(
+        model=str(folder), dtype="float32", block_size=BLOCK, max_num_batched_tokens=64, hybrid_kv_cache=False
+    )
+    assert single.engine.scheduler.kv_cache_manager.group_windows == (0,)
+    assert [out.outputs[0].token_ids for out in single.generate(batch, params)] == got

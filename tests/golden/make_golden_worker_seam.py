@@ -61,14 +61,14 @@ GOLDEN_MESSAGES: dict[str, Message] = {
                         bad_words_token_ids=[[9906], [3658, 27, 12455]],
                     )
                 ),
-                block_ids=[0, 1],
+                block_ids=[[0, 1], [4, 5]],
                 num_computed_tokens=0,
             ),
             NewRequestData(
                 req_id="cmpl-c9f0f895-1 ✓",
                 prompt_token_ids=[1] * 20,
                 params=params_to_wire(SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)),
-                block_ids=[0, 2],
+                block_ids=[[0, 2], [-1, 3]],
                 num_computed_tokens=16,
                 second_text_start=7,
             ),
@@ -85,7 +85,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
         scheduled_cached_reqs=CachedRequestData(
             req_ids=["cmpl-8f14e45f-0", "cmpl-45c48cce-0"],
             resumed=[False, True],
-            new_block_ids=[[], [9, 300, 70000]],
+            new_block_ids=[[[], []], [[9, 300, 70000], [-1, 12, 13]]],
             num_computed_tokens=[300, 32],
             num_output_tokens=[172, 3],
         ),

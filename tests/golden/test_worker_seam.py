@@ -142,8 +142,8 @@ def test_unknown_version_and_type_are_typed_errors():
 
 def test_a_malformed_field_names_its_path():
     body = _raw((GOLDEN_DIR / "scheduler_output.msgpack").read_bytes())
-    body["scheduled_cached_reqs"]["new_block_ids"][1][2] = "x"
-    with pytest.raises(ProtocolError, match=r"scheduled_cached_reqs\.new_block_ids\[1\]\[2\]"):
+    body["scheduled_cached_reqs"]["new_block_ids"][1][0][2] = "x"
+    with pytest.raises(ProtocolError, match=r"scheduled_cached_reqs\.new_block_ids\[1\]\[0\]\[2\]"):
         decode(msgpack.packb(body))
 
 

@@ -10,6 +10,7 @@ import torch
 
 from paged_attention_cases import MIXED, Case, make_case
 from sluice.config import CacheConfig, ModelConfig, SluiceConfig
+from sluice.kv_cache_groups import kv_cache_groups
 from sluice.kv_cache_layout import kv_cache_bytes_per_block
 from sluice.model_spec import read_model_spec
 from worker.attention.cpu_backend import CpuAttentionBackend
@@ -186,7 +187,9 @@ def test_a_quantized_block_holds_a_byte_per_value_and_a_scale_per_row(default_mo
     model = ModelConfig(path=str(default_model_path), dtype="bfloat16")
     sizes = {
         dtype: kv_cache_bytes_per_block(
-            SluiceConfig(model=model, cache=CacheConfig(kv_cache_dtype=dtype)), spec
+            SluiceConfig(model=model, cache=CacheConfig(kv_cache_dtype=dtype)),
+            spec,
+            kv_cache_groups([0] * 30),
         )
         for dtype in ("auto", "int8", "fp8_e4m3")
     }

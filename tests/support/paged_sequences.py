@@ -43,8 +43,11 @@ class PagedSequences:
             for _ in model.layers
         ]
 
-    def next_inputs(self, query_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """input_ids, positions and metadata of the next query_lens[i] tokens of each sequence."""
+    def next_inputs(
+        self, query_lens: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[AttentionMetadata]]:
+        """input_ids, positions and metadata of the next query_lens[i] tokens of each sequence: the same for
+        each of the model's KV cache groups, whose layers here keep their own caches."""
         ids, positions, slots = [], [], []
         for i, n in enumerate(query_lens):
             for pos in range(self.computed[i], self.computed[i] + n):
@@ -66,7 +69,8 @@ class PagedSequences:
             max_query_len=max(query_lens),
             max_seq_len=max(self.computed),
         )
-        return torch.tensor(ids, device=device), torch.tensor(positions, device=device), metadata
+        groups = [metadata] * self.model.kv_cache_groups.num_groups
+        return torch.tensor(ids, device=device), torch.tensor(positions, device=device), groups
 
     def step(self, query_lens: list[int]) -> torch.Tensor:
         """Run the next query_lens[i] tokens of each sequence; float32 logits of every new token."""

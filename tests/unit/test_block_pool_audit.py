@@ -63,15 +63,15 @@ def test_blocks_of_a_request_the_scheduler_forgot_are_a_leak(shared_pool):
 
 def test_a_ref_count_that_disagrees_with_the_holders(shared_pool):
     manager, _ = shared_pool
-    manager.req_to_blocks["a"][0].ref_cnt += 1
-    block_id = manager.req_to_blocks["a"][0].block_id
+    manager.req_to_blocks["a"][0][0].ref_cnt += 1
+    block_id = manager.req_to_blocks["a"][0][0].block_id
     assert f"block {block_id} has ref_cnt 3 but 2 requests hold it" in problems(manager, ["a", "b"])
 
 
 def test_a_block_held_by_nobody_and_off_the_free_list_is_leaked(shared_pool):
     manager, _ = shared_pool
     # What a free() that forgot the pool would leave: the request gone, its blocks still counted.
-    blocks = manager.req_to_blocks.pop("a")
+    (blocks,) = manager.req_to_blocks.pop("a")
     for block in blocks:
         block.ref_cnt -= 1
     report = problems(manager, ["b"])
@@ -90,7 +90,7 @@ def test_a_duplicate_on_the_free_list(shared_pool):
 
 def test_a_held_block_on_the_free_list(shared_pool):
     manager, _ = shared_pool
-    held = manager.req_to_blocks["b"][2]
+    held = manager.req_to_blocks["b"][0][2]
     manager.block_pool.free_block_queue.append(held)
     report = problems(manager, ["a", "b"])
     assert f"block {held.block_id} is on the free list with ref_cnt 1" in report

@@ -39,6 +39,7 @@ GIVEN = {
     "--kv-cache-memory": ("cache", "kv_cache_memory_gib", "0.75", 0.75),
     "--kv-cache-dtype": ("cache", "kv_cache_dtype", "int8", "int8"),
     "--no-enable-prefix-caching": ("cache", "enable_prefix_caching", None, False),
+    "--no-hybrid-kv-cache": ("cache", "hybrid_kv_cache", None, False),
     "--num-kv-blocks": ("cache", "num_gpu_blocks_override", "77", 77),
     "--kv-events-port": ("cache", "kv_events_port", "5557", 5557),
     "--kv-events-host": ("cache", "kv_events_host", "0.0.0.0", "0.0.0.0"),

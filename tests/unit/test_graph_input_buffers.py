@@ -31,7 +31,7 @@ def test_write_fills_the_first_rows_in_place() -> None:
     buffers = buffers_with_step()
     before = {name: t.data_ptr() for name, t in buffers.named_tensors().items()}
     assert buffers.input_ids[:5].tolist() == [100, 101, 102, 103, 104]
-    assert buffers.block_table[:2, :3].flatten().tolist() == list(range(6))
+    assert buffers.block_table[0, :2, :3].flatten().tolist() == list(range(6))
     assert buffers.query_start_loc[:3].tolist() == [0, 4, 5]
     # A second step writes into the same tensors.
     buffers.write(
@@ -50,7 +50,7 @@ def test_write_fills_the_first_rows_in_place() -> None:
 
 def test_metadata_views_share_storage_with_the_buffers() -> None:
     buffers = buffers_with_step()
-    meta = buffers.step_metadata()
+    (meta,) = buffers.step_metadata()
     assert (meta.num_tokens, meta.num_seqs, meta.max_query_len, meta.max_seq_len) == (5, 2, 4, 20)
     for view, name in [
         (meta.slot_mapping, "slot_mapping"),
@@ -59,6 +59,8 @@ def test_metadata_views_share_storage_with_the_buffers() -> None:
         (meta.block_table, "block_table"),
     ]:
         buffer = getattr(buffers, name)
+        if name in ("slot_mapping", "block_table"):
+            buffer = buffer[0]
         assert view.data_ptr() == buffer.data_ptr(), name
         assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr(), name
     buffers.seq_lens[0] = 99
@@ -68,7 +70,7 @@ def test_metadata_views_share_storage_with_the_buffers() -> None:
 def test_padded_tokens_get_slot_minus_one_and_padded_requests_are_empty() -> None:
     buffers = buffers_with_step(n=5, r=5)
     buffers.pad(BatchDescriptor(8, 8, True))
-    assert buffers.slot_mapping[:8].tolist() == [40, 41, 42, 43, 44, -1, -1, -1]
+    assert buffers.slot_mapping[0, :8].tolist() == [40, 41, 42, 43, 44, -1, -1, -1]
     assert buffers.query_start_loc[:9].tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5]
     assert buffers.seq_lens[:8].tolist() == [20] * 5 + [0, 0, 0]
 
@@ -77,7 +79,7 @@ def test_piecewise_padding_touches_tokens_but_not_requests() -> None:
     buffers = buffers_with_step(n=5, r=2)
     buffers.seq_lens[2:].fill_(7)
     buffers.pad(BatchDescriptor(8, None, False))
-    assert buffers.slot_mapping[5:8].tolist() == [-1, -1, -1]
+    assert buffers.slot_mapping[0, 5:8].tolist() == [-1, -1, -1]
     assert buffers.seq_lens[2:].tolist() == [7] * 6
 
 

@@ -73,16 +73,16 @@ def test_new_request_is_sent_in_full_then_as_a_diff():
     scheduler.add_request(make_request("a", 10, max_tokens=4))
     out, outputs = step(scheduler)
     [new] = out.scheduled_new_reqs
-    assert new.req_id == "a" and new.num_computed_tokens == 0 and new.block_ids == [0, 1]
+    assert new.req_id == "a" and new.num_computed_tokens == 0 and new.block_ids == [[0, 1]]
     assert out.num_scheduled_tokens == {"a": 6} and outputs == []
     out, outputs = step(scheduler)
     assert out.scheduled_new_reqs == []
     assert out.scheduled_cached_reqs.req_ids == ["a"]
-    assert out.scheduled_cached_reqs.new_block_ids == [[2]]
+    assert out.scheduled_cached_reqs.new_block_ids == [[[2]]]
     assert out.scheduled_cached_reqs.num_computed_tokens == [6]
     assert [o.new_token_ids for o in outputs] == [[7]]
     out, _ = step(scheduler)
-    assert out.num_scheduled_tokens == {"a": 1} and out.scheduled_cached_reqs.new_block_ids == [[]]
+    assert out.num_scheduled_tokens == {"a": 1} and out.scheduled_cached_reqs.new_block_ids == [[[]]]
 
 
 def test_identical_prompts_admitted_in_one_step_share_blocks():
@@ -90,7 +90,7 @@ def test_identical_prompts_admitted_in_one_step_share_blocks():
     scheduler.add_request(make_request("a", 12))
     scheduler.add_request(make_request("b", 12))
     out = scheduler.schedule()
-    blocks_a, blocks_b = (new.block_ids for new in out.scheduled_new_reqs)
+    blocks_a, blocks_b = (new.block_ids[0] for new in out.scheduled_new_reqs)
     assert blocks_a[:2] == blocks_b[:2] and blocks_a[2] != blocks_b[2]
     assert out.num_scheduled_tokens == {"a": 12, "b": 4}
     assert out.scheduled_new_reqs[1].num_computed_tokens == 8
@@ -128,7 +128,7 @@ def test_preempted_request_resumes_first_as_a_diff():
     # b comes back before c, as a diff: all its blocks, nothing computed, the one token it kept.
     assert admitted == ["c"]
     req_id, blocks, computed, outputs = resumed[0]
-    assert req_id == "b" and len(blocks) == 2 and computed == 0 and outputs == 1
+    assert req_id == "b" and len(blocks[0]) == 2 and computed == 0 and outputs == 1
     assert scheduler.make_stats().num_preemptions >= 1
     assert scheduler.kv_cache_manager.num_free_blocks == 3
 
@@ -172,7 +172,7 @@ def test_abort_frees_blocks_and_is_reported_next_step():
     scheduler.add_request(make_request("waiting", 40))
     outputs = scheduler.abort_requests(["a", "waiting", "unknown"])
     assert [(o.request_id, o.finish_reason) for o in outputs] == [("a", "abort"), ("waiting", "abort")]
-    assert scheduler.kv_cache_manager.get_block_ids("a") == []
+    assert scheduler.kv_cache_manager.get_block_ids("a") == [[]]
     assert scheduler.num_running == 1 and scheduler.num_waiting == 0
     out = scheduler.schedule()
     # Workers never saw "waiting", so only "a" is theirs to drop.

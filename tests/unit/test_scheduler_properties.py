@@ -4,16 +4,19 @@ A fake worker keeps its own state from the SchedulerOutput diffs alone, as a rea
 tables, and the tokens it sampled itself), and writes each computed token into its KV slot, so
 prefix sharing and the diff protocol are checked against content, not just bookkeeping. Steps run
 through a batch queue one or two deep, as the engine core runs them without and with async
-scheduling: with two, a step is planned before the previous step's tokens are known.
+scheduling: with two, a step is planned before the previous step's tokens are known. Some machines
+run a hybrid model's groups (sluice/kv_cache_groups.py): one table per group, and a windowed group's
+reads cover only its window, from blocks it must still hold.
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from engine.kv_cache_manager import RELEASED_BLOCK_ID
 from engine.request import Request, RequestStatus
 from engine.scheduler import Scheduler
 from sluice.config import CacheConfig, SchedulerConfig
@@ -40,7 +43,10 @@ ARRIVAL = st.tuples(
 class WorkerRequest:
     tokens: list[int]
     num_prompt_tokens: int
-    blocks: list[int]
+    # One table per KV cache group.
+    blocks: list[list[int]]
+    # Per group, the places the engine core released (checked each step).
+    released: list[set[int]] = field(default_factory=list)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -52,11 +58,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["fcfs", "priority"]),
         caching=st.booleans(),
         depth=st.sampled_from([1, 2]),
+        # Each group's window (0: the whole context): one full group, a window every layer shares, hybrids.
+        group_windows=st.sampled_from([(0,), (6,), (0, 5), (0, 3, 3)]),
     )
-    def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching, depth):
+    def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching, depth, group_windows):
         self.block_size = block_size
+        self.group_windows = group_windows
         # The pool always holds one request of the longest possible length alone, so nothing livelocks.
-        self.num_blocks = -(-(MAX_PROMPT + MAX_TOKENS) // block_size) + extra_blocks
+        blocks_per_group = -(-(MAX_PROMPT + MAX_TOKENS) // block_size)
+        self.num_blocks = blocks_per_group * len(group_windows) + extra_blocks
         self.budget = budget
         self.max_num_seqs = max_num_seqs
         self.policy = policy
@@ -65,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             CacheConfig(block_size=block_size, enable_prefix_caching=caching),
             self.num_blocks,
             MAX_MODEL_LEN,
+            group_windows=group_windows,
         )
         self.depth = depth
         self.in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
@@ -155,12 +166,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         for request_id in out.finished_req_ids:
             del self.worker[request_id]
         for request_id in out.preempted_req_ids:
-            self.worker[request_id].blocks = []
+            self.worker[request_id].blocks = [[] for _ in self.group_windows]
         starts = {}
         for new in out.scheduled_new_reqs:
             assert new.req_id not in self.worker, "a request the workers know was sent in full"
             self.worker[new.req_id] = WorkerRequest(
-                list(new.prompt_token_ids), len(new.prompt_token_ids), list(new.block_ids)
+                list(new.prompt_token_ids), len(new.prompt_token_ids), [list(t) for t in new.block_ids]
             )
             starts[new.req_id] = new.num_computed_tokens
         cached = out.scheduled_cached_reqs
@@ -168,28 +179,45 @@ class SchedulerMachine(RuleBasedStateMachine):
             state = self.worker[request_id]
             if resumed:
                 del state.tokens[state.num_prompt_tokens + num_outputs :]
-                state.blocks = list(new_block_ids)
+                state.blocks = [list(table) for table in new_block_ids]
             else:
-                state.blocks.extend(new_block_ids)
+                for table, new_ids in zip(state.blocks, new_block_ids, strict=True):
+                    table.extend(new_ids)
             starts[request_id] = num_computed
         assert starts.keys() == out.num_scheduled_tokens.keys()
         size = self.block_size
         for request_id, start in starts.items():
             state = self.worker[request_id]
-            assert state.blocks == manager.get_block_ids(request_id), "worker block table drifted"
+            # The workers never hear of a released block: its old id stays in their table, unread.
+            engine_tables = manager.get_block_ids(request_id)
+            assert [
+                [i for i, e in zip(table, engine, strict=True) if e != RELEASED_BLOCK_ID]
+                for table, engine in zip(state.blocks, engine_tables, strict=True)
+            ] == [[e for e in engine if e != RELEASED_BLOCK_ID] for engine in engine_tables], (
+                "block tables drifted"
+            )
+            state.released = [
+                {i for i, e in enumerate(engine) if e == RELEASED_BLOCK_ID} for engine in engine_tables
+            ]
             engine_tokens = self.scheduler.requests[request_id].all_token_ids
             assert state.tokens[: len(engine_tokens)] == engine_tokens, "worker and engine tokens drifted"
             end = start + out.num_scheduled_tokens[request_id]
             assert end <= len(state.tokens), "scheduled a token the worker does not know"
-            for pos in range(start, end):
-                self.slots[(state.blocks[pos // size], pos % size)] = state.tokens[pos]
+            for table, released in zip(state.blocks, state.released, strict=True):
+                for pos in range(start, end):
+                    assert pos // size not in released, "a step writes into a released block"
+                    self.slots[(table[pos // size], pos % size)] = state.tokens[pos]
         # Attention reads after every write of the step, as each layer does.
         req_ids, sampled = [], []
         for request_id, start in starts.items():
             state = self.worker[request_id]
             end = start + out.num_scheduled_tokens[request_id]
-            read = [self.slots.get((state.blocks[pos // size], pos % size)) for pos in range(end)]
-            assert read == state.tokens[:end], f"{request_id} would attend to someone else's KV"
+            for table, released, window in zip(state.blocks, state.released, self.group_windows, strict=True):
+                # What the step's first query sees, and every later one's keys.
+                first = max(0, start - window + 1) if window else 0
+                assert not released & set(range(first // size, -(-end // size))), "reads a released block"
+                read = [self.slots.get((table[pos // size], pos % size)) for pos in range(first, end)]
+                assert read == state.tokens[first:end], f"{request_id} would attend to someone else's KV"
             req_ids.append(request_id)
             if end == len(state.tokens):
                 state.tokens.append(draw_token())
@@ -205,11 +233,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         manager = self.scheduler.kv_cache_manager
         pool = manager.block_pool
         holders = [0] * self.num_blocks
-        for request_id, blocks in manager.req_to_blocks.items():
+        for request_id, tables in manager.req_to_blocks.items():
             request = self.scheduler.requests[request_id]
             assert request.status == RequestStatus.RUNNING
+            blocks = manager.held_blocks(request_id)
             assert len({block.block_id for block in blocks}) == len(blocks)
-            assert len(blocks) == -(-request.num_computed_tokens // self.block_size)
+            assert {len(table) for table in tables} == {-(-request.num_computed_tokens // self.block_size)}
             assert request.num_computed_tokens <= request.num_tokens + request.num_output_placeholders
             for block in blocks:
                 holders[block.block_id] += 1

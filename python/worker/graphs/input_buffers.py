@@ -41,8 +41,9 @@ class StepShape:
 
 
 class StaticInputBuffers:
-    """input_ids, positions, slot_mapping [max_num_tokens]; query_start_loc [max_num_reqs + 1];
-    seq_lens, logits_indices [max_num_reqs]; block_table [max_num_reqs, max_blocks_per_req]."""
+    """input_ids, positions [max_num_tokens]; query_start_loc [max_num_reqs + 1]; seq_lens, logits_indices
+    [max_num_reqs]; and per KV cache group (sluice/kv_cache_groups.py): slot_mapping [num_kv_groups,
+    max_num_tokens], block_table [num_kv_groups, max_num_reqs, max_blocks_per_req]."""
 
     NAMES = (
         "input_ids",
@@ -55,7 +56,12 @@ class StaticInputBuffers:
     )
 
     def __init__(
-        self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_req: int, device: torch.device
+        self,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_blocks_per_req: int,
+        device: torch.device,
+        num_kv_groups: int = 1,
     ) -> None:
         self.max_num_tokens = max_num_tokens
         self.max_num_reqs = max_num_reqs
@@ -66,10 +72,12 @@ class StaticInputBuffers:
 
         self.input_ids = zeros(max_num_tokens, dtype=torch.int64)
         self.positions = zeros(max_num_tokens, dtype=torch.int64)
-        self.slot_mapping = torch.full((max_num_tokens,), PAD_SLOT, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full(
+            (num_kv_groups, max_num_tokens), PAD_SLOT, dtype=torch.int64, device=device
+        )
         self.query_start_loc = zeros(max_num_reqs + 1, dtype=torch.int32)
         self.seq_lens = zeros(max_num_reqs, dtype=torch.int32)
-        self.block_table = zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32)
+        self.block_table = zeros(num_kv_groups, max_num_reqs, max_blocks_per_req, dtype=torch.int32)
         self.logits_indices = zeros(max_num_reqs, dtype=torch.int64)
         self.shape: StepShape | None = None
 
@@ -93,15 +101,18 @@ class StaticInputBuffers:
     ) -> None:
         """Copy one step's host (ideally pinned) or device arrays into the buffers, then set_shape.
 
-        block_table may be narrower than the buffer: only its columns are copied."""
+        slot_mapping [num_kv_groups, n] and block_table [num_kv_groups, r, width] (a model of one group
+        may leave the group out); block_table may be narrower than the buffer: only its columns are copied."""
         self.set_shape(shape)
         n, r = shape.num_tokens, shape.num_reqs
+        groups = self.slot_mapping.shape[0]
         _copy_into(self.input_ids[:n], input_ids)
         _copy_into(self.positions[:n], positions)
-        _copy_into(self.slot_mapping[:n], slot_mapping)
+        _copy_into(self.slot_mapping[:, :n], slot_mapping.reshape(groups, n))
         _copy_into(self.query_start_loc[: r + 1], query_start_loc)
         _copy_into(self.seq_lens[:r], seq_lens)
-        _copy_into(self.block_table[:r, : block_table.shape[1]], block_table)
+        width = block_table.shape[-1]
+        _copy_into(self.block_table[:, :r, :width], block_table.reshape(groups, r, width))
         _copy_into(self.logits_indices[:r], logits_indices)
 
     def pad(self, padded: BatchDescriptor) -> None:
@@ -113,7 +124,7 @@ class StaticInputBuffers:
         n, r = shape.num_tokens, shape.num_reqs
         assert padded.num_tokens >= n, (padded, shape)
         if padded.num_tokens > n:
-            self.slot_mapping[n : padded.num_tokens].fill_(PAD_SLOT)
+            self.slot_mapping[:, n : padded.num_tokens].fill_(PAD_SLOT)
         if padded.num_reqs is not None and padded.num_reqs > r:
             assert padded.num_reqs <= self.max_num_reqs, padded
             # Padded requests start and end at the last real token: no query rows, no context.
@@ -122,20 +133,24 @@ class StaticInputBuffers:
 
     def metadata(
         self, num_tokens: int, num_reqs: int, max_query_len: int, max_seq_len: int
-    ) -> AttentionMetadata:
-        """Attention metadata over the first rows: views, so a graph captured on them reads later steps."""
-        return AttentionMetadata(
-            num_tokens=num_tokens,
-            num_seqs=num_reqs,
-            slot_mapping=self.slot_mapping[:num_tokens],
-            query_start_loc=self.query_start_loc[: num_reqs + 1],
-            seq_lens=self.seq_lens[:num_reqs],
-            block_table=self.block_table[:num_reqs],
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-        )
+    ) -> list[AttentionMetadata]:
+        """Each KV cache group's attention metadata over the first rows: views, so a graph captured on them
+        reads later steps."""
+        return [
+            AttentionMetadata(
+                num_tokens=num_tokens,
+                num_seqs=num_reqs,
+                slot_mapping=slot_mapping[:num_tokens],
+                query_start_loc=self.query_start_loc[: num_reqs + 1],
+                seq_lens=self.seq_lens[:num_reqs],
+                block_table=block_table[:num_reqs],
+                max_query_len=max_query_len,
+                max_seq_len=max_seq_len,
+            )
+            for slot_mapping, block_table in zip(self.slot_mapping, self.block_table, strict=True)
+        ]
 
-    def step_metadata(self) -> AttentionMetadata:
+    def step_metadata(self) -> list[AttentionMetadata]:
         """The metadata of the step set by set_shape, unpadded: for eager attention."""
         shape = self.shape
         assert shape is not None, "set_shape before step_metadata"
@@ -146,7 +161,7 @@ class StaticInputBuffers:
         requests with no query rows and no context."""
         self.input_ids[:num_tokens].zero_()
         self.positions[:num_tokens].zero_()
-        self.slot_mapping[:num_tokens].fill_(PAD_SLOT)
+        self.slot_mapping[:, :num_tokens].fill_(PAD_SLOT)
         self.query_start_loc[: num_reqs + 1].zero_()
         self.seq_lens[:num_reqs].zero_()
         self.shape = None

@@ -11,7 +11,7 @@ The pieces mirror LlamaForCausalLM.forward op for op; test_graph_runner checks t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -89,16 +89,21 @@ class ModelPieces:
         return middle
 
     def attention(
-        self, layer_index: int, kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: AttentionMetadata
+        self,
+        layer_index: int,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: Sequence[AttentionMetadata],
     ) -> None:
-        """Layer `layer_index`'s attention over the step's real tokens, eagerly, into the static output."""
-        n = metadata.num_tokens
+        """Layer `layer_index`'s attention over the step's real tokens, eagerly, into the static output;
+        `metadata`, one per KV cache group."""
+        metadata_of_layer = metadata[self.model.kv_cache_groups.layer_group[layer_index]]
+        n = metadata_of_layer.num_tokens
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv[:n]
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         layer = self.model.layers[layer_index]
         t = layer.tensors
         out = self.model.attention.forward(
-            q, k, v, kv_cache[0], kv_cache[1], metadata, t.scale, t.sliding_window
+            q, k, v, kv_cache[0], kv_cache[1], metadata_of_layer, t.scale, t.sliding_window
         )
         self.attn[:n].copy_(out)

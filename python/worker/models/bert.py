@@ -14,6 +14,7 @@ forward takes the same inputs as a decoder's, through the same step executors.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
+from sluice.kv_cache_groups import kv_cache_groups
 from worker.attention.backend import AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
 from worker.layer_ops import LayerOps, layer_ops_for
@@ -149,6 +151,8 @@ class BertEncoder(nn.Module):
             EncoderLayer(hidden, int(hf_config["intermediate_size"]), heads, eps, dtype, self.tp)
             for _ in range(int(hf_config["num_hidden_layers"]))
         )
+        # One group, as sluice/kv_cache_groups.py's model_kv_cache_groups gives an encoder.
+        self.kv_cache_groups = kv_cache_groups([0] * len(self.layers))
         # A cross-encoder's head (model_spec.CROSS_ENCODER_ARCHITECTURES, one label): tanh(dense) of
         # the first token's state, then its logit.
         # The head stays float under --quantization: one row per request, and the score rests on it.
@@ -167,7 +171,7 @@ class BertEncoder(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metadata: AttentionMetadata,
+        metadata: Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         # Type 0 but for a pair's second text, whose ids carry type 1 (pack_token_types).
         token_types = input_ids >> TOKEN_TYPE_SHIFT
@@ -177,7 +181,9 @@ class BertEncoder(nn.Module):
             + self.token_type_embeddings(token_types)
         )
         x = self.embeddings_norm(x)
-        starts = metadata.query_start_loc[: metadata.num_seqs + 1].tolist()
+        # One group (its kv_cache_groups): an encoder reads no KV, only where each prompt starts.
+        (step,) = metadata
+        starts = step.query_start_loc[: step.num_seqs + 1].tolist()
         for layer in self.layers:
             x = layer(x, starts, self.ops, self.activation)
         return x

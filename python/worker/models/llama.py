@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sluice.errors import UnsupportedArchitectureError
+from sluice.kv_cache_groups import kv_cache_groups
 from sluice.rope_parameters import rope_parameters_of, rope_parameters_of_layers
 from sluice.sliding_windows import sliding_windows
 from worker.attention.backend import AttentionBackend, AttentionMetadata
@@ -225,6 +226,7 @@ class LlamaForCausalLM(nn.Module):
         max_model_len: int | None = None,
         tp: TensorParallelGroup | None = None,
         fused_moe: bool = True,
+        hybrid_kv_cache: bool = True,
     ) -> None:
         super().__init__()
         tp = tp or tensor_parallel_group()
@@ -240,6 +242,8 @@ class LlamaForCausalLM(nn.Module):
                     "which Sluice does not implement for this family"
                 )
         windows = sliding_windows(hf_config, architecture, max_model_len)
+        # Which block table each layer reads (CacheConfig.hybrid_kv_cache): forward's metadata is one a group.
+        self.kv_cache_groups = kv_cache_groups(windows, hybrid_kv_cache)
         hidden, vocab = hf_config["hidden_size"], hf_config["vocab_size"]
         self.architecture = architecture
         self.dtype = dtype
@@ -333,11 +337,13 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metadata: AttentionMetadata,
+        metadata: Sequence[AttentionMetadata],
         stages: Sequence[DenseStages] | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [num_tokens, hidden] of a flattened batch; `stages`, one per
-        layer, stand in for the layers' own dense stages (the CPU's PIECEWISE path)."""
+        """Final-normed hidden states [num_tokens, hidden] of a flattened batch; `metadata`, one per KV
+        cache group; `stages`, one per layer, stand in for the layers' own dense stages (the CPU's
+        PIECEWISE path)."""
+        assert len(metadata) == self.kv_cache_groups.num_groups
         residual = self.embed_tokens.embed(input_ids)
         if self.embed_scale is not None:
             residual.mul_(self.embed_scale)
@@ -348,7 +354,10 @@ class LlamaForCausalLM(nn.Module):
         delta = None
         all_reduce = self.tp.all_reduce
         layer_stages = self.layers if stages is None else stages
-        for layer, stage, (key_cache, value_cache) in zip(self.layers, layer_stages, kv_caches, strict=True):
+        layer_group = self.kv_cache_groups.layer_group
+        for layer, stage, (key_cache, value_cache), group in zip(
+            self.layers, layer_stages, kv_caches, layer_group, strict=True
+        ):
             q, k, v = stage.attention_input(delta, residual, *tables[layer.local_rope])
             t = layer.tensors
             attn = self.attention.forward(
@@ -357,7 +366,7 @@ class LlamaForCausalLM(nn.Module):
                 v,
                 key_cache,
                 value_cache,
-                metadata,
+                metadata[group],
                 t.scale,
                 t.sliding_window,
                 self.attn_logit_softcapping,

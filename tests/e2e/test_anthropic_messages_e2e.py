@@ -230,6 +230,28 @@ def test_count_tokens_is_the_prompt_of_the_same_request(client: anthropic.Anthro
     assert plain.input_tokens < counted.input_tokens
 
 
+def test_an_earlier_turns_thinking_blocks_are_accepted_and_left_out_of_the_prompt(
+    client: anthropic.Anthropic,
+) -> None:
+    def conversation(reply: list[dict]) -> list[dict]:
+        return [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Say it again."},
+        ]
+
+    answer = {"type": "text", "text": "Paris."}
+    thinking = [
+        {"type": "thinking", "thinking": "The capital of France is Paris.", "signature": ""},
+        {"type": "redacted_thinking", "data": "opaque"},
+    ]
+    with_thinking = client.messages.count_tokens(model=MODEL, messages=conversation([*thinking, answer]))
+    without = client.messages.count_tokens(model=MODEL, messages=conversation([answer]))
+    assert with_thinking.input_tokens == without.input_tokens
+    message = create(client, messages=conversation([*thinking, answer]), max_tokens=4)
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == without.input_tokens
+
+
 def test_an_unknown_field_is_reported_and_cache_control_is_served(client: anthropic.Anthropic) -> None:
     raw = client.messages.with_raw_response.create(
         model=MODEL,

@@ -271,7 +271,8 @@ pub struct MessagesResponse {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseBlock {
     /// With `--reasoning-parser`: the model's thinking. No signature is made here (it is empty):
-    /// a thinking block sent back in a later request is refused.
+    /// a thinking block sent back in a later request's assistant message is accepted and left out
+    /// of the prompt, as Anthropic leaves earlier turns' thinking out.
     Thinking {
         thinking: String,
         signature: String,

@@ -252,7 +252,7 @@ fn unsupported_block(place: &str, block: &ContentBlock) -> ApiError {
     let why = match block {
         ContentBlock::Image(_) | ContentBlock::Document(_) => "this model takes text only",
         ContentBlock::Thinking(_) | ContentBlock::RedactedThinking(_) => {
-            "extended thinking is not supported on this server"
+            "only an assistant's message holds thinking blocks"
         }
         ContentBlock::ToolUse { .. } => "only an assistant's message holds tool_use blocks",
         ContentBlock::ToolResult { .. } => "only a user's message holds tool_result blocks",
@@ -339,7 +339,8 @@ fn user_messages(
     Ok(())
 }
 
-/// An assistant message's text and tool_use blocks as one assistant message with calls.
+/// An assistant message's text and tool_use blocks as one assistant message with calls; its thinking
+/// blocks are left out.
 fn assistant_message(
     at: usize,
     blocks: Vec<ContentBlock>,
@@ -370,6 +371,10 @@ fn assistant_message(
                     },
                 });
             }
+            // An earlier turn's thinking, sent back as clients do (this server's own, with its empty
+            // signature, among them): Anthropic's API leaves earlier turns' thinking out of the
+            // prompt, and so does this one, as the reasoning models' chat templates do.
+            ContentBlock::Thinking(_) | ContentBlock::RedactedThinking(_) => {}
             other => return Err(unsupported_block(&place, &other)),
         }
     }
@@ -573,6 +578,14 @@ mod tests {
             (
                 with(
                     "messages",
+                    json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]),
+                ),
+                "messages",
+                "messages[0]: thinking blocks are not supported here: only an assistant's message",
+            ),
+            (
+                with(
+                    "messages",
                     json!([{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]),
                 ),
                 "messages",
@@ -623,5 +636,25 @@ mod tests {
         for thinking in ["disabled", "adaptive"] {
             assert!(translate(with("thinking", json!({"type": thinking}))).is_ok());
         }
+    }
+
+    #[test]
+    fn an_earlier_turns_thinking_is_left_out_of_the_prompt() {
+        let conversation = |assistant: Value| {
+            json!({"model": "m", "max_tokens": 8, "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": assistant},
+                {"role": "user", "content": "And then?"},
+            ]})
+        };
+        let with_thinking = translate(conversation(json!([
+            {"type": "thinking", "thinking": "They greet me.", "signature": ""},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Hello!"},
+        ])))
+        .unwrap();
+        let without = translate(conversation(json!([{"type": "text", "text": "Hello!"}]))).unwrap();
+        assert_eq!(with_thinking.chat.messages, without.chat.messages);
+        assert!(with_thinking.ignored_fields.is_empty());
     }
 }

@@ -127,7 +127,7 @@ class ModelStep:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: Sequence[AttentionMetadata]
     ) -> torch.Tensor:
-        """metadata: the KV cache groups' (cpu_model_step_for builds a step for a model of one group)."""
+        """metadata: the KV cache groups' (FULL runs a model of one group: supports_full)."""
         (step,) = metadata
         n = input_ids.shape[0]
         if (
@@ -221,8 +221,11 @@ class CpuModelStep:
         )
         # One DecoderStages per layer, each with DecoderLayer's three stage methods.
         self.stages = [DecoderStages(self._step, i, layer) for i, layer in enumerate(model.layers)]
-        # FULL hard-codes the kernels' attention and a whole-vocabulary embedding.
-        self.supports_full = tensor_parallel_size == 1 and cpu_attention
+        # FULL hard-codes the kernels' attention, a whole-vocabulary embedding and one block table (a
+        # hybrid KV cache's layers read their group's: PIECEWISE, whose attention runs per layer in Python).
+        self.supports_full = (
+            tensor_parallel_size == 1 and cpu_attention and model.kv_cache_groups.num_groups == 1
+        )
         self._bound_kv_caches: KVCaches | None = None
 
     def fits(self, num_tokens: int) -> bool:
@@ -263,11 +266,8 @@ def cpu_model_step_for(
     """The fast path for a CPU model, or None where every step is to run eagerly: --enforce-eager, the
     "none" tier, weights left unpacked (--no-packed-linear), experts run one by one (--no-fused-moe:
     the step runs MoE layers in the kernels' one call only), or layers that are not Llama's (Gemma's,
-    an encoder's), or a model whose layers read more than one block table (a hybrid KV cache: the C++
-    step takes one)."""
+    an encoder's)."""
     if not model.runs_llama_layers or graph.enforce_eager or graph.mode == "none":
-        return None
-    if model.kv_cache_groups.num_groups > 1:
         return None
     if model.embed_tokens.weight.device.type != "cpu" or (model.has_experts and not model.fused_moe):
         return None

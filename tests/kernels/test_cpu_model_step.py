@@ -43,7 +43,13 @@ def folders(default_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     named["mistral-window"] = write_tiny_model(
         "mistral", tmp_path_factory.mktemp("mistral-window"), overrides={"sliding_window": 16}
     )
-    return {arch: named.get(arch) or tiny_model_dir(arch) for arch in ARCHS}
+    # Layer 0 full, layer 1 windowed: two KV cache groups, two block tables.
+    named["qwen2-hybrid"] = write_tiny_model(
+        "qwen2",
+        tmp_path_factory.mktemp("qwen2-hybrid"),
+        overrides={"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+    )
+    return {arch: named.get(arch) or tiny_model_dir(arch) for arch in [*ARCHS, "qwen2-hybrid"]}
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +104,26 @@ def test_full_and_piecewise_are_bitwise_the_eager_forward(
     for name in ("full", "piecewise"):
         for (key, value), (eager_key, eager_value) in zip(caches[name], caches["eager"], strict=True):
             assert torch.equal(key, eager_key) and torch.equal(value, eager_value), f"{name} KV cache differs"
+
+
+def test_a_hybrid_kv_cache_runs_piecewise_bitwise_the_eager_forward(
+    ops: NativeOps, folders: dict[str, Path]
+) -> None:
+    """FULL reads one block table; a model whose layers read a table per group runs PIECEWISE (the C++
+    dense stages, each layer's attention with its group's metadata)."""
+    model = _load(ops, folders["qwen2-hybrid"], torch.float32)
+    assert model.kv_cache_groups.num_groups == 2
+    step = cpu_model_step_for(model, GraphConfig(), MAX_TOKENS, 1)
+    assert step is not None and not step.supports_full
+    seqs = [list(range(3, 3 + n)) for n in (48, 24)]
+    batch = PagedSequences(model, seqs, seed=5)
+    eager_caches, piecewise_caches = batch.new_kv_caches(), batch.new_kv_caches()
+    with torch.inference_mode():
+        for query_lens in ([32, 15], [1, 1], [8, 5], [1, 1]):
+            ids, positions, metadata = batch.next_inputs(query_lens)
+            want = model.forward(ids, positions, eager_caches, metadata)
+            got = step.forward_piecewise(ids, positions, piecewise_caches, metadata)
+            assert torch.equal(got, want), query_lens
 
 
 def test_buffers_keep_their_addresses_across_steps_of_any_size(

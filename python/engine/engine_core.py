@@ -134,7 +134,7 @@ class EngineCore:
             prompt_token_ids, params, self.max_model_len, self.vocab_size, self.spec.eos_token_ids, cache_salt
         )
         if (pooling is not None) != (self.runner == "pooling"):
-            raise InvalidRequestError(runner_mismatch(self.runner, self.spec.is_cross_encoder), param="model")
+            raise InvalidRequestError(runner_mismatch(self.runner, self.cross_encoder), param="model")
         if pooling is not None:
             assert self.pooling_spec is not None
             check_pooling_params(pooling, self.pooling_spec, self.embedding_size)

@@ -14,15 +14,10 @@ import numpy as np
 import pytest
 
 from serve_fixtures import Server, running_server
-from tiny_models import write_tiny_cross_encoder
+from tiny_models import CROSS_ENCODER_DOCUMENTS, CROSS_ENCODER_QUERY, write_tiny_cross_encoder
 
-QUERY = "what do cats eat?"
-DOCUMENTS = [
-    "Cats eat meat: mice, birds and fish.",
-    "The stock market fell on Tuesday.",
-    "Kittens drink milk, then move on to solid food.",
-    "x",
-]
+QUERY = CROSS_ENCODER_QUERY
+DOCUMENTS = CROSS_ENCODER_DOCUMENTS
 # Two float32 computations of one score, in different kernels.
 TOLERANCE = 1e-4
 

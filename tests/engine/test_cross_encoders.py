@@ -20,16 +20,10 @@ from sluice.errors import InvalidRequestError, UnsupportedArchitectureError
 from sluice.model_spec import read_model_spec
 from sluice.pooling import PoolingParams, second_text_start_of
 from tiers import PLACES
-from tiny_models import write_tiny_cross_encoder
+from tiny_models import CROSS_ENCODER_DOCUMENTS, CROSS_ENCODER_QUERY, write_tiny_cross_encoder
 
-QUERY = "what do cats eat?"
-DOCUMENTS = [
-    "Cats eat meat: mice, birds and fish.",
-    "The stock market fell on Tuesday.",
-    "Kittens drink milk, then move on to solid food.",
-    "x",
-    "A long document " * 4,
-]
+QUERY = CROSS_ENCODER_QUERY
+DOCUMENTS = [*CROSS_ENCODER_DOCUMENTS, "A long document " * 4]
 
 
 @functools.cache

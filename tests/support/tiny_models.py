@@ -197,6 +197,17 @@ def write_tiny_encoder(model_type: str, folder: Path, pooling_mode: str, normali
     return folder
 
 
+# A query and documents for a cross-encoder to score: two that answer it, one that does not, one of a
+# single character.
+CROSS_ENCODER_QUERY = "what do cats eat?"
+CROSS_ENCODER_DOCUMENTS = [
+    "Cats eat meat: mice, birds and fish.",
+    "The stock market fell on Tuesday.",
+    "Kittens drink milk, then move on to solid food.",
+    "x",
+]
+
+
 def write_tiny_cross_encoder(model_type: str, folder: Path) -> Path:
     """A tiny random-init BertForSequenceClassification or XLMRobertaForSequenceClassification of one
     label (a reranker), whose tokenizer types a pair as its family does: BERT's second text type 1,

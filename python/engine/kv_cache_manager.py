@@ -92,7 +92,9 @@ class KVCacheManager:
         num_blocks = max_blocks
         for group, window in enumerate(self.group_windows):
             if window == 0:
-                num_blocks = next((i for i, block in enumerate(cached[group]) if block is None), num_blocks)
+                num_blocks = min(
+                    num_blocks, next((i for i, b in enumerate(cached[group]) if b is None), num_blocks)
+                )
         # A shorter prefix can need blocks a longer one did not: settle until every windowed group is served.
         settled = False
         while not settled and num_blocks:

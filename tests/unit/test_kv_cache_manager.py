@@ -246,3 +246,16 @@ def test_a_window_keeps_what_rejected_drafts_may_still_need():
         decode(manager, request, 100)
     assert plain.get_block_ids("a")[0][0] == RELEASED_BLOCK_ID
     assert RELEASED_BLOCK_ID not in lagging.get_block_ids("a")[0]
+
+
+def test_a_hit_ends_at_the_first_block_any_full_group_lost():
+    # Two full groups (more full layers than a group holds) and a windowed one.
+    manager = KVCacheManager(num_blocks=40, block_size=BLOCK, enable_caching=True, group_windows=[0, 0, 4])
+    first = make_request("a", list(range(17)))
+    admit(manager, first)
+    first_group, second_group, _ = (list(table) for table in manager.req_to_blocks["a"])
+    manager.free(first)
+    manager.block_pool._evict(first_group[1])
+    manager.block_pool._evict(second_group[3])
+    computed, num_computed = manager.get_computed_blocks(make_request("b", list(range(17))))
+    assert num_computed == 4 and computed[0] == first_group[:1] and computed[1] == second_group[:1]

@@ -59,7 +59,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching=st.booleans(),
         depth=st.sampled_from([1, 2]),
         # Each group's window (0: the whole context): one full group, a window every layer shares, hybrids.
-        group_windows=st.sampled_from([(0,), (6,), (0, 5), (0, 3, 3)]),
+        group_windows=st.sampled_from([(0,), (6,), (0, 5), (0, 3, 3), (0, 0, 4)]),
     )
     def setup(self, block_size, extra_blocks, budget, max_num_seqs, policy, caching, depth, group_windows):
         self.block_size = block_size

@@ -18,6 +18,7 @@ from engine.request import Request
 from engine.request_validation import validate_request
 from engine.scheduler import Scheduler
 from engine.structured_output import GrammarTokenizer, batch_bitmask, mask_words
+from engine.thinking_budget import ThinkingBudgetState
 from sluice.config import SluiceConfig, steps_in_flight
 from sluice.config_checks import check_engine_config
 from sluice.errors import InvalidRequestError, WorkerDiedError
@@ -103,6 +104,7 @@ class EngineCore:
         grammar = None
         if params.structured_output is not None:
             grammar = self.grammar_tokenizer.compile(params.structured_output)
+        thinking = None if params.thinking_budget is None else ThinkingBudgetState(params.thinking_budget)
         self.scheduler.add_request(
             Request(
                 request_id=request_id,
@@ -113,6 +115,7 @@ class EngineCore:
                 cache_salt=cache_salt,
                 eos_token_ids=self.spec.eos_token_ids,
                 grammar=grammar,
+                thinking=thinking,
                 pooling=pooling,
                 pools_every_position=pooling is not None
                 and self.pooling_spec is not None
@@ -218,11 +221,11 @@ class EngineCore:
         requests = self.scheduler.requests
         # A request that ended (a stop, an abort) after the step was planned has no mask: its
         # token is dropped, and a row that allows every token keeps the sampler's input finite.
-        grammars = [
-            request.grammar if (request := requests.get(rid)) is not None else None
+        masks = [
+            request.next_token_mask() if (request := requests.get(rid)) is not None else None
             for rid in scheduler_output.structured_output_req_ids
         ]
-        bitmask = batch_bitmask(grammars, mask_words(self.vocab_size))
+        bitmask = batch_bitmask(masks, mask_words(self.vocab_size))
         return GrammarBitmask(step_id=scheduler_output.step_id, bitmask=bitmask)
 
     def sentinels(self) -> list[int]:

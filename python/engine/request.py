@@ -12,6 +12,7 @@ from sluice.worker_seam import Logprobs, PromptLogprobs
 
 if TYPE_CHECKING:
     from engine.structured_output import RequestGrammar
+    from engine.thinking_budget import ThinkingBudgetState
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +79,8 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     # The matcher of its structured output constraint: it has consumed every output token.
     grammar: RequestGrammar | None = None
+    # Its thinking budget's state (sampling_params.thinking_budget): it has seen every output token.
+    thinking: ThinkingBudgetState | None = None
     # With prompt_logprobs: the entries of prompt positions 1, 2, ... received so far (None without).
     prompt_logprobs: list[Logprobs] | None = field(init=False)
     # Whether the prompt logprobs went out (with the first generated token).
@@ -123,6 +126,21 @@ class Request:
         )
         self.prompt_logprobs_sent = True
         return self.prompt_logprobs
+
+    def samples_under_mask(self, num_unseen: int) -> bool:
+        """Whether a step that samples the token after `num_unseen` tokens in flight needs a bitmask
+        from the engine core: a structured output constraint, or a thinking budget that may force
+        that token."""
+        return self.grammar is not None or (
+            self.thinking is not None and self.thinking.may_force_after(num_unseen)
+        )
+
+    def next_token_mask(self) -> RequestGrammar | ThinkingBudgetState | None:
+        """What fills its next bitmask row: a forced end of thinking first, then its constraint
+        (None: every token)."""
+        if self.thinking is not None and self.thinking.forced_token is not None:
+            return self.thinking
+        return self.grammar
 
     @property
     def computes_whole_prompt(self) -> bool:

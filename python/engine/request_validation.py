@@ -47,6 +47,14 @@ def validate_request(
         raise InvalidRequestError(
             f"token id {bad} in a bad word is outside the vocabulary [0, {vocab_size})", param="bad_words"
         )
+    budget = params.thinking_budget
+    tags = [] if budget is None else budget.start_token_ids + budget.end_token_ids
+    bad = next((t for t in tags if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} in the thinking budget's tags is outside the vocabulary [0, {vocab_size})",
+            param="thinking_token_budget",
+        )
     if params.allowed_token_ids is not None and params.min_tokens > 0:
         # Under min_tokens the stop ids and EOS are suppressed: nothing at all could be sampled.
         suppressed = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))

@@ -272,7 +272,7 @@ class Scheduler:
             ):
                 # This step samples the request's next token.
                 request.num_output_placeholders += 1
-                if request.grammar is not None:
+                if request.samples_under_mask(request.num_output_placeholders - 1):
                     structured_output_req_ids.append(request_id)
             self.known_to_workers.add(request_id)
         finished_req_ids, self.finished_req_ids = self.finished_req_ids, []
@@ -308,7 +308,11 @@ class Scheduler:
         params = request.sampling_params
         # Its next mask needs the token in flight: unless the mask is sent once that token is folded
         # in, a structured request waits for it (async scheduling).
-        if placeholders and request.grammar is not None and not self.masks_follow_tokens_in_flight:
+        if (
+            placeholders
+            and request.samples_under_mask(placeholders)
+            and not self.masks_follow_tokens_in_flight
+        ):
             return 0
         # Its last token is already in flight: scheduling more would compute tokens that get dropped.
         if placeholders and (
@@ -400,7 +404,10 @@ class Scheduler:
             new_token_ids = []
             for token_id in token_ids:
                 if request.grammar is not None and not request.grammar.accept_token(token_id):
-                    _fail_unsatisfiable(request)
+                    _fail_unsatisfiable(request, request.grammar.error)
+                    break
+                if request.thinking is not None and not request.thinking.accept_token(token_id):
+                    _fail_unsatisfiable(request, "the end of thinking, forced by its budget, was refused")
                     break
                 request.append_output_token(token_id)
                 new_token_ids.append(token_id)
@@ -521,11 +528,10 @@ class Scheduler:
         )
 
 
-def _fail_unsatisfiable(request: Request) -> None:
-    """End a structured output request whose grammar refused the sampled token: its masks together
-    left no token to sample (say, allowed_token_ids that the constraint never admits, or bad words
-    that ban every token it admits)."""
-    assert request.grammar is not None
+def _fail_unsatisfiable(request: Request, why: str) -> None:
+    """End a request whose grammar, or the end of thinking its budget forces, refused the sampled
+    token: its masks together left no token to sample (say, allowed_token_ids that the constraint
+    never admits, or bad words that ban every token it admits)."""
     params = request.sampling_params
     request.status = RequestStatus.FINISHED_ERROR
     if params.allowed_token_ids is not None:
@@ -533,9 +539,11 @@ def _fail_unsatisfiable(request: Request) -> None:
     elif params.bad_words_token_ids:
         request.invalid_param = "bad_words"
     else:
-        request.invalid_param = "structured_output"
+        request.invalid_param = (
+            "structured_output" if request.grammar is not None else "thinking_token_budget"
+        )
     request.error = (
-        "no token satisfies the structured output constraint together with allowed_token_ids, "
-        "bad_words and min_tokens (which holds back stop and end-of-sequence tokens): "
-        f"{request.grammar.error}"
+        "no token satisfies the structured output constraint or thinking budget together with "
+        "allowed_token_ids, bad_words and min_tokens (which holds back stop and end-of-sequence "
+        f"tokens): {why}"
     )

@@ -25,13 +25,14 @@ def accepts_drafts(request: Request) -> bool:
     """The one predicate of a request's eligibility for speculation, re-checked at every step.
 
     A structured output request is not eligible: its matcher would have to follow, and roll back,
-    every draft. Nor is one with prompt logprobs, which are collected only on the plain path.
+    every draft; nor, for the same reason, is one with a thinking budget. Nor is one with prompt logprobs, which are collected only on the plain path.
     """
     params: SamplingParams = request.sampling_params
     return (
         params.is_greedy
         and params.logprobs is None
         and params.structured_output is None
+        and params.thinking_budget is None
         and params.prompt_logprobs is None
         and not params.logit_bias
         and params.allowed_token_ids is None

@@ -13,8 +13,10 @@ lines that eat max_tokens.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import llguidance
 import numpy as np
@@ -149,11 +151,17 @@ class RequestGrammar:
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
 
-def batch_bitmask(grammars: list[RequestGrammar | None], num_words: int) -> bytes:
-    """The next-token bitmasks of `grammars`, one row each, as little-endian int32 words; None
+class RowMask(Protocol):
+    """What fills one request's bitmask row: its matcher, or its thinking budget's forced token."""
+
+    def fill_bitmask(self, row: np.ndarray) -> None: ...
+
+
+def batch_bitmask(masks: Sequence[RowMask | None], num_words: int) -> bytes:
+    """The next-token bitmasks of `masks`, one row each, as little-endian int32 words; None
     allows every token."""
-    rows = np.full((len(grammars), num_words), -1, dtype="<i4")
-    for row, grammar in zip(rows, grammars, strict=True):
-        if grammar is not None:
-            grammar.fill_bitmask(row)
+    rows = np.full((len(masks), num_words), -1, dtype="<i4")
+    for row, mask in zip(rows, masks, strict=True):
+        if mask is not None:
+            mask.fill_bitmask(row)
     return rows.tobytes()

@@ -46,6 +46,20 @@ class StructuredOutput:
 
 
 @dataclass(slots=True)
+class ThinkingBudget:
+    """A cap on a reasoning model's thinking (chat's `thinking_token_budget`, Anthropic's
+    `budget_tokens`): once `max_tokens` tokens of thinking are out and it has not ended, the engine
+    core forces `end_token_ids` (its closing tag) one token at a time, and the answer follows.
+
+    `start_token_ids` is the tag that opens the thinking when the output must open with it; empty
+    when the prompt already opened it. An output that opens with anything else does not think."""
+
+    max_tokens: int
+    start_token_ids: list[int]
+    end_token_ids: list[int]
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1
     max_tokens: int = 16
@@ -72,6 +86,7 @@ class SamplingParams:
     # vLLM's bad_words as token sequences (the frontend, or LLM.generate, tokenizes the words): a
     # sequence's last token is never sampled where the output so far ends with the rest of it.
     bad_words_token_ids: list[list[int]] | None = None
+    thinking_budget: ThinkingBudget | None = None
     # The offline API's text options (LLM.generate detokenizes); they never cross a seam, since
     # the frontend applies its own over HTTP. A stop string ends the output before it.
     stop: list[str] = field(default_factory=list)
@@ -183,6 +198,16 @@ class SamplingParams:
                 "bad_words",
                 "every bad word must be at least one token, got an empty token sequence",
             ),
+            (
+                self.thinking_budget is None or self.thinking_budget.max_tokens >= 0,
+                "thinking_token_budget",
+                f"thinking_token_budget must be non-negative, got {self.thinking_budget}",
+            ),
+            (
+                self.thinking_budget is None or len(self.thinking_budget.end_token_ids) > 0,
+                "thinking_token_budget",
+                "a thinking budget needs the tokens that end the thinking, got none",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:
@@ -212,17 +237,22 @@ _STRUCTURED_OUTPUT_RECORD = Record(
 )
 
 
-def _encode_structured_output(value: Any) -> dict[str, Any]:
-    # The worker seam carries params as a checked map, so a value may come as either form.
-    if type(value) is dict:
-        value = _STRUCTURED_OUTPUT_RECORD.decode(value)
-    return _STRUCTURED_OUTPUT_RECORD.encode(value)
+_THINKING_BUDGET_RECORD = Record(
+    ThinkingBudget, (("max_tokens", INT), ("start_token_ids", INT_LIST), ("end_token_ids", INT_LIST))
+)
 
 
-def _decode_structured_output(value: Any) -> StructuredOutput:
-    if type(value) is StructuredOutput:
-        return value
-    return _STRUCTURED_OUTPUT_RECORD.decode(value)
+def _nested_record(record: Record, cls: type) -> Codec:
+    """A record inside `params`: the worker seam carries params as a checked map, so a value may
+    come as either form."""
+
+    def encode(value: Any) -> dict[str, Any]:
+        return record.encode(record.decode(value) if type(value) is dict else value)
+
+    def decode(value: Any) -> Any:
+        return value if type(value) is cls else record.decode(value)
+
+    return Codec(encode, decode)
 
 
 # The `params` map that both seams carry (frontend -> engine core in add_request, engine core ->
@@ -242,10 +272,11 @@ PARAMS_FIELDS = (
     ("stop_token_ids", INT_LIST),
     ("ignore_eos", BOOL),
     ("min_tokens", INT),
-    ("structured_output", optional(Codec(_encode_structured_output, _decode_structured_output))),
+    ("structured_output", optional(_nested_record(_STRUCTURED_OUTPUT_RECORD, StructuredOutput))),
     ("prompt_logprobs", optional(INT)),
     ("allowed_token_ids", optional(INT_LIST)),
     ("bad_words_token_ids", optional(list_of(INT_LIST))),
+    ("thinking_budget", optional(_nested_record(_THINKING_BUDGET_RECORD, ThinkingBudget))),
 )
 PARAMS_RECORD = Record(_params_from_fields, PARAMS_FIELDS)
 

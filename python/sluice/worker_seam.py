@@ -130,8 +130,9 @@ class SchedulerOutput:
     finished_req_ids: list[str]
     # Requests preempted since the last step: they leave the batch, and workers keep their tokens.
     preempted_req_ids: list[str]
-    # Requests this step samples under a structured output constraint: their next-token bitmask
-    # follows in a GrammarBitmask, which the workers wait for only when they sample.
+    # Requests this step samples under a mask from the engine core (a structured output constraint,
+    # or a thinking budget that may force the end of thinking): their next-token bitmask follows in
+    # a GrammarBitmask, which the workers wait for only when they sample.
     structured_output_req_ids: list[str] = field(default_factory=list)
     # req_id -> draft tokens to verify after its last known token (speculative decoding; their count
     # is part of num_scheduled_tokens). The request's output is then 1 to len(drafts) + 1 tokens.

@@ -275,7 +275,7 @@ def test_an_unknown_field_is_reported_and_cache_control_is_served(client: anthro
             },
             "this model takes text only",
         ),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "extended thinking"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "without --reasoning-parser"),
         ({"extra_body": {"temperature": 1.5}}, "temperature must be in [0, 1]"),
         ({"container": "c1"}, "containers are not served"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),

@@ -146,3 +146,96 @@ def test_anthropic_clients_get_a_thinking_block(server: Server, client: openai.O
         assert block.type == "thinking", answer.content
         assert block.thinking == whole.reasoning_content  # type: ignore[attr-defined]
         assert answer.stop_reason in ("end_turn", "max_tokens")
+
+
+# A thinking budget smaller than the thinking the model writes free: the end of thinking is forced.
+BUDGET = 6
+
+
+def completion(client: openai.OpenAI, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    done = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        temperature=0,
+        max_tokens=max_tokens,
+        extra_body={"return_token_ids": True},
+    )
+    return done.model_dump()["choices"][0]
+
+
+def budgeted_output(server: Server, client: openai.OpenAI) -> tuple[str, str, int]:
+    """What a budget of BUDGET tokens should give, from /v1/completions (no parser, no budget): the
+    model's first BUDGET tokens of thinking, then the answer it writes after them and the forced
+    `</think>`; and how many tokens that tag is."""
+    prompt = server.request("POST", "/tokenize", {"model": MODEL, "messages": THINKING, **CONTINUE})
+    end = server.request(
+        "POST", "/tokenize", {"model": MODEL, "prompt": "</think>", "add_special_tokens": False}
+    )
+    assert prompt.status == 200 and end.status == 200, (prompt, end)
+    thinking = completion(client, prompt.body["tokens"], BUDGET)
+    assert "</think>" not in thinking["text"], "the model must not close its thinking by itself here"
+    forced = prompt.body["tokens"] + thinking["token_ids"] + end.body["tokens"]
+    answer = completion(client, forced, 24 - BUDGET - len(end.body["tokens"]))
+    # The parser drops the newlines between the tag and the answer.
+    return thinking["text"], answer["text"].lstrip("\n"), len(end.body["tokens"])
+
+
+def test_a_thinking_budget_forces_the_end_of_thinking_and_the_answer_follows(
+    server: Server, client: openai.OpenAI
+) -> None:
+    thinking, answer, tag_tokens = budgeted_output(server, client)
+    budgeted = chat(client, THINKING, thinking_token_budget=BUDGET, **CONTINUE)
+    message = budgeted.choices[0].message
+    assert message.reasoning_content == thinking  # type: ignore[attr-defined]
+    assert (message.content or "") == answer
+    assert budgeted.usage is not None and budgeted.usage.completion_tokens_details is not None
+    assert budgeted.usage.completion_tokens_details.reasoning_tokens == BUDGET + tag_tokens
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=THINKING,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        extra_body={"thinking_token_budget": BUDGET, **CONTINUE},
+    )
+    reasoning, content = "", ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            content += choice.delta.content or ""
+    assert (reasoning, content) == (thinking, answer)
+
+
+def test_a_budgeted_thinking_leaves_the_answer_to_its_constraint(client: openai.OpenAI) -> None:
+    # The forced tag is where the constraint starts: the answer is one of the choices.
+    budgeted = chat(
+        client, THINKING, thinking_token_budget=BUDGET, guided_choice=["Paris", "Lyon"], **CONTINUE
+    ).choices[0]
+    assert budgeted.message.content in ("Paris", "Lyon"), budgeted.message
+    assert budgeted.message.reasoning_content  # type: ignore[attr-defined]
+    assert budgeted.finish_reason == "stop"
+
+
+def test_anthropic_extended_thinking_is_cut_at_its_budget(server: Server, client: openai.OpenAI) -> None:
+    thinking, answer, _ = budgeted_output(server, client)
+    budget = {"type": "enabled", "budget_tokens": BUDGET}
+    with anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0) as messages:
+        message = messages.messages.create(
+            model=MODEL, max_tokens=24, messages=THINKING, thinking=budget, extra_body={"temperature": 0}
+        )
+        with messages.messages.stream(
+            model=MODEL, max_tokens=24, messages=THINKING, thinking=budget, extra_body={"temperature": 0}
+        ) as stream:
+            streamed = stream.get_final_message()
+        with pytest.raises(anthropic.BadRequestError) as raised:
+            messages.messages.create(
+                model=MODEL,
+                max_tokens=24,
+                messages=THINKING,
+                thinking={"type": "enabled", "budget_tokens": 24},
+            )
+    assert "must be less than max_tokens (24)" in raised.value.body["error"]["message"]  # type: ignore[index]
+    for reply in (message, streamed):
+        assert reply.content[0].type == "thinking" and reply.content[0].thinking == thinking, reply.content
+        text = "".join(block.text for block in reply.content[1:] if block.type == "text")
+        assert text == answer, reply.content

@@ -139,6 +139,8 @@ def test_fields_that_change_nothing_are_accepted_without_a_header(client: openai
         ("chat", {"extra_body": {"chat_template": "{{ messages }}"}}, "chat_template"),
         ("chat", {"extra_body": {"cache_salt": ""}}, "cache_salt"),
         ("chat", {"reasoning_effort": "extreme"}, "reasoning_effort"),
+        # This server runs no reasoning parser: there is no thinking to budget.
+        ("chat", {"extra_body": {"thinking_token_budget": 8}}, "thinking_token_budget"),
         ("completions", {"extra_body": {"allowed_token_ids": []}}, "allowed_token_ids"),
         ("chat", {"extra_body": {"allowed_token_ids": [5, 49152]}}, "allowed_token_ids"),
         # The default model's EOS is 2 (<|im_end|>): under min_tokens nothing could be sampled.

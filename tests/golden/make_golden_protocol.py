@@ -33,7 +33,7 @@ from sluice.frontend_seam import (
     stats_to_wire,
 )
 from sluice.pooling import PoolingParams
-from sluice.sampling_params import SamplingParams, StructuredOutput
+from sluice.sampling_params import SamplingParams, StructuredOutput, ThinkingBudget
 from sluice.worker_seam import Logprobs
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "protocol"
@@ -81,6 +81,7 @@ GOLDEN_MESSAGES: dict[str, Message] = {
             prompt_logprobs=3,
             allowed_token_ids=[2, 127, 49151],
             bad_words_token_ids=[[9906], [3658, 27, 12455]],
+            thinking_budget=ThinkingBudget(max_tokens=1024, start_token_ids=[], end_token_ids=[1718, 37, 29]),
         ),
         arrival_time=1732190000.125,
         priority=-33,

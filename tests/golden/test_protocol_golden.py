@@ -78,6 +78,7 @@ PARAMS_KEYS = [
     "prompt_logprobs",
     "allowed_token_ids",
     "bad_words_token_ids",
+    "thinking_budget",
 ]
 OUTPUT_KEYS = [
     "request_id",

@@ -30,8 +30,8 @@ pub struct Conversation {
     /// `{"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}`.
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<ToolChoice>,
-    /// Thinking: `disabled`, and `adaptive` (the model decides; these models do not think), are
-    /// served; extended thinking is refused (see the handler).
+    /// Thinking: `enabled` with `budget_tokens` (under `--reasoning-parser`: the thinking is cut
+    /// at the budget), `disabled` and `adaptive` (the model decides); see the handler.
     #[schema(value_type = Option<Object>)]
     pub thinking: Option<Value>,
 }

@@ -259,6 +259,10 @@ pub struct ChatCompletionRequest {
     /// Passed to the chat template as the variable `reasoning_effort`, as vLLM does.
     #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
     pub reasoning_effort: Option<String>,
+    /// vLLM's: under `--reasoning-parser`, at most this many tokens of thinking; then the end of
+    /// thinking is forced and the answer follows.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub thinking_token_budget: Option<u32>,
     /// vLLM's: whether the rendered prompt gets the tokenizer's special tokens (default false:
     /// the template writes them).
     pub add_special_tokens: Option<bool>,

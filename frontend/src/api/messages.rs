@@ -49,7 +49,7 @@ impl GenerationEndpoint for Messages {
         let Translated {
             chat,
             ignored_fields,
-        } = chat_request(request)?;
+        } = chat_request(request, state.config.reasoning_parser.is_some())?;
         let mut valid = prepare::chat(state, chat).await?;
         valid.ignored_fields.extend(ignored_fields);
         Ok((valid, ()))
@@ -151,7 +151,12 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let Json(request) = body?;
     let mut ignored = Ignored::default();
-    let mut chat = chat_conversation(request.model, request.conversation, &mut ignored)?;
+    let mut chat = chat_conversation(
+        request.model,
+        request.conversation,
+        state.config.reasoning_parser.is_some(),
+        &mut ignored,
+    )?;
     chat.other_fields = request.other_fields;
     let mut valid = prepare::chat(&state, chat).await?;
     valid.ignored_fields.extend(ignored.into_names());

@@ -2,9 +2,10 @@
 //! `prepare` validates and renders it: `system` becomes a system message, `tool_use` blocks an
 //! assistant's calls, `tool_result` blocks tool messages, `tools` functions, `stop_sequences` stop
 //! strings, `output_config.format` a response format, a final assistant message a prefill that the
-//! answer continues. What Anthropic defines and this server cannot serve (images, documents,
-//! extended thinking, server tools, containers) is a 400 naming it; a field neither API knows is
-//! reported, as chat's are.
+//! answer continues, `thinking` the template's `enable_thinking` and chat's
+//! `thinking_token_budget`. What Anthropic defines and this server cannot serve (images,
+//! documents, extended thinking without a reasoning parser, server tools, containers) is a 400
+//! naming it; a field neither API knows is reported, as chat's are.
 
 use std::collections::BTreeSet;
 
@@ -68,8 +69,12 @@ fn response_format(format: OutputFormat) -> Result<Value, ApiError> {
     }
 }
 
-/// `POST /v1/messages`'s request as a chat request.
-pub fn chat_request(request: MessagesRequest) -> Result<Translated, ApiError> {
+/// `POST /v1/messages`'s request as a chat request; `splits_thinking` when the server runs a
+/// reasoning parser (`--reasoning-parser`), which extended thinking needs.
+pub fn chat_request(
+    request: MessagesRequest,
+    splits_thinking: bool,
+) -> Result<Translated, ApiError> {
     let max_tokens = request.max_tokens.ok_or_else(|| {
         out_of_range(
             "max_tokens",
@@ -112,7 +117,21 @@ pub fn chat_request(request: MessagesRequest) -> Result<Translated, ApiError> {
         ignored.fields("metadata", metadata.other_fields.keys());
         metadata.user_id
     });
-    let mut chat = chat_conversation(request.model, request.conversation, &mut ignored)?;
+    let mut chat = chat_conversation(
+        request.model,
+        request.conversation,
+        splits_thinking,
+        &mut ignored,
+    )?;
+    if let Some(budget) = chat.thinking_token_budget.filter(|&b| b >= max_tokens) {
+        // Anthropic's rule: the budget is part of max_tokens, and the answer needs room after it.
+        return Err(out_of_range(
+            "thinking",
+            format!(
+                "thinking.budget_tokens ({budget}) must be less than max_tokens ({max_tokens})"
+            ),
+        ));
+    }
     chat.sampling = SamplingFields {
         max_tokens: Some(max_tokens),
         temperature: request.temperature,
@@ -125,11 +144,11 @@ pub fn chat_request(request: MessagesRequest) -> Result<Translated, ApiError> {
         ..SamplingFields::default()
     };
     // As chat passes `reasoning_effort`: a variable for the templates that read it.
-    chat.chat_template_kwargs = effort.map(|effort| {
-        [("reasoning_effort".to_owned(), Value::String(effort))]
-            .into_iter()
-            .collect()
-    });
+    if let Some(effort) = effort {
+        chat.chat_template_kwargs
+            .get_or_insert_with(Default::default)
+            .insert("reasoning_effort".to_owned(), Value::String(effort));
+    }
     chat.other_fields = request.other_fields;
     Ok(Translated {
         chat,
@@ -142,9 +161,10 @@ pub fn chat_request(request: MessagesRequest) -> Result<Translated, ApiError> {
 pub fn chat_conversation(
     model: String,
     conversation: Conversation,
+    splits_thinking: bool,
     ignored: &mut Ignored,
 ) -> Result<ChatCompletionRequest, ApiError> {
-    check_thinking(conversation.thinking.as_ref())?;
+    let thinking = thinking_mode(conversation.thinking.as_ref(), splits_thinking, ignored)?;
     let mut messages = Vec::new();
     if let Some(system) = conversation.system {
         let text = match system {
@@ -201,6 +221,13 @@ pub fn chat_conversation(
         tools,
         tool_choice,
         parallel_tool_calls,
+        // Qwen3's templates read `enable_thinking`; a template that does not, ignores it.
+        chat_template_kwargs: thinking.enable_thinking.map(|enable| {
+            [("enable_thinking".to_owned(), Value::Bool(enable))]
+                .into_iter()
+                .collect()
+        }),
+        thinking_token_budget: thinking.budget_tokens,
         ..ChatCompletionRequest::default()
     })
 }
@@ -225,25 +252,82 @@ impl Ignored {
     }
 }
 
-/// Extended thinking needs a reasoning model's thinking split out, which /v1/messages does not do.
-/// `adaptive` leaves it to the model whether to think, and these models answer without.
-fn check_thinking(thinking: Option<&Value>) -> Result<(), ApiError> {
-    let served = match thinking {
-        None | Some(Value::Null) => true,
-        Some(value) => matches!(
-            value.get("type").and_then(Value::as_str),
-            Some("disabled" | "adaptive")
-        ),
+/// What `thinking` asks of the model: whether its template turns thinking on or off, and the
+/// thinking's budget.
+#[derive(Debug, Default)]
+struct ThinkingMode {
+    enable_thinking: Option<bool>,
+    budget_tokens: Option<u32>,
+}
+
+/// `thinking`: `enabled` (with `budget_tokens`) needs a reasoning model whose thinking is split
+/// out into thinking blocks (`splits_thinking`); its budget is enforced (the end of thinking is
+/// forced there). `disabled` turns a reasoning model's thinking off; `adaptive` leaves it to the
+/// model. Anthropic's 1,024-token minimum is not kept: a smaller budget is served as asked.
+fn thinking_mode(
+    thinking: Option<&Value>,
+    splits_thinking: bool,
+    ignored: &mut Ignored,
+) -> Result<ThinkingMode, ApiError> {
+    let Some(Value::Object(fields)) = thinking else {
+        return match thinking {
+            None | Some(Value::Null) => Ok(ThinkingMode::default()),
+            Some(other) => Err(out_of_range(
+                "thinking",
+                format!(
+                    "thinking must be an object such as {{\"type\": \"disabled\"}}, got {other}"
+                ),
+            )),
+        };
     };
-    if served {
-        Ok(())
-    } else {
-        Err(out_of_range(
+    let kind = fields.get("type").and_then(Value::as_str);
+    let known: &[&str] = match kind {
+        Some("enabled") => &["type", "budget_tokens"],
+        _ => &["type"],
+    };
+    ignored.fields(
+        "thinking",
+        fields.keys().filter(|name| !known.contains(&name.as_str())),
+    );
+    match kind {
+        Some("disabled") => Ok(ThinkingMode {
+            enable_thinking: splits_thinking.then_some(false),
+            budget_tokens: None,
+        }),
+        Some("adaptive") => Ok(ThinkingMode::default()),
+        Some("enabled") if !splits_thinking => Err(out_of_range(
             "thinking",
-            "extended thinking is not supported on this server: leave `thinking` out or give \
+            "extended thinking needs a reasoning model whose thinking is split out: this server \
+             was started without --reasoning-parser; leave `thinking` out or give \
              {\"type\": \"disabled\"} or {\"type\": \"adaptive\"}"
                 .into(),
-        ))
+        )),
+        Some("enabled") => {
+            let budget = fields.get("budget_tokens");
+            match budget.and_then(Value::as_u64).filter(|&b| b >= 1) {
+                Some(budget) => Ok(ThinkingMode {
+                    enable_thinking: Some(true),
+                    budget_tokens: Some(u32::try_from(budget).unwrap_or(u32::MAX)),
+                }),
+                None => Err(out_of_range(
+                    "thinking",
+                    format!(
+                        "thinking of type \"enabled\" needs `budget_tokens`, a whole number of \
+                         at least 1, got {}",
+                        budget.map_or("none".to_owned(), Value::to_string)
+                    ),
+                )),
+            }
+        }
+        _ => Err(out_of_range(
+            "thinking",
+            format!(
+                "thinking.type must be \"enabled\", \"disabled\" or \"adaptive\", got {}",
+                fields
+                    .get("type")
+                    .map_or("none".to_owned(), Value::to_string)
+            ),
+        )),
     }
 }
 
@@ -450,7 +534,12 @@ mod tests {
     use sluice_common::schema::openai::MessageContent;
 
     fn translate(body: Value) -> Result<Translated, ApiError> {
-        chat_request(serde_json::from_value(body).unwrap())
+        chat_request(serde_json::from_value(body).unwrap(), false)
+    }
+
+    /// As a server with a reasoning parser translates it.
+    fn translate_splitting_thinking(body: Value) -> Result<Translated, ApiError> {
+        chat_request(serde_json::from_value(body).unwrap(), true)
     }
 
     fn text_of(message: &ChatMessage) -> &str {
@@ -560,7 +649,7 @@ mod tests {
                     json!({"type": "enabled", "budget_tokens": 1024}),
                 ),
                 "thinking",
-                "not supported",
+                "started without --reasoning-parser",
             ),
             (
                 with(
@@ -635,6 +724,65 @@ mod tests {
         }
         for thinking in ["disabled", "adaptive"] {
             assert!(translate(with("thinking", json!({"type": thinking}))).is_ok());
+        }
+    }
+
+    #[test]
+    fn thinking_turns_the_templates_thinking_on_or_off_and_carries_its_budget() {
+        let with = |thinking: Value| {
+            json!({"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+                   "thinking": thinking, "output_config": {"effort": "low"}})
+        };
+        let enabled = translate_splitting_thinking(with(
+            json!({"type": "enabled", "budget_tokens": 40, "display": "omitted"}),
+        ))
+        .unwrap();
+        assert_eq!(enabled.chat.thinking_token_budget, Some(40));
+        let kwargs = enabled.chat.chat_template_kwargs.unwrap();
+        assert_eq!(kwargs["enable_thinking"], true);
+        assert_eq!(kwargs["reasoning_effort"], "low");
+        assert_eq!(enabled.ignored_fields, ["thinking.display"]);
+
+        let disabled = translate_splitting_thinking(with(json!({"type": "disabled"}))).unwrap();
+        assert_eq!(disabled.chat.thinking_token_budget, None);
+        assert_eq!(
+            disabled.chat.chat_template_kwargs.unwrap()["enable_thinking"],
+            false
+        );
+        // Without a reasoning parser the model does not think: nothing to turn off.
+        let plain = translate(with(json!({"type": "disabled"}))).unwrap();
+        assert!(!plain
+            .chat
+            .chat_template_kwargs
+            .unwrap()
+            .contains_key("enable_thinking"));
+        let adaptive = translate_splitting_thinking(with(json!({"type": "adaptive"}))).unwrap();
+        assert_eq!(adaptive.chat.thinking_token_budget, None);
+
+        for (thinking, words) in [
+            (
+                json!({"type": "enabled", "budget_tokens": 64}),
+                "less than max_tokens (64)",
+            ),
+            (json!({"type": "enabled"}), "needs `budget_tokens`"),
+            (
+                json!({"type": "enabled", "budget_tokens": 0}),
+                "at least 1, got 0",
+            ),
+            (
+                json!({"type": "sometimes"}),
+                "\"enabled\", \"disabled\" or \"adaptive\"",
+            ),
+            (json!("enabled"), "must be an object"),
+        ] {
+            match translate_splitting_thinking(with(thinking.clone())) {
+                Err(ApiError::InvalidParameter { param, message }) => {
+                    assert_eq!(param, "thinking");
+                    assert!(message.contains(words), "{thinking}: {message}");
+                }
+                Err(other) => panic!("{thinking}: {other:?}"),
+                Ok(_) => panic!("{thinking} was accepted"),
+            }
         }
     }
 

@@ -642,6 +642,7 @@ mod tests {
             "SamplingFields",
             "chat_template_kwargs",
             "reasoning_effort",
+            "thinking_token_budget",
             "add_special_tokens",
         ] {
             assert!(

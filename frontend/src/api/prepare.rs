@@ -23,9 +23,9 @@ use crate::api::validate::{
     score_pairs, template_kwargs, top_n, truncated_prompt, EncodingFormat, Route, ServedModel,
     DEFAULT_COMPLETION_MAX_TOKENS,
 };
-use crate::engine::protocol::{PoolingParams, SamplingParams};
+use crate::engine::protocol::{PoolingParams, SamplingParams, ThinkingBudget};
 use crate::state::{AppState, EngineNotReady};
-use crate::text::reasoning::THINK_END;
+use crate::text::reasoning::{THINK_END, THINK_START};
 use crate::text::tool_prompt;
 use sluice_common::schema::openai::{
     ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest, Prompt,
@@ -551,6 +551,10 @@ pub async fn chat(
     {
         constraint.after = THINK_END.into();
     }
+    if let Some(budget) = request.thinking_token_budget {
+        params.thinking_budget =
+            Some(thinking_budget(state, budget, reasoning_starts_thinking).await?);
+    }
     let prompt = ValidPrompt {
         token_ids,
         echo,
@@ -566,6 +570,34 @@ pub async fn chat(
         valid.structured_output_field = Some("tools");
     }
     Ok(valid)
+}
+
+/// `thinking_token_budget` as the engine core's budget: the thinking's tags as the model's
+/// tokens, the opening one only where the output must write it (the prompt did not open it).
+async fn thinking_budget(
+    state: &AppState,
+    max_tokens: u32,
+    starts_thinking: Option<bool>,
+) -> Result<ThinkingBudget, ApiError> {
+    let Some(starts_thinking) = starts_thinking else {
+        return Err(ApiError::InvalidParameter {
+            param: "thinking_token_budget",
+            message: "thinking_token_budget needs a reasoning model whose thinking is split out: \
+                      this server was started without --reasoning-parser"
+                .into(),
+        });
+    };
+    let start_token_ids = if starts_thinking {
+        Vec::new()
+    } else {
+        state.pool.encode(THINK_START.into(), false).await?
+    };
+    let end_token_ids = state.pool.encode(THINK_END.into(), false).await?;
+    Ok(ThinkingBudget {
+        max_tokens,
+        start_token_ids,
+        end_token_ids,
+    })
 }
 
 /// The role of a chat answer, as vLLM gives it: a generation prompt starts the assistant's turn;

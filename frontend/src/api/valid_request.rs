@@ -123,6 +123,8 @@ impl CheckedSampling<'_> {
             prompt_logprobs: self.prompt_logprobs.max(self.echo_logprobs),
             allowed_token_ids: fields.allowed_token_ids.clone(),
             bad_words_token_ids: self.bad_words_token_ids.clone(),
+            // Chat's, once its prompt says where the thinking starts (prepare::chat).
+            thinking_budget: None,
         }
     }
 

@@ -158,6 +158,18 @@ pub struct SamplingParams {
     /// vLLM's `bad_words`, tokenized: a sequence's last token is never sampled where the output
     /// so far ends with the rest of it.
     pub bad_words_token_ids: Option<Vec<Vec<u32>>>,
+    /// A cap on a reasoning model's thinking: the engine core forces its end at the budget.
+    pub thinking_budget: Option<ThinkingBudget>,
+}
+
+/// Once `max_tokens` tokens of thinking are out without its end, the engine core forces
+/// `end_token_ids` (the closing tag), one token per step. `start_token_ids` is the tag the output
+/// must open with for thinking to begin; empty when the prompt opened it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThinkingBudget {
+    pub max_tokens: u32,
+    pub start_token_ids: Vec<u32>,
+    pub end_token_ids: Vec<u32>,
 }
 
 /// `kind` is one of json_schema (spec: the schema as JSON text), json_object (spec: ""), regex
@@ -192,6 +204,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             allowed_token_ids: None,
             bad_words_token_ids: None,
+            thinking_budget: None,
         }
     }
 }
@@ -846,6 +859,7 @@ mod tests {
             "\"prompt_logprobs\"",
             "\"allowed_token_ids\"",
             "\"bad_words_token_ids\"",
+            "\"thinking_budget\"",
             "\"arrival_time\"",
             "\"priority\"",
             "\"cache_salt\"",

@@ -69,16 +69,27 @@ def test_a_plain_answer_has_no_reasoning_content(client: openai.OpenAI) -> None:
     assert getattr(message, "reasoning_content", None) is None
 
 
-def test_streamed_reasoning_adds_up_to_the_whole(client: openai.OpenAI) -> None:
-    whole = chat(client, THINKING, **CONTINUE).choices[0].message
+def streamed_thinking_and_answer(client: openai.OpenAI, **extra: Any) -> tuple[str, str]:
+    """The reasoning_content and content deltas of THINKING's streamed answer, each joined."""
     reasoning, content = "", ""
     stream = client.chat.completions.create(
-        model=MODEL, messages=THINKING, temperature=0, max_tokens=24, stream=True, extra_body=CONTINUE
+        model=MODEL,
+        messages=THINKING,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        extra_body={**CONTINUE, **extra},
     )
     for chunk in stream:
         for choice in chunk.choices:
             reasoning += getattr(choice.delta, "reasoning_content", None) or ""
             content += choice.delta.content or ""
+    return reasoning, content
+
+
+def test_streamed_reasoning_adds_up_to_the_whole(client: openai.OpenAI) -> None:
+    whole = chat(client, THINKING, **CONTINUE).choices[0].message
+    reasoning, content = streamed_thinking_and_answer(client)
     assert reasoning == whole.reasoning_content  # type: ignore[attr-defined]
     assert content == ""
 
@@ -190,20 +201,7 @@ def test_a_thinking_budget_forces_the_end_of_thinking_and_the_answer_follows(
     assert (message.content or "") == answer
     assert budgeted.usage is not None and budgeted.usage.completion_tokens_details is not None
     assert budgeted.usage.completion_tokens_details.reasoning_tokens == BUDGET + tag_tokens
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=THINKING,
-        temperature=0,
-        max_tokens=24,
-        stream=True,
-        extra_body={"thinking_token_budget": BUDGET, **CONTINUE},
-    )
-    reasoning, content = "", ""
-    for chunk in stream:
-        for choice in chunk.choices:
-            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
-            content += choice.delta.content or ""
-    assert (reasoning, content) == (thinking, answer)
+    assert streamed_thinking_and_answer(client, thinking_token_budget=BUDGET) == (thinking, answer)
 
 
 def test_a_budgeted_thinking_leaves_the_answer_to_its_constraint(client: openai.OpenAI) -> None:

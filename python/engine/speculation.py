@@ -25,7 +25,8 @@ def accepts_drafts(request: Request) -> bool:
     """The one predicate of a request's eligibility for speculation, re-checked at every step.
 
     A structured output request is not eligible: its matcher would have to follow, and roll back,
-    every draft; nor, for the same reason, is one with a thinking budget. Nor is one with prompt logprobs, which are collected only on the plain path.
+    every draft; nor, for the same reason, is one with a thinking budget. Nor is one with prompt
+    logprobs, which are collected only on the plain path.
     """
     params: SamplingParams = request.sampling_params
     return (

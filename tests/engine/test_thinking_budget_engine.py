@@ -75,3 +75,23 @@ def test_an_output_that_does_not_open_with_the_tag_is_never_forced(default_model
     unthought = llm.generate("The capital of France is", greedy(MAX_TOKENS, thinking_budget=budget))
     assert unthought[0].outputs[0].token_ids == free.token_ids
     llm.engine.shutdown()
+
+
+def test_a_forced_tag_that_other_masks_forbid_fails_that_request_alone(default_model_path: Path) -> None:
+    llm = LLM(model=str(default_model_path), executor="inproc", max_model_len=256, num_kv_blocks=32)
+    end = llm.tokenizer.encode("</think>", add_special_tokens=False)
+    hello = llm.tokenizer.encode("hello", add_special_tokens=False)[0]
+    assert hello != end[0]
+    # allowed_token_ids holds no token of the tag: the forced step's row allows nothing.
+    forbidden = greedy(
+        MAX_TOKENS,
+        allowed_token_ids=[hello],
+        thinking_budget=ThinkingBudget(2, start_token_ids=[], end_token_ids=end),
+    )
+    failed, served = llm.generate(["The capital of France is", "Count to ten:"], [forbidden, greedy(4)])
+    llm.engine.shutdown()
+    assert failed.outputs[0].finish_reason == "error"
+    assert failed.outputs[0].token_ids == [hello, hello]
+    assert failed.outputs[0].error_param == "allowed_token_ids"
+    assert "forced by its budget" in failed.outputs[0].error
+    assert served.outputs[0].error is None and len(served.outputs[0].token_ids) == 4

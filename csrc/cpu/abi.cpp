@@ -25,7 +25,7 @@ namespace {
 using namespace sluice::cpu;
 
 // Bumped whenever a signature or a struct below changes; worker/native_ops.py expects the same number.
-constexpr int32_t kAbiVersion = 4;
+constexpr int32_t kAbiVersion = 5;
 
 thread_local std::string last_error;
 
@@ -160,6 +160,10 @@ SLUICE_API int32_t sluice_silu_and_mul(const Matrix* out, const Matrix* gate_up)
   return guarded([&] { silu_and_mul(*out, *gate_up); });
 }
 
+SLUICE_API int32_t sluice_gelu(const Matrix* x) {
+  return guarded([&] { gelu(*x); });
+}
+
 SLUICE_API int32_t sluice_rotary_embedding(const Heads* qk, const Matrix* cos, const Matrix* sin_signed) {
   return guarded([&] { rotary_embedding(*qk, *cos, *sin_signed); });
 }
@@ -184,6 +188,12 @@ SLUICE_API int32_t sluice_paged_attention(const Heads* out, const Heads* query, 
   return guarded([&] {
     paged_attention(*out, *query, *cache, *batch, scale, window, softcap, decode_path != 0, split_keys != 0);
   });
+}
+
+SLUICE_API int32_t sluice_attention_within_sequences(const Heads* out, const Heads* query, const Heads* key,
+                                                     const Heads* value, const int32_t* query_start_loc,
+                                                     int64_t num_seqs, double scale) {
+  return guarded([&] { attention_within_sequences(*out, *query, *key, *value, query_start_loc, num_seqs, scale); });
 }
 
 SLUICE_API int32_t sluice_bind_threads(const int64_t* cpu_ids, int64_t count, int64_t* bound) {

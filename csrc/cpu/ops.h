@@ -95,6 +95,9 @@ void add_rms_norm(const Matrix& out, const Matrix& residual, const Matrix& delta
 // silu(gate) * up for gate_up [rows, 2 * width] holding the two halves side by side.
 void silu_and_mul(const Matrix& out, const Matrix& gate_up);
 
+// x = gelu(x) in place, with erf (not the tanh approximation), each element rounded once to x's dtype.
+void gelu(const Matrix& x);
+
 // Rotates qk in place by per-token cos and sign-folded sin tables [tokens, rotary_dim]: the first rotary_dim
 // dimensions of each head (all of them, but for a partial rotary).
 void rotary_embedding(const Heads& qk, const Matrix& cos, const Matrix& sin_signed);
@@ -117,6 +120,12 @@ void write_kv_cache(const Heads& key, const Heads& value, const KvCache& cache, 
 // lets that path split a few sequences' keys among the threads (KernelConfig.cpu_decode_split_keys).
 void paged_attention(const Heads& out, const Heads& query, const KvCache& cache, const Batch& batch, double scale,
                      int64_t window, double softcap, bool decode_path, bool split_keys);
+
+// An encoder's attention: each query row of sequence s (rows query_start_loc[s] .. query_start_loc[s + 1]) to
+// every key of its own sequence, before and after it, read in place from key and value (rows of the step,
+// such as views into one fused QKV projection's output).
+void attention_within_sequences(const Heads& out, const Heads& query, const Heads& key, const Heads& value,
+                                const int32_t* query_start_loc, int64_t num_seqs, double scale);
 
 // out[i] = weight row ids[i], for a table [rows, width] and ids int64.
 void gather_rows(const Matrix& out, const Matrix& table, const int64_t* ids);

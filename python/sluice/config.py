@@ -246,6 +246,12 @@ class KernelConfig:
     cpu_decode_attention: bool = setting(
         True, "CPU: run one-token (decode) attention on its own kernel path rather than the general tile path"
     )
+    cpu_encoder_kernels: bool = setting(
+        True,
+        "CPU: an encoder's (BERT, XLM-RoBERTa) attention runs every sequence of a step in one kernel call, "
+        "reading q, k and v in place, and its GELU in place on Sluice's kernel; --no-cpu-encoder-kernels runs "
+        "torch's SDPA one sequence at a time and torch's GELU",
+    )
     # One sequence with 3 KV heads on 2 threads leaves a thread idle without it. The parts' sums round
     # differently from one pass, so the bits differ slightly.
     cpu_decode_split_keys: bool = setting(

@@ -1,4 +1,4 @@
-"""The ops of a decoder layer, picked per device.
+"""The ops of a model's layers (a decoder's, an encoder's), picked per device.
 
 On CPU they are Sluice's kernels of the tier this process runs (worker/native_ops.py: the packed GEMM and
 fused elementwise kernels, one dispatch each); on CUDA, and on CPU at the "none" tier, they are the torch
@@ -7,6 +7,7 @@ compositions below, written in transformers' order of operations.
 
 from __future__ import annotations
 
+import itertools
 from typing import Protocol
 
 import torch
@@ -69,6 +70,24 @@ class LayerOps(Protocol):
         first rotary_dim dimensions of each head); sin_signed carries rotate_half's sign."""
         ...
 
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU with erf (not the tanh approximation) of x, which it may overwrite."""
+        ...
+
+    def attention_within_sequences(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        num_seqs: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """An encoder's attention [num_tokens, heads, head_dim] of query, key and value [num_tokens, heads,
+        head_dim]: each row to every row of its own sequence (rows query_start_loc[s] ..
+        query_start_loc[s + 1]), before and after it."""
+        ...
+
     def qk_norm(
         self, qk: torch.Tensor, q_heads: int, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
     ) -> None:
@@ -77,8 +96,27 @@ class LayerOps(Protocol):
         ...
 
 
+def sdpa_within_sequences(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_seqs: int,
+    scale: float,
+) -> torch.Tensor:
+    """LayerOps.attention_within_sequences through torch's SDPA, one sequence at a time."""
+    out = torch.empty_like(query)
+    for start, end in itertools.pairwise(query_start_loc[: num_seqs + 1].tolist()):
+        # [heads, n, head_dim] of one sequence: it attends to all of itself and to nothing else.
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+        out[start:end] = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
+    return out
+
+
 class TorchLayerOps:
     runs_quantized = False
+    attention_within_sequences = staticmethod(sdpa_within_sequences)
+    gelu = staticmethod(F.gelu)
 
     def prepare_quantized_linear_weight(self, parts: list[QuantizedRows], dtype: torch.dtype) -> torch.Tensor:
         # The loader keeps weights quantized only for ops that run them (runs_quantized), and

@@ -27,7 +27,7 @@ from sluice.model_spec import ModelSpec
 from worker.attention.backend import AttentionBackend
 from worker.distributed import TensorParallelGroup
 from worker.gguf_weights import gguf_tensors
-from worker.models.bert import BertEncoder, our_name
+from worker.models.bert import QKV_PARTS, BertEncoder, our_name
 from worker.models.layers import Projection, Split
 from worker.models.llama import LlamaForCausalLM
 from worker.models.vocab_parallel import VocabParallelEmbedding
@@ -158,11 +158,13 @@ def load_encoder(
     packed_linear: bool,
     k_blocks: bool,
     quantization: Quantization | None = None,
+    kernel_ops: bool = True,
 ) -> BertEncoder:
     """An encoder (BertModel, XLMRobertaModel) with every weight of its folder; packed_linear, k_blocks
-    and quantization (its layers' linears; a cross-encoder's head stays float) as for load_model."""
+    and quantization (its layers' linears; a cross-encoder's head stays float) as for load_model;
+    kernel_ops as BertEncoder takes it."""
     with torch.device(device):
-        model = BertEncoder(spec.hf_config, dtype, spec.is_cross_encoder)
+        model = BertEncoder(spec.hf_config, dtype, spec.is_cross_encoder, kernel_ops=kernel_ops)
     targets = _encoder_targets(model)
     loaded: set[str] = set()
     for file, checkpoint_name, checkpoint in _checkpoint_tensors(
@@ -309,7 +311,17 @@ def _encoder_targets(model: BertEncoder) -> dict[str, _Target]:
         module_path, _, kind = name.rpartition(".")
         module = model.get_submodule(module_path)
         split = module.split if isinstance(module, Projection) else "replicated"
-        targets[name] = _shard_target(param.data, split, kind, model.tp, name, 0)
+        layer, _, leaf = module_path.rpartition(".")
+        if leaf != "qkv":
+            targets[name] = _shard_target(param.data, split, kind, model.tp, name, 0)
+            continue
+        # The fused projection's rows: this rank's query rows, then its key rows, then its value rows.
+        width = param.shape[0] // len(QKV_PARTS)
+        for index, part in enumerate(QKV_PARTS):
+            rows = param.data[index * width : (index + 1) * width]
+            targets[f"{layer}.{part}.{kind}"] = _shard_target(
+                rows, split, kind, model.tp, name, index * width
+            )
     return targets
 
 

@@ -126,7 +126,13 @@ class ModelRunner:
         )
         self.model: LlamaForCausalLM | BertEncoder = (
             load_encoder(
-                spec, self.dtype, device, kernel.packed_linear, kernel.gemm_k_blocks, kernel.quantization
+                spec,
+                self.dtype,
+                device,
+                kernel.packed_linear,
+                kernel.gemm_k_blocks,
+                kernel.quantization,
+                kernel.cpu_encoder_kernels,
             )
             if spec.is_encoder
             else load_model(

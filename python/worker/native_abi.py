@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 # csrc/cpu/abi.cpp kAbiVersion.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # csrc/cpu/dtypes.h DType.
 FLOAT32, BFLOAT16, FLOAT16, INT8, FP8_E4M3 = 0, 1, 2, 3, 4
@@ -194,6 +194,7 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sluice_rms_norm": (_i32, [_P(Matrix), _P(Matrix), _ptr, ctypes.c_double]),
     "sluice_add_rms_norm": (_i32, [_P(Matrix), _P(Matrix), _P(Matrix), _ptr, ctypes.c_double]),
     "sluice_silu_and_mul": (_i32, [_P(Matrix), _P(Matrix)]),
+    "sluice_gelu": (_i32, [_P(Matrix)]),
     "sluice_rotary_embedding": (_i32, [_P(Heads), _P(Matrix), _P(Matrix)]),
     "sluice_qk_norm": (_i32, [_P(Heads), _i64, _ptr, _ptr, ctypes.c_double]),
     "sluice_argmax_rows": (_i32, [_P(Matrix), _ptr]),
@@ -201,6 +202,10 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
     "sluice_paged_attention": (
         _i32,
         [_P(Heads), _P(Heads), _P(KvCache), _P(Batch), ctypes.c_double, _i64, ctypes.c_double, _i32, _i32],
+    ),
+    "sluice_attention_within_sequences": (
+        _i32,
+        [_P(Heads), _P(Heads), _P(Heads), _P(Heads), _ptr, _i64, ctypes.c_double],
     ),
     "sluice_bind_threads": (_i32, [_P(_i64), _i64, _P(_i64)]),
     "sluice_model_step_new": (

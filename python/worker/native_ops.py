@@ -396,6 +396,11 @@ class NativeOps:
         if not weight.is_contiguous() or weight.numel() != x.shape[-1] or weight.dtype != x.dtype:
             raise NativeKernelError("weight must be a contiguous vector of x's width and dtype")
 
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """x = gelu(x) (with erf) in place; returns x."""
+        self.check(self.library.sluice_gelu(ctypes.byref(matrix(x))))
+        return x
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
         self.check(self.library.sluice_silu_and_mul(ctypes.byref(matrix(out)), ctypes.byref(matrix(gate_up))))
@@ -484,6 +489,36 @@ class NativeOps:
                 int(split_keys),
             )
         )
+
+    def attention_within_sequences(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        num_seqs: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """An encoder's attention [num_tokens, heads, head_dim]: each query row to every key of its own
+        sequence (rows query_start_loc[s] .. query_start_loc[s + 1]); key and value may be views with one
+        token stride, such as parts of a fused QKV projection's output."""
+        if query_start_loc.dtype != torch.int32 or not query_start_loc.is_contiguous():
+            raise NativeKernelError("query_start_loc must be a contiguous int32 tensor")
+        if query_start_loc.shape[0] < num_seqs + 1:
+            raise NativeKernelError("query_start_loc is shorter than num_seqs + 1")
+        out = torch.empty(query.shape, dtype=query.dtype)
+        self.check(
+            self.library.sluice_attention_within_sequences(
+                ctypes.byref(heads(out)),
+                ctypes.byref(heads(query)),
+                ctypes.byref(heads(key)),
+                ctypes.byref(heads(value)),
+                query_start_loc.data_ptr(),
+                num_seqs,
+                scale,
+            )
+        )
+        return out
 
     def bind_threads(self, cpu_ids: list[int]) -> list[int]:
         """Pins thread i of the calling thread's OpenMP pool (torch's) to core cpu_ids[i]; per thread, the

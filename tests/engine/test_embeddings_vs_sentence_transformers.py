@@ -107,7 +107,10 @@ def test_embeddings_match_sentence_transformers(place, pooling_mode, normalize):
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(reference, axis=1), rtol=1e-3)
 
 
-@pytest.mark.parametrize("place", PLACES)
+# With the encoder's own kernels off (torch's SDPA per sequence and GELU beside the tier's GEMMs) too.
+@pytest.mark.parametrize(
+    "place", [*PLACES, pytest.param({"cpu_encoder_kernels": False}, id="no-encoder-kernels")]
+)
 @pytest.mark.parametrize(
     ("model_type", "pooling_mode", "normalize"),
     [("bert", "mean_tokens", True), ("bert", "cls_token", False), ("xlm-roberta", "mean_tokens", True)],

@@ -76,6 +76,26 @@ def test_silu_and_mul_matches_transformers(ops, dtype, width):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+# 1536: whole vectors; 45: a tail shorter than a vector.
+@pytest.mark.parametrize("width", [1536, 45])
+def test_gelu_matches_erf_in_place(ops, dtype, width):
+    torch.manual_seed(width)
+    x = torch.randn(7, width, dtype=dtype) * 3
+    x[0, :9] = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 6.0, -6.0, 9.0, -9.0, 0.5])
+    x64 = x.double()
+    expected = x64 * 0.5 * (1 + torch.erf(x64 / 2**0.5))
+    ours = ops.gelu(x)
+    assert ours.data_ptr() == x.data_ptr(), "gelu works in place"
+    if dtype == torch.float32:
+        # Abramowitz and Stegun's erfc: within |x| 7.5e-8 of exact, plus float32's rounding.
+        torch.testing.assert_close(ours.double(), expected, rtol=3e-7, atol=1e-6)
+    else:
+        # One rounding to the half type from a float32 value within 1e-6 of exact: at most one ulp away.
+        ulp = torch.finfo(dtype).eps * expected.abs().clamp_min(1e-3)
+        assert bool(((ours.double() - expected).abs() <= ulp).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 # 64: whole 16-lane vectors; 40: a vector and a scalar tail in each half.
 @pytest.mark.parametrize("dim", [64, 40])
 def test_rotary_embedding_matches_rotate_half(ops, dtype, dim):

@@ -63,6 +63,7 @@ GIVEN = {
     "--no-cpu-decode-attention": ("kernel", "cpu_decode_attention", None, False),
     "--no-cpu-decode-split-keys": ("kernel", "cpu_decode_split_keys", None, False),
     "--no-native-argmax": ("kernel", "native_argmax", None, False),
+    "--no-cpu-encoder-kernels": ("kernel", "cpu_encoder_kernels", None, False),
     "--cuda-attention-backend": ("kernel", "cuda_attention_backend", "triton", "triton"),
     "--speculative": ("speculative", "method", "ngram", "ngram"),
     "--num-speculative-tokens": ("speculative", "num_speculative_tokens", "6", 6),

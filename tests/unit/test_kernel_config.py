@@ -21,6 +21,7 @@ OFF = [
     "--no-fused-moe",
     "--no-cpu-decode-attention",
     "--no-cpu-decode-split-keys",
+    "--no-cpu-encoder-kernels",
     "--no-native-argmax",
     "--cuda-attention-backend",
     "triton",
@@ -33,6 +34,7 @@ ALL_OFF = KernelConfig(
     fused_moe=False,
     cpu_decode_attention=False,
     cpu_decode_split_keys=False,
+    cpu_encoder_kernels=False,
     native_argmax=False,
     cuda_attention_backend="triton",
 )
@@ -53,6 +55,7 @@ def test_defaults_leave_every_kernel_on() -> None:
         fused_moe=True,
         cpu_decode_attention=True,
         cpu_decode_split_keys=True,
+        cpu_encoder_kernels=True,
         native_argmax=True,
         cuda_attention_backend="auto",
     )

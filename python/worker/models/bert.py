@@ -4,8 +4,9 @@ cross-encoders (*ForSequenceClassification), which score a pair of texts through
 Post-LayerNorm encoder layers: bidirectional self-attention with biases, then a GELU feed-forward,
 each added to its input and normalised. Every prompt is encoded whole in one step (the scheduler never
 chunks an encoder's prompt), so attention needs no KV cache: each sequence of the step attends to
-itself alone. The linears run on the layer ops of the process's CPU tier (packed weights, as the
-decoders' do); attention and LayerNorm are torch's.
+itself alone, reading q, k and v in place from one fused QKV projection. The linears, attention and GELU
+run on the layer ops of the process's CPU tier (packed weights, as the decoders' do; attention and GELU
+unless KernelConfig.cpu_encoder_kernels is off); LayerNorm is torch's.
 
 A pair's token types ride in the step's token ids (pack_token_types, as vLLM V1 passes them): the
 forward takes the same inputs as a decoder's, through the same step executors.
@@ -13,8 +14,7 @@ forward takes the same inputs as a decoder's, through the same step executors.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from sluice.errors import UnsupportedArchitectureError
 from sluice.kv_cache_groups import kv_cache_groups
 from worker.attention.backend import AttentionMetadata
 from worker.distributed import TensorParallelGroup, tensor_parallel_group
-from worker.layer_ops import LayerOps, layer_ops_for
+from worker.layer_ops import LayerOps, layer_ops_for, sdpa_within_sequences
 from worker.models.layers import Projection
 from worker.quantized_weights import QuantizedParts
 
@@ -55,6 +55,10 @@ def pack_token_types(token_ids: torch.Tensor, token_types: torch.Tensor) -> None
     token_ids.bitwise_or_(token_types.to(token_ids.dtype) << TOKEN_TYPE_SHIFT)
 
 
+# LayerOps.attention_within_sequences' signature: (query, key, value, query_start_loc, num_seqs, scale) -> out.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+
+
 class EncoderLayer(nn.Module):
     """Under tensor parallelism split as a decoder's layer is: this rank's heads of q, k and v and its
     part of the feed-forward's width (column), the output projections' matching inputs (row), whose
@@ -74,10 +78,10 @@ class EncoderLayer(nn.Module):
         assert num_heads % tp.size == 0 and intermediate % tp.size == 0, (num_heads, intermediate)
         self.tp = tp
         self.num_heads = num_heads // tp.size
+        self.head_dim = hidden // num_heads
         width = hidden // tp.size
-        self.query = Projection(hidden, width, True, dtype, "column")
-        self.key = Projection(hidden, width, True, dtype, "column")
-        self.value = Projection(hidden, width, True, dtype, "column")
+        # This rank's heads of query, key and value, one after the other (the loader fills each part).
+        self.qkv = Projection(hidden, 3 * width, True, dtype, "column")
         self.attention_out = Projection(width, hidden, True, dtype, "row")
         self.attention_norm = nn.LayerNorm(hidden, eps=eps, dtype=dtype)
         self.intermediate = Projection(hidden, intermediate // tp.size, True, dtype, "column")
@@ -89,15 +93,14 @@ class EncoderLayer(nn.Module):
         bias = projection.bias if self.tp.rank == 0 else None
         return self.tp.all_reduce(ops.linear(x, projection.weight, bias))
 
-    def forward(self, x: torch.Tensor, starts: list[int], ops: LayerOps, activation: Any) -> torch.Tensor:
-        q, k, v = (ops.linear(x, p.weight, p.bias) for p in (self.query, self.key, self.value))
-        heads = self.num_heads
-        attended = torch.empty_like(q)
-        for start, end in itertools.pairwise(starts):
-            # [heads, n, head_dim] of one sequence: it attends to all of itself and to nothing else.
-            q_s, k_s, v_s = (t[start:end].unflatten(1, (heads, -1)).transpose(0, 1) for t in (q, k, v))
-            out = F.scaled_dot_product_attention(q_s, k_s, v_s)
-            attended[start:end] = out.transpose(0, 1).flatten(1)
+    def forward(
+        self, x: torch.Tensor, step: AttentionMetadata, ops: LayerOps, activation: Any, attend: Attend
+    ) -> torch.Tensor:
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias).view(
+            x.shape[0], 3 * self.num_heads, self.head_dim
+        )
+        q, k, v = qkv.chunk(3, dim=1)
+        attended = attend(q, k, v, step.query_start_loc, step.num_seqs, self.head_dim**-0.5).flatten(1)
         x = self.attention_norm(x + self._row_parallel(ops, attended, self.attention_out))
         inner = activation(ops.linear(x, self.intermediate.weight, self.intermediate.bias))
         return self.output_norm(x + self._row_parallel(ops, inner, self.output))
@@ -116,7 +119,10 @@ class BertEncoder(nn.Module):
         dtype: torch.dtype,
         cross_encoder: bool = False,
         tp: TensorParallelGroup | None = None,
+        kernel_ops: bool = True,
     ) -> None:
+        """kernel_ops: attention and GELU on the layer ops (KernelConfig.cpu_encoder_kernels); False runs
+        torch's SDPA one sequence at a time and torch's GELU."""
         super().__init__()
         self.tp = tp or tensor_parallel_group()
         if hf_config.get("position_embedding_type", "absolute") != "absolute":
@@ -128,12 +134,18 @@ class BertEncoder(nn.Module):
             raise UnsupportedArchitectureError(
                 f"hidden_act {activation!r}: Sluice's encoders run {', '.join(_ACTIVATIONS)}"
             )
-        self.activation = _ACTIVATIONS[activation]
         self.dtype = dtype
         hidden = int(hf_config["hidden_size"])
         eps = float(hf_config.get("layer_norm_eps", 1e-12))
         heads = int(hf_config["num_attention_heads"])
         self.head_dim = hidden // heads
+        self.ops = layer_ops_for(torch.get_default_device())
+        self.activation = self.ops.gelu if activation == "gelu" and kernel_ops else _ACTIVATIONS[activation]
+        # The attention kernel takes head dims in multiples of 16.
+        kernel_attention = kernel_ops and self.head_dim % 16 == 0
+        self.attend: Attend = (
+            self.ops.attention_within_sequences if kernel_attention else sdpa_within_sequences
+        )
         # This rank's heads: what the runner's (unused) KV cache is sized by.
         self.num_kv_heads = heads // self.tp.size
         # RoBERTa's positions start after its padding index (transformers' create_position_ids_from_input_ids).
@@ -164,7 +176,6 @@ class BertEncoder(nn.Module):
         self.head_out = (
             Projection(hidden, 1, True, dtype, "replicated", quantizable=False) if cross_encoder else None
         )
-        self.ops = layer_ops_for(torch.get_default_device())
 
     def forward(
         self,
@@ -183,9 +194,8 @@ class BertEncoder(nn.Module):
         x = self.embeddings_norm(x)
         # One group (its kv_cache_groups): an encoder reads no KV, only where each prompt starts.
         (step,) = metadata
-        starts = step.query_start_loc[: step.num_seqs + 1].tolist()
         for layer in self.layers:
-            x = layer(x, starts, self.ops, self.activation)
+            x = layer(x, step, self.ops, self.activation, self.attend)
         return x
 
     def score_logit(self, first_token: torch.Tensor) -> torch.Tensor:
@@ -204,6 +214,8 @@ class BertEncoder(nn.Module):
 
 
 # transformers' checkpoint names -> ours, per layer ("encoder.layer.{i}." is the layer's prefix).
+# Query, key and value are parts of our fused qkv (QKV_PARTS).
+QKV_PARTS = ("query", "key", "value")
 _LAYER_NAMES = {
     "attention.self.query": "query",
     "attention.self.key": "key",

@@ -8,8 +8,10 @@ symlinks with a last-token Pooling and a Normalize module, so that every peer po
 - `sentence-transformers`: `SentenceTransformer.encode` in this process, fp32 (its fast choice on a CPU:
   its bf16 ran 20x slower here), batches of --batch-size, torch on 2 threads;
 - `sluice offline`: `LLM.embed` over all the texts at once (its scheduler batches them);
-- `sluice offline int8` (decoders): the same with `--quantization int8` (int8 weights per output channel, the
+- `sluice offline int8` (decoders): the same with `--quantization int8` (int8 weights in blocks of 32 with a scale each, the
   integer GEMM: on AVX2 its `vpmaddubsw` does twice the multiply-adds per cycle of bf16's fp32 FMAs);
+- `sluice offline, no encoder kernels` (encoders): the same with `--no-cpu-encoder-kernels` (torch's SDPA one
+  sequence at a time and torch's GELU), the off switch of the encoder's attention and GELU kernels;
 - `sluice serve`: `sluice serve --runner pooling`, the `openai` client's `embeddings.create` with
   batches of --batch-size, --concurrency requests in flight;
 - `llama.cpp`: `llama-server --embedding --pooling last` over the model's f16 GGUF file (llama.cpp's own
@@ -95,12 +97,10 @@ def sentence_transformers_leg(folder: Path, batch_size: int) -> tuple[Embed, Cal
     return embed, lambda: None
 
 
-def sluice_offline_leg(
-    folder: Path, dtype: str, quantization: str | None = None
-) -> tuple[Embed, Callable[[], None]]:
+def sluice_offline_leg(folder: Path, dtype: str, **options: Any) -> tuple[Embed, Callable[[], None]]:
     from engine import LLM
 
-    llm = LLM(model=str(folder), dtype=dtype, enable_prefix_caching=False, quantization=quantization)
+    llm = LLM(model=str(folder), dtype=dtype, enable_prefix_caching=False, **options)
 
     def embed(texts: list[str]) -> np.ndarray:
         return np.array([r.outputs.embedding for r in llm.embed(texts)], dtype=np.float32)
@@ -247,9 +247,14 @@ def main() -> None:
             args.concurrency,
         ),
     }
-    if not spec.is_encoder:
+    if spec.is_encoder:
+        # The off switch of the encoder's own kernels (attention, GELU), measured in the same run.
+        legs["sluice offline, no encoder kernels"] = lambda: sluice_offline_leg(
+            folder, args.dtype, cpu_encoder_kernels=False
+        )
+    else:
         # --quantization is the decoders' (an encoder refuses it).
-        legs["sluice offline int8"] = lambda: sluice_offline_leg(folder, args.dtype, "int8")
+        legs["sluice offline int8"] = lambda: sluice_offline_leg(folder, args.dtype, quantization="int8")
     if lcpp is not None:
         gguf = gguf_file(lcpp, model, "f16")
         legs["llama.cpp"] = lambda: http_leg(
@@ -277,7 +282,7 @@ def main() -> None:
     reference_first = reference["first"]
     peer = results.get("llama.cpp")
     print(f"\nembeddings of {model.name}, {args.texts} texts x {args.repeats}, batches of {args.batch_size}")
-    print(f"{'leg':24} {'tokens/s':>10} {'vs ST':>7} {'vs llama.cpp':>13} {'min cosine':>11}")
+    print(f"{'leg':34} {'tokens/s':>10} {'vs ST':>7} {'vs llama.cpp':>13} {'min cosine':>11}")
     summary = {}
     for name, result in results.items():
         rate = result["median_tokens_per_s"]
@@ -285,7 +290,7 @@ def main() -> None:
         versus_peer = rate / peer["median_tokens_per_s"] if peer else None
         cosine = cosine_floor(result.pop("first"), reference_first)
         peer_text = f"{versus_peer:12.2f}x" if versus_peer is not None else f"{'-':>13}"
-        print(f"{name:24} {rate:10.0f} {versus_st:6.2f}x {peer_text} {cosine:11.5f}")
+        print(f"{name:34} {rate:10.0f} {versus_st:6.2f}x {peer_text} {cosine:11.5f}")
         summary[name] = {
             **result,
             "vs_sentence_transformers": versus_st,

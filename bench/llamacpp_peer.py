@@ -3,14 +3,16 @@ GGUF files converted from the same Hugging Face folders Sluice loads, and each t
 
 The folder (--llamacpp-dir, or $SLUICE_BENCH_LLAMACPP_DIR) holds src/ (the llama.cpp sources that the
 llama-cpp-python sdist vendors) and llama.cpp-<MODE>/bin/ (the tools, MODE native or avx2). GGUF files are
-written once into <DIR>/gguf/ by llama.cpp's own convert_hf_to_gguf.py, run with this venv's Python (it
-has torch and transformers), the sources' gguf-py and DIR/gguf-deps, where the converter's own imports go:
+written once into <DIR>/gguf/ (named after the folder and a digest of its path) by llama.cpp's own
+convert_hf_to_gguf.py, run with this venv's Python (it has torch and transformers), the sources' gguf-py
+and DIR/gguf-deps, where the converter's own imports go:
   pip install --target DIR/gguf-deps sentencepiece protobuf
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -57,9 +59,16 @@ def tool(folder: Path, mode: str, name: str) -> str:
     return str(path)
 
 
+def _gguf_path(folder: Path, model: Path, kind: str) -> Path:
+    """Where model's GGUF file of `kind` (an outtype or a quantization) is kept: named after the folder
+    and a digest of its path, since two models' folders may share a name (a package's `model`)."""
+    key = hashlib.sha256(str(model.resolve()).encode()).hexdigest()[:8]
+    return folder / "gguf" / f"{model.name}-{key}-{kind}.gguf"
+
+
 def gguf_file(folder: Path, model: Path, outtype: str) -> Path:
     """model (a Hugging Face folder) as a GGUF file of outtype (f16, bf16), converted on first use."""
-    out = folder / "gguf" / f"{model.name}-{outtype}.gguf"
+    out = _gguf_path(folder, model, outtype)
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +89,7 @@ def gguf_file(folder: Path, model: Path, outtype: str) -> Path:
 
 def quantized_gguf(folder: Path, model: Path, qtype: str) -> Path:
     """model's f16 GGUF file quantized to qtype (Q8_0, Q4_0, Q4_K_M, ...) by llama-quantize, once."""
-    out = folder / "gguf" / f"{model.name}-{qtype}.gguf"
+    out = _gguf_path(folder, model, qtype)
     if out.is_file():
         return out
     source = gguf_file(folder, model, "f16")

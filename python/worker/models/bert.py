@@ -94,13 +94,14 @@ class EncoderLayer(nn.Module):
         return self.tp.all_reduce(ops.linear(x, projection.weight, bias))
 
     def forward(
-        self, x: torch.Tensor, step: AttentionMetadata, ops: LayerOps, activation: Any, attend: Attend
+        self, x: torch.Tensor, starts: torch.Tensor, ops: LayerOps, activation: Any, attend: Attend
     ) -> torch.Tensor:
+        """starts: where each sequence of the step starts, and the end ([num_seqs + 1] int32, on the CPU)."""
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias).view(
             x.shape[0], 3 * self.num_heads, self.head_dim
         )
         q, k, v = qkv.chunk(3, dim=1)
-        attended = attend(q, k, v, step.query_start_loc, step.num_seqs, self.head_dim**-0.5).flatten(1)
+        attended = attend(q, k, v, starts, starts.shape[0] - 1, self.head_dim**-0.5).flatten(1)
         x = self.attention_norm(x + self._row_parallel(ops, attended, self.attention_out))
         inner = activation(ops.linear(x, self.intermediate.weight, self.intermediate.bias))
         return self.output_norm(x + self._row_parallel(ops, inner, self.output))
@@ -194,8 +195,10 @@ class BertEncoder(nn.Module):
         x = self.embeddings_norm(x)
         # One group (its kv_cache_groups): an encoder reads no KV, only where each prompt starts.
         (step,) = metadata
+        # Read once for every layer: on CUDA torch's per-sequence attention slices by these on the host.
+        starts = step.query_start_loc[: step.num_seqs + 1].cpu()
         for layer in self.layers:
-            x = layer(x, step, self.ops, self.activation, self.attend)
+            x = layer(x, starts, self.ops, self.activation, self.attend)
         return x
 
     def score_logit(self, first_token: torch.Tensor) -> torch.Tensor:

@@ -500,8 +500,8 @@ class NativeOps:
         scale: float,
     ) -> torch.Tensor:
         """An encoder's attention [num_tokens, heads, head_dim]: each query row to every key of its own
-        sequence (rows query_start_loc[s] .. query_start_loc[s + 1]); key and value may be views with one
-        token stride, such as parts of a fused QKV projection's output."""
+        sequence (rows query_start_loc[s] .. query_start_loc[s + 1]); query, key and value may be strided
+        views, such as parts of a fused QKV projection's output."""
         if query_start_loc.dtype != torch.int32 or not query_start_loc.is_contiguous():
             raise NativeKernelError("query_start_loc must be a contiguous int32 tensor")
         if query_start_loc.shape[0] < num_seqs + 1:

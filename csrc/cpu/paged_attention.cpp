@@ -228,6 +228,42 @@ void store_row(T* dst, const float* src, float mul, int dim) {
   for (int d = 0; d < dim; d += 16) store(dst + d, load(src + d) * mul);
 }
 
+// Native vectors per 16-key chunk: one on AVX-512, two on AVX2.
+constexpr int kHalves = kChunk / kNativeLanes;
+
+// Lane indices of a native vector.
+template <size_t... I>
+constexpr vin native_lanes(std::index_sequence<I...>) {
+  return vin{int32_t(I)...};
+}
+const vin native_lane = native_lanes(std::make_index_sequence<kNativeLanes>{});
+
+// A 16-key chunk's native vectors as one v16 (bf16dot's probabilities, on AVX-512 only).
+inline v16 as_chunk(const vn* parts) {
+#if defined(__AVX512F__)
+  return parts[0];
+#else
+  return joined<v16>(parts[0], parts[1]);
+#endif
+}
+
+// The horizontal max and sum of a 16-key chunk's native vectors, lane by lane first as a v16's halves are.
+inline float chunk_max(const vn* x) {
+#if defined(__AVX512F__)
+  return hmax(x[0]);
+#else
+  return hmax(vmax(x[0], x[1]));
+#endif
+}
+
+inline float chunk_sum(const vn* x) {
+#if defined(__AVX512F__)
+  return hsum(x[0]);
+#else
+  return hsum(x[0] + x[1]);
+#endif
+}
+
 template <typename Q, typename C, bool Dot>
 void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
   const int dim = p.head_dim, group = p.group;
@@ -274,8 +310,7 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
       }
     }
   };
-  const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
+  const vn neg_inf = splat_as<vn>(-std::numeric_limits<float>::infinity());
   const int row_bytes = cache_row_bytes<C>(dim);
   float* kscale = s.kscale.data();
   float* vscale = s.vscale.data();
@@ -326,31 +361,42 @@ void attend_tile(const Problem& p, const Tile& w, Scratch& s) {
       }
       qk(qs + m0 * dim, dim, kt, m1 - m0, sc + m0 * kChunk);
     }
+    // Each row's online softmax over the chunk, on native vectors (see attend_decode's).
     for (int m = m0; m < m1; ++m) {
-      v16 x = load(sc + m * kChunk);
-      if constexpr (Dot) x = x * p.scale_log2;
-      if constexpr (kQuantizedRows<C>) x = x * load(kscale);
-      if (p.softcap_log2 > 0.0f) x = soft_cap(x, p.softcap_log2);
       const int position = w.prefix + w.t0 + m / group;
       const int visible = std::min(nk, position - k0 + 1);
-      if (visible < kChunk) x = lane < visible ? x : neg_inf;
       // Keys that left the window: at least one key of the chunk stays visible (m < m1, m >= m0).
       const int below = p.window > 0 ? position - p.window + 1 - k0 : 0;
-      if (below > 0) x = lane < below ? neg_inf : x;
+      vn x[kHalves];
+      for (int h = 0; h < kHalves; ++h) {
+        const int at = h * kNativeLanes;
+        x[h] = load_as<vn>(sc + m * kChunk + at);
+        if constexpr (Dot) x[h] = x[h] * p.scale_log2;
+        if constexpr (kQuantizedRows<C>) x[h] = x[h] * load_as<vn>(kscale + at);
+        if (p.softcap_log2 > 0.0f) x[h] = soft_cap(x[h], p.softcap_log2);
+        const vin lane = native_lane + at;
+        if (visible < kChunk) x[h] = lane < visible ? x[h] : neg_inf;
+        if (below > 0) x[h] = lane < below ? neg_inf : x[h];
+      }
       const float old = mrow[m];
-      const float top = std::max(old, hmax(x));
+      const float top = std::max(old, chunk_max(x));
       const float a = top > old ? std::exp2(old - top) : 1.0f;
-      const v16 e = exp2(x - top);
+      const vn top_n = splat_as<vn>(top), a_n = splat_as<vn>(a);
+      vn e[kHalves];
+      for (int h = 0; h < kHalves; ++h) {
+        const int at = h * kNativeLanes;
+        e[h] = exp2(x[h] - top_n);
+        if constexpr (kQuantizedRows<C>) {
+          store_as(sc + m * kChunk + at, e[h] * load_as<vn>(vscale + at));
+        } else if constexpr (!Dot) {
+          store_as(sc + m * kChunk + at, e[h]);
+        }
+        store_as(lsum + m * kChunk + at, load_as<vn>(lsum + m * kChunk + at) * a_n + e[h]);
+      }
+      if constexpr (Dot)
+        bf16dot::store_probs(as_chunk(e), reinterpret_cast<uint32_t*>(s.probs.data()) + m * kChunk / 2);
       mrow[m] = top;
       alpha[m] = a;
-      if constexpr (Dot) {
-        bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(s.probs.data()) + m * kChunk / 2);
-      } else if constexpr (kQuantizedRows<C>) {
-        store(sc + m * kChunk, e * load(vscale));
-      } else {
-        store(sc + m * kChunk, e);
-      }
-      store(lsum + m * kChunk, load(lsum + m * kChunk) * a + e);
     }
     if constexpr (Dot) {
       bf16dot::pv(acc + m0 * dim, dim, reinterpret_cast<const uint32_t*>(s.probs.data()) + m0 * kChunk / 2,
@@ -535,8 +581,6 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   const int row_bytes = cache_row_bytes<C>(dim);
   float* kscale = s.kscale.data();
   float* vscale = s.vscale.data();
-  const vi16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
   // Blocks are scattered, so the hardware prefetcher cannot follow the table: K and V rows are fetched
   // into L1 one chunk ahead of the dot products (V is read a whole pass later), and into L2
   // kFarChunks ahead. Into L1 alone, the misses in flight are bounded by L1's miss buffers, which
@@ -544,6 +588,7 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
   // A run of rows next to each other (a quantized cache's within a block, head-major) is one span of lines,
   // each fetched once.
   const int64_t row_elems = cache_row_bytes<C>(dim) / int(sizeof(C));
+  const vn neg_inf = splat_as<vn>(-std::numeric_limits<float>::infinity());
   auto prefetch = [&](const C* const* r, int count, auto line) {
     for (int i = 0; i < count;) {
       int j = i + 1;
@@ -610,35 +655,49 @@ void attend_decode(const Problem& p, const Tile& w, Scratch& s) {
       }
     }
 
+    // One softmax pass per row over the segment, on native vectors: each 16-key chunk is kHalves of them,
+    // each with its own running max and sum, so the lanes sum the same keys in the same order as a v16
+    // would. (On AVX2 a v16's selects and exp2 went through the stack, a store-forwarding stall each.)
     for (int m = 0; m < rows; ++m) {
       float* x = sc + m * kSegKeys;
-      v16 top = neg_inf;
-      for (int k0 = 0; k0 < padded; k0 += kChunk) {
-        v16 v = load(x + k0);
-        if constexpr (Dot) v = v * p.scale_log2;
-        if constexpr (kQuantizedRows<C>) v = v * load(kscale + k0);
-        if (p.softcap_log2 > 0.0f) v = soft_cap(v, p.softcap_log2);
-        if (k0 + kChunk > n) v = lane < n - k0 ? v : neg_inf;
-        store(x + k0, v);
-        top = vmax(top, v);
+      vn top[kHalves], sum[kHalves];
+      for (int h = 0; h < kHalves; ++h) {
+        top[h] = neg_inf;
+        sum[h] = vn{};
       }
-      const float old = mrow[m];
-      const float t = std::max(old, hmax(top));
-      const float a = t > old ? std::exp2(old - t) : 1.0f;
-      mrow[m] = t;
-      v16 sum{};
       for (int k0 = 0; k0 < padded; k0 += kChunk) {
-        const v16 e = exp2(load(x + k0) - t);
-        sum += e;
-        if constexpr (Dot) {
-          bf16dot::store_probs(e, reinterpret_cast<uint32_t*>(probs + m * kSegKeys) + k0 / 2);
-        } else if constexpr (kQuantizedRows<C>) {
-          store(probs + m * kSegKeys + k0, e * load(vscale + k0));
-        } else {
-          store(probs + m * kSegKeys + k0, e);
+        for (int h = 0; h < kHalves; ++h) {
+          const int at = k0 + h * kNativeLanes;
+          vn v = load_as<vn>(x + at);
+          if constexpr (Dot) v = v * p.scale_log2;
+          if constexpr (kQuantizedRows<C>) v = v * load_as<vn>(kscale + at);
+          if (p.softcap_log2 > 0.0f) v = soft_cap(v, p.softcap_log2);
+          if (at + kNativeLanes > n) v = native_lane < n - at ? v : neg_inf;
+          store_as(x + at, v);
+          top[h] = vmax(top[h], v);
         }
       }
-      lsum[m] = lsum[m] * a + hsum(sum);
+      const float old = mrow[m];
+      const float t = std::max(old, chunk_max(top));
+      const float a = t > old ? std::exp2(old - t) : 1.0f;
+      mrow[m] = t;
+      const vn tn = splat_as<vn>(t);
+      for (int k0 = 0; k0 < padded; k0 += kChunk) {
+        vn e[kHalves];
+        for (int h = 0; h < kHalves; ++h) {
+          const int at = k0 + h * kNativeLanes;
+          e[h] = exp2(load_as<vn>(x + at) - tn);
+          sum[h] += e[h];
+          if constexpr (kQuantizedRows<C>) {
+            store_as(probs + m * kSegKeys + at, e[h] * load_as<vn>(vscale + at));
+          } else if constexpr (!Dot) {
+            store_as(probs + m * kSegKeys + at, e[h]);
+          }
+        }
+        if constexpr (Dot)
+          bf16dot::store_probs(as_chunk(e), reinterpret_cast<uint32_t*>(probs + m * kSegKeys) + k0 / 2);
+      }
+      lsum[m] = lsum[m] * a + chunk_sum(sum);
       if (a != 1.0f)
         for (int d = 0; d < dim; d += 16) store(acc + m * dim + d, load(acc + m * dim + d) * a);
     }

@@ -344,19 +344,21 @@ inline v16 join_halves(v8 low, v8 high) {
 
 #if defined(__AVX2__)
 
-inline float hmax(v16 v) {
-  const __m256 m = _mm256_max_ps(__m256(low_half(v)), __m256(high_half(v)));
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+inline float hmax(v8 m) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(__m256(m)), _mm256_extractf128_ps(__m256(m), 1));
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-inline float hsum(v16 v) {
-  const __m256 s = _mm256_add_ps(__m256(low_half(v)), __m256(high_half(v)));
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+inline float hsum(v8 s) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(__m256(s)), _mm256_extractf128_ps(__m256(s), 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
+
+inline float hmax(v16 v) { return hmax(v8(_mm256_max_ps(__m256(low_half(v)), __m256(high_half(v))))); }
+
+inline float hsum(v16 v) { return hsum(low_half(v) + high_half(v)); }
 
 // The 8x8 transpose of eight rows: unpack pairs of rows, shuffle pairs of pairs, swap 128-bit halves.
 inline void transpose8(__m256* r) {
@@ -405,18 +407,24 @@ inline void sum4(const v8* a, float* out) {
 
 #else
 
-inline float hmax(v16 v) {
+inline float hmax(v8 v) {
   float top = v[0];
-  for (int i = 1; i < 16; ++i) top = v[i] > top ? v[i] : top;
+  for (int i = 1; i < 8; ++i) top = v[i] > top ? v[i] : top;
   return top;
 }
 
-inline float hsum(v16 v) {
-  const v8 pair = low_half(v) + high_half(v);
+inline float hsum(v8 v) {
   float sum = 0.0f;
-  for (int i = 0; i < 8; ++i) sum += pair[i];
+  for (int i = 0; i < 8; ++i) sum += v[i];
   return sum;
 }
+
+inline float hmax(v16 v) {
+  const v8 low = low_half(v), high = high_half(v);
+  return hmax(v8(low > high ? low : high));
+}
+
+inline float hsum(v16 v) { return hsum(low_half(v) + high_half(v)); }
 
 inline void transpose16(v16* r) {
   float block[16][16];

@@ -155,13 +155,15 @@ void rotary_embedding(const Heads& qk, const Matrix& cos, const Matrix& sin_sign
           T* x = static_cast<T*>(qk.data) + t * qk.token_stride + h * qk.head_stride;
           // transformers: x * cos + rotate_half(x) * sin, each product rounded to the dtype; the
           // sign of rotate_half lives in sin_signed, so the partner is a plain half-rotation.
+          // On native vectors: a v16's roundings on AVX2 go through the stack.
           int64_t i = 0;
-          for (; i + 16 <= half; i += 16) {
-            const v16 lo = load(x + i), hi = load(x + i + half);
-            const v16 new_lo = round_to<T>(lo * load(c + i)) + round_to<T>(hi * load(s + i));
-            const v16 new_hi = round_to<T>(hi * load(c + i + half)) + round_to<T>(lo * load(s + i + half));
-            store(x + i, new_lo);
-            store(x + i + half, new_hi);
+          for (; i + kNativeLanes <= half; i += kNativeLanes) {
+            const vn lo = load_as<vn>(x + i), hi = load_as<vn>(x + i + half);
+            const vn new_lo = round_to<T>(lo * load_as<vn>(c + i)) + round_to<T>(hi * load_as<vn>(s + i));
+            const vn new_hi =
+                round_to<T>(hi * load_as<vn>(c + i + half)) + round_to<T>(lo * load_as<vn>(s + i + half));
+            store_as(x + i, new_lo);
+            store_as(x + i + half, new_hi);
           }
           for (; i < half; ++i) {
             const float lo = to_float(x[i]), hi = to_float(x[i + half]);

@@ -39,5 +39,10 @@ class BlockTable:
     def mirror(self, device_table: torch.Tensor, num_rows: int) -> None:
         """Copy rows 0..num_rows-1 (the columns in use) into the device's block-table buffer."""
         width = int(self.num_blocks[:num_rows].max()) if num_rows else 0
-        if width:
+        if not width:
+            return
+        if device_table.is_cpu:
+            # Through numpy: a torch copy costs more in dispatch than the few rows it moves.
+            device_table.numpy()[:num_rows, :width] = self.table[:num_rows, :width]
+        else:
             device_table[:num_rows, :width].copy_(self._host[:num_rows, :width], non_blocking=True)

@@ -101,9 +101,13 @@ class InputBatch:
         """Write each row's sampled token (sampled[i] for rows[i], on the device) after its last token."""
         if not rows:
             return
-        index = torch.tensor(rows, dtype=torch.int64)
-        positions = torch.from_numpy(self.num_tokens[rows].astype(np.int64))
-        self.token_ids.index_put_((index.to(self.device), positions.to(self.device)), sampled)
+        if self.token_ids.is_cpu:
+            # Through numpy: four small torch ops cost more in dispatch than the tokens they move.
+            self.token_ids.numpy()[rows, self.num_tokens[rows]] = sampled.numpy()
+        else:
+            index = torch.tensor(rows, dtype=torch.int64)
+            positions = torch.from_numpy(self.num_tokens[rows].astype(np.int64))
+            self.token_ids.index_put_((index.to(self.device), positions.to(self.device)), sampled)
         self.num_tokens[rows] += 1
         self.sampling.append_output_tokens(rows, sampled)
 

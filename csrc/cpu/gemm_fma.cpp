@@ -33,7 +33,10 @@ template <typename WT, typename Out>
 struct Tiles {
   // Index: rows - 1. `wide` spans fma::groups_for_rows(rows) groups, `narrow` one.
   static constexpr auto wide = fma::make_wide_tiles<WT, Out>(std::make_integer_sequence<int, kTileRows>{});
-  static constexpr auto narrow = fma::make_narrow_tiles<WT, Out>(std::make_integer_sequence<int, kTileRows>{});
+  static constexpr auto narrow = fma::make_narrow_tiles<WT, Out, false>(std::make_integer_sequence<int, kTileRows>{});
+  // `narrow` that prefetches as it goes (fma::tile).
+  static constexpr auto narrow_prefetching =
+      fma::make_narrow_tiles<WT, Out, true>(std::make_integer_sequence<int, kTileRows>{});
 };
 
 // Work items: `span` consecutive column groups times one block of `block_rows` rows.
@@ -64,32 +67,60 @@ Plan plan_items(int64_t groups, int64_t group_bytes, int64_t m) {
 // Rows [row0, row0 + rows) of groups [first, end). One tile of rows takes as many groups at a time as
 // its accumulators allow; taller blocks go tile by tile (as equal in height as kTileRows allows), each
 // over every group of the span, so that the tile's activations stay in L1 and the span's weights in L2.
+// Meanwhile the tiles after the first prefetch [prefetch, prefetch_end) (the weights of this thread's next
+// item) into L2, a stretch each: the first tile reads this span from memory while the later ones compute
+// from cache, and without it memory would idle through them.
 template <typename WT, typename Out>
-void run_block(const Problem& p, int64_t first, int64_t end, int64_t row0, int64_t rows) {
+void run_block(const Problem& p, int64_t first, int64_t end, int64_t row0, int64_t rows, const char* prefetch,
+               const char* prefetch_end) {
   if (rows <= kTileRows) {
     const int64_t wide = fma::groups_for_rows(int(rows));
     int64_t g = first;
-    for (; g + wide <= end; g += wide) Tiles<WT, Out>::wide[rows - 1](p, row0, g);
-    for (; g < end; ++g) Tiles<WT, Out>::narrow[rows - 1](p, row0, g);
+    for (; g + wide <= end; g += wide) Tiles<WT, Out>::wide[rows - 1](p, row0, g, nullptr);
+    for (; g < end; ++g) Tiles<WT, Out>::narrow[rows - 1](p, row0, g, nullptr);
     return;
   }
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t base = rows / tiles, extra = rows % tiles;
+  const int64_t stretch = p.k / fma::kPrefetchEvery * 64;
   for (int64_t t = 0, r = 0; t < tiles; ++t) {
     const int64_t n = base + (t < extra);
-    for (int64_t g = first; g < end; ++g) Tiles<WT, Out>::narrow[n - 1](p, row0 + r, g);
+    for (int64_t g = first; g < end; ++g) {
+      if (t > 0 && prefetch != nullptr && prefetch < prefetch_end) {
+        Tiles<WT, Out>::narrow_prefetching[n - 1](p, row0 + r, g, prefetch);
+        prefetch += stretch;
+      } else {
+        Tiles<WT, Out>::narrow[n - 1](p, row0 + r, g, nullptr);
+      }
+    }
     r += n;
   }
 }
 
 template <typename WT, typename Out>
-void run(const Problem& p, int64_t m, int64_t groups, int64_t group_bytes) {
+void run(const Problem& p, int64_t m, int64_t groups, int64_t group_bytes, bool prefetch_next) {
   const Plan plan = plan_items(groups, group_bytes, m);
   const bool serial = m * p.features * p.k < kSerialMacs;
-  run_items(plan.items, serial, [&](int64_t i) {
-    const int64_t first = i / plan.blocks_per_span * plan.span, row0 = i % plan.blocks_per_span * plan.block_rows;
-    run_block<WT, Out>(p, first, std::min(groups, first + plan.span), row0, std::min(plan.block_rows, m - row0));
-  });
+  auto span_of = [&](int64_t i) { return i / plan.blocks_per_span * plan.span; };
+  auto run_item = [&](int64_t i, int64_t next) {
+    const int64_t first = span_of(i), row0 = i % plan.blocks_per_span * plan.block_rows;
+    const char* prefetch = nullptr;
+    const char* prefetch_end = nullptr;
+    if (next >= 0 && span_of(next) != first) {
+      prefetch = p.weight + span_of(next) * group_bytes;
+      prefetch_end = p.weight + std::min(groups, span_of(next) + plan.span) * group_bytes;
+    }
+    run_block<WT, Out>(p, first, std::min(groups, first + plan.span), row0, std::min(plan.block_rows, m - row0),
+                       prefetch, prefetch_end);
+  };
+  // The next span is worth fetching where an item is one span's every row tile: with a single row tile
+  // (few rows) there is no later tile to fetch during, and with several row blocks a span's next item
+  // reads the same weights.
+  if (prefetch_next && m > kTileRows && plan.blocks_per_span == 1) {
+    run_items_in_order(plan.items, serial, run_item);
+  } else {
+    run_items(plan.items, serial, [&](int64_t i) { run_item(i, -1); });
+  }
 }
 
 // x's rows widened to fp32, contiguous: a buffer of the calling thread's, reused from call to call.
@@ -127,12 +158,15 @@ void fma_gemm(const Matrix& x, const PackedShape& shape, const int32_t* packed, 
         out.stride,
     };
     const int64_t groups = shape.groups(), group_bytes = shape.group_bytes();
+    // A weight packed for K blocks (KernelConfig.gemm_k_blocks) lets this GEMM stream its next span
+    // during the current one, the FMA tiers' way of keeping memory busy while the units compute.
+    const bool prefetch_next = shape.k_blocks;
     if (shape.gated) {
-      run<WT, fma::SiluGated<WT>>(p, x.rows, groups, group_bytes);
+      run<WT, fma::SiluGated<WT>>(p, x.rows, groups, group_bytes, prefetch_next);
     } else if (out.dtype == DType::kFloat32) {
-      run<WT, float>(p, x.rows, groups, group_bytes);
+      run<WT, float>(p, x.rows, groups, group_bytes, prefetch_next);
     } else {
-      run<WT, WT>(p, x.rows, groups, group_bytes);
+      run<WT, WT>(p, x.rows, groups, group_bytes, prefetch_next);
     }
   });
 }

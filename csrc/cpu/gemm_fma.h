@@ -114,17 +114,21 @@ inline void store_lanes(const Problem& p, int64_t row, int64_t col, int64_t coun
   }
 }
 
+// k per line prefetched: a tile that prefetches reads K * 64 / kPrefetchEvery bytes ahead for the call after.
+constexpr int64_t kPrefetchEvery = 16;
+
 // Rows row0 .. row0 + R of groups group0 .. group0 + G over all of K; WT is the weight's dtype, Out the
-// output's (float, bf16, fp16) or SiluGated<T>.
-template <typename WT, typename Out, int R, int G>
-void tile(const Problem& p, int64_t row0, int64_t group0) {
+// output's (float, bf16, fp16) or SiluGated<T>. With Prefetch, one line from `prefetch` on is fetched into
+// L2 every kPrefetchEvery k (K * 64 / kPrefetchEvery bytes in all, rounded down): weights a later tile reads,
+// streaming in while this one computes.
+template <typename WT, typename Out, int R, int G, bool Prefetch>
+void tile(const Problem& p, int64_t row0, int64_t group0, const char* prefetch) {
   V acc[R][G][2];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = V{};
   const char* w = p.weight + group0 * p.group_bytes;
   const float* x = p.x + row0 * p.x_stride;
-#pragma GCC unroll 4
-  for (int64_t kk = 0; kk < p.k; ++kk) {
+  auto step = [&](int64_t kk) {
     V lo[G], hi[G];
     for (int g = 0; g < G; ++g) widen<WT>(w + g * p.group_bytes + kk * p.row_bytes, lo[g], hi[g]);
     for (int r = 0; r < R; ++r) {
@@ -134,7 +138,23 @@ void tile(const Problem& p, int64_t row0, int64_t group0) {
         acc[r][g][1] += xb * hi[g];
       }
     }
+  };
+  int64_t kk = 0;
+  if constexpr (Prefetch) {
+    for (; kk + kPrefetchEvery <= p.k; kk += kPrefetchEvery) {
+#if defined(__x86_64__)
+      // Into L2, by a register operand (with a memory operand GCC kept the accumulators in memory).
+      asm volatile("prefetcht2 (%0)" : : "r"(prefetch));
+#else
+      __builtin_prefetch(prefetch, 0, 1);
+#endif
+      prefetch += 64;
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < kPrefetchEvery; ++j) step(kk + j);
+    }
   }
+#pragma GCC unroll 4
+  for (; kk < p.k; ++kk) step(kk);
   for (int g = 0; g < G; ++g) {
     if constexpr (Gated<Out>::value) {
       using T = typename Gated<Out>::Type;
@@ -160,17 +180,17 @@ void tile(const Problem& p, int64_t row0, int64_t group0) {
   }
 }
 
-using TileFn = void (*)(const Problem&, int64_t, int64_t);
+using TileFn = void (*)(const Problem&, int64_t, int64_t, const char*);
 
 // Per row count R (index R - 1): the tile over groups_for_rows(R) groups, and the one-group tile.
 template <typename WT, typename Out, int... I>
 constexpr auto make_wide_tiles(std::integer_sequence<int, I...>) {
-  return std::array<TileFn, sizeof...(I)>{&tile<WT, Out, I + 1, groups_for_rows(I + 1)>...};
+  return std::array<TileFn, sizeof...(I)>{&tile<WT, Out, I + 1, groups_for_rows(I + 1), false>...};
 }
 
-template <typename WT, typename Out, int... I>
+template <typename WT, typename Out, bool Prefetch, int... I>
 constexpr auto make_narrow_tiles(std::integer_sequence<int, I...>) {
-  return std::array<TileFn, sizeof...(I)>{&tile<WT, Out, I + 1, 1>...};
+  return std::array<TileFn, sizeof...(I)>{&tile<WT, Out, I + 1, 1, Prefetch>...};
 }
 
 }  // namespace sluice::cpu::fma

@@ -212,12 +212,13 @@ class KernelConfig:
         "torch's matmul, and runs every step eagerly",
     )
     # Marked on each packed weight at load, so two models in one process may differ. The FMA GEMM of the
-    # other tiers keeps a tall block's weights in L2 instead, so there the mark changes nothing.
+    # other tiers keeps a tall block's weights in L2 instead, and the mark lets it prefetch the next span.
     gemm_k_blocks: bool = setting(
         True,
-        "CPU, the avx512bf16 tier's bf16-pair GEMM: it takes K in blocks at 7-64 rows and prefetches the next "
-        "block while it computes; --no-gemm-k-blocks reads each column group whole (the other tiers' GEMM "
-        "keeps a tall block's weights in L2 instead, and records the choice only)",
+        "CPU, the packed GEMM streams its next weights while it computes: the avx512bf16 tier's bf16-pair GEMM "
+        "takes K in blocks at 7-64 rows and prefetches the next block, the other tiers' FMA GEMM prefetches a "
+        "thread's next span of column groups during the later row tiles of the current one (7-240 rows); "
+        "--no-gemm-k-blocks does neither (same bits)",
     )
     # Same bits either way.
     fused_gate_up: bool = setting(

@@ -1,7 +1,8 @@
 """Two builds of the CPU kernels in one process, timed in turn: a kernel change's gain on a machine whose speed
 drifts by more than the change between two runs.
 
-  python bench/kernel_ab.py --baseline-rev HEAD~1 [--tier avx2] [--cases attention,rotary,linear] [--rounds 7]
+  python bench/kernel_ab.py --baseline-rev HEAD~1 [--tier avx2] [--cases attention,rotary,linear,quantized]
+                            [--rounds 7]
 
 Checks --baseline-rev (a revision of this repository) out into a temporary worktree, builds its kernels of
 --tier there with its own csrc/build_kernels.py, and loads that library beside this checkout's
@@ -21,10 +22,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from attention_kernel import SCALE, batch
+from linear_kernel import SHAPES, random_quantized
 from sluice.cpu_tiers import KERNEL_DIR
+from worker.native_abi import QUANT_Q4_SYM, QUANT_Q8
 from worker.native_ops import NativeOps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +124,33 @@ def linear_cases(ops_by_name: dict[str, NativeOps]) -> list[Case]:
     return cases
 
 
+def quantized_cases(ops_by_name: dict[str, NativeOps]) -> list[Case]:
+    """The 1.1B model's quantized linears (qkv, o, gate_up, down; random Q4_0 and Q8_0 blocks), two layers of
+    weights so that one row reads them from memory, at a decode step's 1 and 16 rows and a prefill chunk's
+    512 and 2,048."""
+    rng = np.random.default_rng(0)
+    shapes = [(k, n) for name, k, n in SHAPES["1.1b"] if name != "lm_head"]
+    cases = []
+    for kind, kind_name in ((QUANT_Q4_SYM, "Q4_0"), (QUANT_Q8, "Q8_0")):
+        layers = [[random_quantized(kind, n, k, rng) for k, n in shapes] for _ in range(2)]
+        by_ops = {
+            id(ops): [[ops.pack_quantized_weight([w], torch.bfloat16) for w in layer] for layer in layers]
+            for ops in ops_by_name.values()
+        }
+        for rows in (1, 16, 512, 2048):
+            xs = {k: torch.randn(rows, k).to(torch.bfloat16) for k, _ in shapes}
+
+            def run(ops: NativeOps, xs: dict[int, torch.Tensor] = xs, by_ops: dict = by_ops) -> torch.Tensor:
+                out = torch.empty(0)
+                for layer in by_ops[id(ops)]:
+                    for w, (k, _) in zip(layer, shapes, strict=True):
+                        out = ops.linear(xs[k], w, None)
+                return out
+
+            cases.append((f"{kind_name} linears of the 1.1B model, {rows} rows, 2 layers", run))
+    return cases
+
+
 def time_case(
     run: Callable[[NativeOps], torch.Tensor], libraries: dict[str, NativeOps], rounds: int
 ) -> dict[str, float]:
@@ -160,6 +191,7 @@ def main() -> None:
             *(attention_cases() if "attention" in chosen else []),
             *(rotary_cases() if "rotary" in chosen else []),
             *(linear_cases(libraries) if "linear" in chosen else []),
+            *(quantized_cases(libraries) if "quantized" in chosen else []),
         ]
         print(
             f"{args.tier} kernels, torch threads {torch.get_num_threads()}, medians of {args.rounds} rounds"

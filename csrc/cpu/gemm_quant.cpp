@@ -38,6 +38,8 @@ constexpr int64_t kMinItems = 16;
 constexpr int64_t kMinItemTiles = 2;
 // Rows of x per work item: their int8 blocks stay in L2 while the item's weights pass.
 constexpr int64_t kItemXRows = 64;
+// A tile's rows of x lie in one panel of QuantizedX.
+static_assert(kItemXRows % kTileX == 0);
 // Below this many multiply-adds, waking the second thread costs more than it saves.
 constexpr int64_t kSerialMacs = 1 << 17;
 
@@ -46,15 +48,21 @@ constexpr int64_t kPrefetchBlocks = 16;
 
 inline void prefetch(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
-// The rows of x quantized, block-major: block b of row r is q[(b * rows + r) * 32 ..] and its scale d, 8
-// times the sum of its q (kQuantQ4Sym's offset) and d times that sum (kQuantQ4's) at [b * rows + r]. A
-// tile's rows of x then lie side by side in every block, at fixed offsets from one pointer.
+// The rows of x quantized, in panels of kTileX rows: a panel is its blocks in order, a block its kTileX rows'
+// 32 values side by side (row r of block b at entry (r / kTileX * blocks + b) * kTileX + r % kTileX), with
+// each entry's scale d, 8 times the sum of its q (kQuantQ4Sym's offset) and d times that sum (kQuantQ4's)
+// at the same index. A tile call then streams its rows of x in order, as it streams its weights: a
+// block-major layout put the rows' consecutive blocks rows * 32 bytes apart, 64 KiB at a prefill chunk of
+// 2,048 rows, every one of them in the same set of L1 and L2, and a prefill read x from L3.
 struct QuantizedX {
   const int8_t* q;
   const float* d;
   const int32_t* qsum8;
   const float* s;
   int64_t rows, blocks;
+
+  // The entry of block b of row `row`.
+  int64_t at(int64_t b, int64_t row) const { return (row / kTileX * blocks + b) * kTileX + row % kTileX; }
 };
 
 template <typename T>
@@ -63,16 +71,19 @@ QuantizedX quantize_rows(const Matrix& x) {
   static thread_local std::vector<float> d, s;
   static thread_local std::vector<int32_t> qsum8;
   const int64_t k = x.cols, blocks = k / kQuantBlock;
-  if (q.size() < size_t(x.rows * k)) q.resize(x.rows * k);
-  if (d.size() < size_t(x.rows * blocks)) {
-    d.resize(x.rows * blocks);
-    s.resize(x.rows * blocks);
-    qsum8.resize(x.rows * blocks);
+  // Whole panels: a last partial one's missing rows are never read.
+  const int64_t entries = (x.rows + kTileX - 1) / kTileX * kTileX * blocks;
+  if (q.size() < size_t(entries * kQuantBlock)) q.resize(entries * kQuantBlock);
+  if (d.size() < size_t(entries)) {
+    d.resize(entries);
+    s.resize(entries);
+    qsum8.resize(entries);
   }
   int8_t* qd = q.data();
   float* dd = d.data();
   float* sd = s.data();
   int32_t* qd_sum8 = qsum8.data();
+  const QuantizedX quantized{qd, dd, qd_sum8, sd, x.rows, blocks};
   parallel_for(0, x.rows, std::max<int64_t>(1, (1 << 15) / k), [&](int64_t begin, int64_t end) {
     float v[kQuantBlock];
     for (int64_t r = begin; r < end; ++r) {
@@ -84,7 +95,7 @@ QuantizedX quantize_rows(const Matrix& x) {
           amax = std::max(amax, std::fabs(v[j]));
         }
         const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int64_t at = b * x.rows + r;
+        const int64_t at = quantized.at(b, r);
         int8_t* out = qd + at * kQuantBlock;
         int32_t sum = 0;
         for (int j = 0; j < kQuantBlock; ++j) {
@@ -100,7 +111,7 @@ QuantizedX quantize_rows(const Matrix& x) {
       }
     }
   });
-  return {qd, dd, qd_sum8, sd, x.rows, blocks};
+  return quantized;
 }
 
 inline float half_to_float(uint16_t bits) { return to_float(fp16{bits}); }
@@ -162,12 +173,12 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   const uint8_t* block = tile;
   // Block b's RN rows of x: their values from xq on (row xrow + c at c * 32 bytes), their scales and sums
   // from entry xb on.
-  const int8_t* xq = x.q + xrow * kQuantBlock;
-  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += x.rows * kQuantBlock) {
+  const int8_t* xq = x.q + x.at(0, xrow) * kQuantBlock;
+  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += kTileX * kQuantBlock) {
     // The tiles of a chunk lie end to end: ask for the bytes a few blocks ahead (past the tile's end
     // too), since one thread's computing leaves the hardware prefetcher too few misses in flight.
     for (int64_t line = 0; line < block_bytes; line += 64) prefetch(block + kPrefetchBlocks * block_bytes + line);
-    const int64_t xb = b * x.rows + xrow;
+    const int64_t xb = x.at(b, xrow);
     __m256i dots[RN];
     for (int c = 0; c < RN; ++c) dots[c] = _mm256_setzero_si256();
     if constexpr (Kind == kQuantQ8) {
@@ -220,7 +231,7 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes) {
     const uint16_t* d = halves(block + values);
     for (int c = 0; c < RN; ++c) {
-      const int64_t xb = b * x.rows + xrow + c;
+      const int64_t xb = x.at(b, xrow + c);
       const int8_t* xq = x.q + xb * kQuantBlock;
       for (int r = 0; r < kQuantTileRows; ++r) {
         int32_t dot = 0;

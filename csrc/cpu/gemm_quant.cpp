@@ -48,21 +48,22 @@ constexpr int64_t kPrefetchBlocks = 16;
 
 inline void prefetch(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
-// The rows of x quantized, in panels of kTileX rows: a panel is its blocks in order, a block its kTileX rows'
-// 32 values side by side (row r of block b at entry (r / kTileX * blocks + b) * kTileX + r % kTileX), with
+// The rows of x quantized, in panels of P = min(kTileX, rows) rows: a panel is its blocks in order, a block its
+// P rows' 32 values side by side (row r of block b at entry (r / P * blocks + b) * P + r % P), with
 // each entry's scale d, 8 times the sum of its q (kQuantQ4Sym's offset) and d times that sum (kQuantQ4's)
 // at the same index. A tile call then streams its rows of x in order, as it streams its weights: a
 // block-major layout put the rows' consecutive blocks rows * 32 bytes apart, 64 KiB at a prefill chunk of
-// 2,048 rows, every one of them in the same set of L1 and L2, and a prefill read x from L3.
+// 2,048 rows, every one of them in the same set of L1 and L2, and a prefill read x from L3. Fewer rows than
+// kTileX make one panel, so that a decode step's row lies end to end as before.
 struct QuantizedX {
   const int8_t* q;
   const float* d;
   const int32_t* qsum8;
   const float* s;
-  int64_t rows, blocks;
+  int64_t rows, blocks, panel;
 
   // The entry of block b of row `row`.
-  int64_t at(int64_t b, int64_t row) const { return (row / kTileX * blocks + b) * kTileX + row % kTileX; }
+  int64_t at(int64_t b, int64_t row) const { return (row / panel * blocks + b) * panel + row % panel; }
 };
 
 template <typename T>
@@ -71,8 +72,9 @@ QuantizedX quantize_rows(const Matrix& x) {
   static thread_local std::vector<float> d, s;
   static thread_local std::vector<int32_t> qsum8;
   const int64_t k = x.cols, blocks = k / kQuantBlock;
+  const int64_t panel = std::min<int64_t>(kTileX, x.rows);
   // Whole panels: a last partial one's missing rows are never read.
-  const int64_t entries = (x.rows + kTileX - 1) / kTileX * kTileX * blocks;
+  const int64_t entries = (x.rows + panel - 1) / panel * panel * blocks;
   if (q.size() < size_t(entries * kQuantBlock)) q.resize(entries * kQuantBlock);
   if (d.size() < size_t(entries)) {
     d.resize(entries);
@@ -83,7 +85,7 @@ QuantizedX quantize_rows(const Matrix& x) {
   float* dd = d.data();
   float* sd = s.data();
   int32_t* qd_sum8 = qsum8.data();
-  const QuantizedX quantized{qd, dd, qd_sum8, sd, x.rows, blocks};
+  const QuantizedX quantized{qd, dd, qd_sum8, sd, x.rows, blocks, panel};
   parallel_for(0, x.rows, std::max<int64_t>(1, (1 << 15) / k), [&](int64_t begin, int64_t end) {
     float v[kQuantBlock];
     for (int64_t r = begin; r < end; ++r) {
@@ -172,13 +174,13 @@ void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[
   for (int c = 0; c < RN; ++c) acc[c] = _mm256_setzero_ps();
   const uint8_t* block = tile;
   // Block b's RN rows of x: their values from xq on (row xrow + c at c * 32 bytes), their scales and sums
-  // from entry xb on.
-  const int8_t* xq = x.q + x.at(0, xrow) * kQuantBlock;
-  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += kTileX * kQuantBlock) {
+  // from entry xb on; the next block's are a panel further.
+  int64_t xb = x.at(0, xrow);
+  const int8_t* xq = x.q + xb * kQuantBlock;
+  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += x.panel * kQuantBlock, xb += x.panel) {
     // The tiles of a chunk lie end to end: ask for the bytes a few blocks ahead (past the tile's end
     // too), since one thread's computing leaves the hardware prefetcher too few misses in flight.
     for (int64_t line = 0; line < block_bytes; line += 64) prefetch(block + kPrefetchBlocks * block_bytes + line);
-    const int64_t xb = x.at(b, xrow);
     __m256i dots[RN];
     for (int c = 0; c < RN; ++c) dots[c] = _mm256_setzero_si256();
     if constexpr (Kind == kQuantQ8) {

@@ -162,118 +162,156 @@ inline void sum_so_far(__m256i (&v)[RN]) {
   for (int c = 0; c < RN; ++c) asm("" : "+x"(v[c]));
 }
 
-// sums[c][r] = row xrow + c of x times row r of the tile, over all of K. Lane r of every vector is row r
-// of the tile, so a block's products never meet across lanes: no horizontal sums.
-template <int32_t Kind, int RN>
-void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[kTileX][kQuantTileRows]) {
-  static_assert(kQuantTileRows == 8);
-  // A block of the tile: its rows' values, then their d (and m).
+// sums[t * RN + c][r] = row xrow + c of x times row r of tile t (tiles[0] + t * tile_bytes), over all of K,
+// for NT tiles side by side. Lane r of every vector is row r of a tile, so a block's products never meet
+// across lanes: no horizontal sums. NT > 1 serves few rows of x, whose tiles stream from memory: NT runs of
+// weights in flight at once, each behind its own chain of sums, keep memory busier than one (one tile at a
+// time, a decode row read Q8_0 weights at 1/1.4 the bytes per second of the bf16 GEMM, which streams several
+// column groups at once).
+template <int32_t Kind, int RN, int NT>
+void tile(const uint8_t* tiles, int64_t tile_bytes, const QuantizedX& x, int64_t xrow,
+          float (&sums)[kTileX][kQuantTileRows]) {
+  static_assert(kQuantTileRows == 8 && RN * NT <= kTileX);
+  // A block of a tile: its rows' values, then their d (and m).
   constexpr int64_t block_bytes = kQuantTileRows * quant_block_bytes(Kind);
   constexpr int64_t values = kQuantTileRows * quant_value_bytes(Kind);
-  __m256 acc[RN];
-  for (int c = 0; c < RN; ++c) acc[c] = _mm256_setzero_ps();
-  const uint8_t* block = tile;
+  constexpr int N = RN * NT;
+  __m256 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
+  const uint8_t* block = tiles;
   // Block b's RN rows of x: their values from xq on (row xrow + c at c * 32 bytes), their scales and sums
   // from entry xb on; the next block's are a panel further.
   int64_t xb = x.at(0, xrow);
   const int8_t* xq = x.q + xb * kQuantBlock;
   for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes, xq += x.panel * kQuantBlock, xb += x.panel) {
-    // The tiles of a chunk lie end to end: ask for the bytes a few blocks ahead (past the tile's end
-    // too), since one thread's computing leaves the hardware prefetcher too few misses in flight.
-    for (int64_t line = 0; line < block_bytes; line += 64) prefetch(block + kPrefetchBlocks * block_bytes + line);
-    __m256i dots[RN];
-    for (int c = 0; c < RN; ++c) dots[c] = _mm256_setzero_si256();
+    // Each tile's bytes lie end to end, the tiles of a chunk too: ask for the bytes a few blocks ahead
+    // (past the tile's end too), since one thread's computing leaves the hardware prefetcher too few
+    // misses in flight.
+    for (int t = 0; t < NT; ++t)
+      for (int64_t line = 0; line < block_bytes; line += 64)
+        prefetch(block + t * tile_bytes + kPrefetchBlocks * block_bytes + line);
+    // dots[t * RN + c]: tile t's sums with row xrow + c.
+    __m256i dots[N];
+    for (int i = 0; i < N; ++i) dots[i] = _mm256_setzero_si256();
     if constexpr (Kind == kQuantQ8) {
       // Signed weights through the sign trick: |w| times x with w's sign (a pair's sum then fits int16).
       for (int j = 0; j < kQuantBlock / 4; ++j) {
-        const __m256i w = load256(block + j * 32), magnitude = _mm256_abs_epi8(w);
-        for (int c = 0; c < RN; ++c)
-          dots[c] = dot_u8s8(dots[c], magnitude, _mm256_sign_epi8(splat4(xq + c * kQuantBlock + 4 * j), w));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i w = load256(block + t * tile_bytes + j * 32), magnitude = _mm256_abs_epi8(w);
+          for (int c = 0; c < RN; ++c)
+            dots[t * RN + c] =
+                dot_u8s8(dots[t * RN + c], magnitude, _mm256_sign_epi8(splat4(xq + c * kQuantBlock + 4 * j), w));
+        }
         sum_so_far(dots);
       }
     } else {
       const __m256i mask = _mm256_set1_epi8(0x0F);
       for (int j = 0; j < kQuantBlock / 8; ++j) {
-        const __m256i nibbles = load256(block + j * 32);
-        const __m256i low = _mm256_and_si256(nibbles, mask);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), mask);
-        for (int c = 0; c < RN; ++c) {
-          const int8_t* xc = xq + c * kQuantBlock + 4 * j;
-          dots[c] = nibble_dot(dots[c], low, splat4(xc), high, splat4(xc + kQuantBlock / 2));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i nibbles = load256(block + t * tile_bytes + j * 32);
+          const __m256i low = _mm256_and_si256(nibbles, mask);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), mask);
+          for (int c = 0; c < RN; ++c) {
+            const int8_t* xc = xq + c * kQuantBlock + 4 * j;
+            dots[t * RN + c] = nibble_dot(dots[t * RN + c], low, splat4(xc), high, splat4(xc + kQuantBlock / 2));
+          }
         }
         sum_so_far(dots);
       }
-      for (int c = 0; c < RN; ++c) dots[c] = nibble_sums(dots[c]);
+      for (int i = 0; i < N; ++i) dots[i] = nibble_sums(dots[i]);
       // sum (q - 8) x = sum q x - 8 sum x.
       if constexpr (Kind == kQuantQ4Sym) {
-        for (int c = 0; c < RN; ++c) dots[c] = _mm256_sub_epi32(dots[c], _mm256_set1_epi32(x.qsum8[xb + c]));
+        for (int i = 0; i < N; ++i) dots[i] = _mm256_sub_epi32(dots[i], _mm256_set1_epi32(x.qsum8[xb + i % RN]));
       }
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + values)));
-    for (int c = 0; c < RN; ++c)
-      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[c]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[xb + c])), acc[c]);
-    if constexpr (Kind == kQuantQ4) {
-      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + values + 16)));
-      for (int c = 0; c < RN; ++c) acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[xb + c]), acc[c]);
+    for (int t = 0; t < NT; ++t) {
+      const uint8_t* scales = block + t * tile_bytes + values;
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      for (int c = 0; c < RN; ++c)
+        acc[t * RN + c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t * RN + c]),
+                                          _mm256_mul_ps(dw, _mm256_set1_ps(x.d[xb + c])), acc[t * RN + c]);
+      if constexpr (Kind == kQuantQ4) {
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16)));
+        for (int c = 0; c < RN; ++c)
+          acc[t * RN + c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x.s[xb + c]), acc[t * RN + c]);
+      }
     }
   }
-  for (int c = 0; c < RN; ++c) _mm256_storeu_ps(sums[c], acc[c]);
+  for (int i = 0; i < N; ++i) _mm256_storeu_ps(sums[i], acc[i]);
 }
 
 #else
 
 // The same sums one value at a time (aarch64's base tier, where the compiler vectorises the loops).
-template <int32_t Kind, int RN>
-void tile(const uint8_t* tile, const QuantizedX& x, int64_t xrow, float (&sums)[kTileX][kQuantTileRows]) {
-  // A block of the tile: its rows' values, then their d (and m).
+template <int32_t Kind, int RN, int NT>
+void tile(const uint8_t* tiles, int64_t tile_bytes, const QuantizedX& x, int64_t xrow,
+          float (&sums)[kTileX][kQuantTileRows]) {
+  static_assert(RN * NT <= kTileX);
+  // A block of a tile: its rows' values, then their d (and m).
   constexpr int64_t block_bytes = kQuantTileRows * quant_block_bytes(Kind);
   constexpr int64_t values = kQuantTileRows * quant_value_bytes(Kind);
-  float acc[RN][kQuantTileRows] = {};
-  const uint8_t* block = tile;
-  for (int64_t b = 0; b < x.blocks; ++b, block += block_bytes) {
-    const uint16_t* d = halves(block + values);
-    for (int c = 0; c < RN; ++c) {
-      const int64_t xb = x.at(b, xrow + c);
-      const int8_t* xq = x.q + xb * kQuantBlock;
-      for (int r = 0; r < kQuantTileRows; ++r) {
-        int32_t dot = 0;
-        // Byte i of row r's values sits at (i / 4) * 32 + r * 4 + i % 4 (quant_weight.h).
-        for (int i = 0; i < quant_value_bytes(Kind); ++i) {
-          const uint8_t byte = block[(i / 4) * 32 + r * 4 + i % 4];
-          if constexpr (Kind == kQuantQ8) {
-            dot += int32_t(int8_t(byte)) * int32_t(xq[i]);
-          } else {
-            dot += int32_t(byte & 0x0F) * int32_t(xq[i]) + int32_t(byte >> 4) * int32_t(xq[i + kQuantBlock / 2]);
+  for (int t = 0; t < NT; ++t) {
+    float acc[RN][kQuantTileRows] = {};
+    const uint8_t* block = tiles + t * tile_bytes;
+    // Block b's entries of the RN rows of x: xb0 + c, the next block's a panel further (as in the AVX2 tile).
+    for (int64_t b = 0, xb0 = x.at(0, xrow); b < x.blocks; ++b, block += block_bytes, xb0 += x.panel) {
+      const uint16_t* d = halves(block + values);
+      for (int c = 0; c < RN; ++c) {
+        const int64_t xb = xb0 + c;
+        const int8_t* xq = x.q + xb * kQuantBlock;
+        for (int r = 0; r < kQuantTileRows; ++r) {
+          int32_t dot = 0;
+          // Byte i of row r's values sits at (i / 4) * 32 + r * 4 + i % 4 (quant_weight.h).
+          for (int i = 0; i < quant_value_bytes(Kind); ++i) {
+            const uint8_t byte = block[(i / 4) * 32 + r * 4 + i % 4];
+            if constexpr (Kind == kQuantQ8) {
+              dot += int32_t(int8_t(byte)) * int32_t(xq[i]);
+            } else {
+              dot += int32_t(byte & 0x0F) * int32_t(xq[i]) + int32_t(byte >> 4) * int32_t(xq[i + kQuantBlock / 2]);
+            }
           }
+          if constexpr (Kind == kQuantQ4Sym) dot -= x.qsum8[xb];
+          acc[c][r] += float(dot) * (half_to_float(d[r]) * x.d[xb]);
+          if constexpr (Kind == kQuantQ4) acc[c][r] += half_to_float(d[kQuantTileRows + r]) * x.s[xb];
         }
-        if constexpr (Kind == kQuantQ4Sym) dot -= x.qsum8[xb];
-        acc[c][r] += float(dot) * (half_to_float(d[r]) * x.d[xb]);
-        if constexpr (Kind == kQuantQ4) acc[c][r] += half_to_float(d[kQuantTileRows + r]) * x.s[xb];
       }
     }
+    for (int c = 0; c < RN; ++c)
+      for (int r = 0; r < kQuantTileRows; ++r) sums[t * RN + c][r] = acc[c][r];
   }
-  for (int c = 0; c < RN; ++c)
-    for (int r = 0; r < kQuantTileRows; ++r) sums[c][r] = acc[c][r];
 }
 
 #endif
 
-using TileFn = void (*)(const uint8_t*, const QuantizedX&, int64_t, float (&)[kTileX][kQuantTileRows]);
+// Tiles side by side for RN rows of x (tile's NT): kQuantQ8's, as many as RN * NT accumulators allow, at most
+// kMaxStreams. Only a call's last panel of rows, when it is its only one, takes them: with more rows a tile's
+// weights are reused by every panel from L1 instead. The nibble kinds stay one tile at a time: their
+// unpacking makes a block's bytes take twice the instructions, and side by side they read no faster
+// (bench/kernel_ab.py --cases quantized: a decode row's Q8_0 linears 1.1-1.25x faster with 4 tiles, Q4_0's
+// 0.95-1.0x).
+constexpr int kMaxStreams = 4;
+constexpr int streams(int32_t kind, int rn) { return kind == kQuantQ8 ? std::min(kMaxStreams, kTileX / rn) : 1; }
 
-template <int32_t Kind, int... I>
+using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedX&, int64_t, float (&)[kTileX][kQuantTileRows]);
+
+template <int32_t Kind, bool Wide, int... I>
 constexpr std::array<TileFn, sizeof...(I)> make_tiles(std::integer_sequence<int, I...>) {
-  return {&tile<Kind, I + 1>...};
+  return {&tile<Kind, I + 1, Wide ? streams(Kind, I + 1) : 1>...};
 }
 
-// Index RN - 1.
+// Index RN - 1: one tile at a time, and streams(Kind, RN) at a time.
 template <int32_t Kind>
-constexpr auto kTiles = make_tiles<Kind>(std::make_integer_sequence<int, kTileX>{});
+constexpr auto kTiles = make_tiles<Kind, false>(std::make_integer_sequence<int, kTileX>{});
+template <int32_t Kind>
+constexpr auto kWideTiles = make_tiles<Kind, true>(std::make_integer_sequence<int, kTileX>{});
 
 template <typename Out, typename T>
 void run_segment(const QuantShape& shape, const QuantSegment& seg, const char* data, const QuantizedX& x,
                  const T* bias, const Matrix& out) {
   const uint8_t* tiles_data = reinterpret_cast<const uint8_t*>(data + seg.offset);
-  const auto& tiles = seg.kind == kQuantQ8 ? kTiles<kQuantQ8> : seg.kind == kQuantQ4 ? kTiles<kQuantQ4> : kTiles<kQuantQ4Sym>;
+  const bool q8 = seg.kind == kQuantQ8, q4 = seg.kind == kQuantQ4;
+  const auto& tiles = q8 ? kTiles<kQuantQ8> : q4 ? kTiles<kQuantQ4> : kTiles<kQuantQ4Sym>;
+  const auto& wide_tiles = q8 ? kWideTiles<kQuantQ8> : q4 ? kWideTiles<kQuantQ4> : kWideTiles<kQuantQ4Sym>;
   const int64_t rows = seg.row1 - seg.row0, tile_count = seg.tiles(), m = out.rows;
   const int64_t x_blocks = (m + kItemXRows - 1) / kItemXRows;
   const int64_t wanted = std::max<int64_t>(1, (kMinItems + x_blocks - 1) / x_blocks);
@@ -283,18 +321,22 @@ void run_segment(const QuantShape& shape, const QuantSegment& seg, const char* d
   run_items(chunks * x_blocks, serial, [&](int64_t item) {
     const int64_t t0 = item / x_blocks * chunk, t1 = std::min(tile_count, t0 + chunk);
     const int64_t x0 = item % x_blocks * kItemXRows, x1 = std::min(m, x0 + kItemXRows);
+    const int wide = x1 - x0 <= kTileX ? streams(seg.kind, int(x1 - x0)) : 1;
     float sums[kTileX][kQuantTileRows];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t row0 = t * kQuantTileRows;
-      const int rm = int(std::min<int64_t>(kQuantTileRows, rows - row0));
+    for (int64_t t = t0, nt = 1; t < t1; t += nt) {
+      nt = t + wide <= t1 ? wide : 1;
       for (int64_t xr = x0; xr < x1; xr += kTileX) {
         const int rn = int(std::min<int64_t>(kTileX, x1 - xr));
-        tiles[rn - 1](tiles_data + t * seg.tile_bytes, x, xr, sums);
-        for (int c = 0; c < rn; ++c) {
-          Out* dst = out.row<Out>(xr + c) + seg.row0 + row0;
-          for (int r = 0; r < rm; ++r) {
-            const float b = bias == nullptr ? 0.0f : to_float(bias[seg.row0 + row0 + r]);
-            dst[r] = from_float<Out>(sums[c][r] + b);
+        (nt > 1 ? wide_tiles : tiles)[rn - 1](tiles_data + t * seg.tile_bytes, seg.tile_bytes, x, xr, sums);
+        for (int64_t s = 0; s < nt; ++s) {
+          const int64_t row0 = (t + s) * kQuantTileRows;
+          const int rm = int(std::min<int64_t>(kQuantTileRows, rows - row0));
+          for (int c = 0; c < rn; ++c) {
+            Out* dst = out.row<Out>(xr + c) + seg.row0 + row0;
+            for (int r = 0; r < rm; ++r) {
+              const float b = bias == nullptr ? 0.0f : to_float(bias[seg.row0 + row0 + r]);
+              dst[r] = from_float<Out>(sums[s * rn + c][r] + b);
+            }
           }
         }
       }

@@ -164,6 +164,24 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(ops) -> None:
             )
 
 
+def test_a_few_rows_take_q8_tiles_side_by_side_with_the_sums_and_bits_of_a_batch(ops) -> None:
+    """A decode step's few rows over a tall Q8 weight: gemm_quant.cpp runs its tiles side by side (whole
+    groups, then what is left of each work item) and must give the integer model's sums, and the bits a
+    larger batch gets from the tiles one at a time."""
+    rng = np.random.default_rng(13)
+    # 70 tiles of 8 rows, the last short by 3: work items of 5 tiles, a group of 4 and one left over each.
+    parts = [random_rows(QUANT_Q8, 557, 256, rng), random_rows(QUANT_Q4_SYM, 20, 256, rng)]
+    packed = ops.pack_quantized_weight(parts, torch.bfloat16)
+    x = torch.from_numpy(rng.normal(size=(9, 256)).astype(np.float32)).to(torch.bfloat16)
+    bias = torch.from_numpy(rng.normal(size=577).astype(np.float32)).to(torch.bfloat16)
+    whole = ops.linear_float32(x, packed, bias)
+    for rows in (1, 2, 3):
+        got = ops.linear_float32(x[:rows], packed, bias)
+        exact, magnitude = integer_model(x[:rows], parts, bias)
+        assert_matches(got, exact, magnitude, 256)
+        assert torch.equal(got, whole[:rows])
+
+
 def test_the_fused_model_step_and_gated_linear_take_a_quantized_gate_up(ops) -> None:
     """A quantized gate_up is never gated: gated_linear applies silu_and_mul after the GEMM."""
     rng = np.random.default_rng(8)

@@ -180,7 +180,9 @@ def test_tokenize_detokenize_round_trip_and_models() -> None:
 
 def test_max_in_flight_counts_concurrent_requests() -> None:
     workers = 6
-    with ScriptedServer(Script(ttft=0.3, itl=0.0, output_tokens=1)) as server:
+    # Each request waits a second for its first token, so the six overlap even when a loaded machine delays
+    # one thread's connection: with 0.3 s, one of them arrived after another had finished in a full run.
+    with ScriptedServer(Script(ttft=1.0, itl=0.0, output_tokens=1)) as server:
         barrier = threading.Barrier(workers)
         statuses: list[int] = []
 

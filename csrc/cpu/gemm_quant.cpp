@@ -286,9 +286,9 @@ void tile(const uint8_t* tiles, int64_t tile_bytes, const QuantizedX& x, int64_t
 // Tiles side by side for RN rows of x (tile's NT): kQuantQ8's, as many as RN * NT accumulators allow, at most
 // kMaxStreams. Only a call's last panel of rows, when it is its only one, takes them: with more rows a tile's
 // weights are reused by every panel from L1 instead. The nibble kinds stay one tile at a time: their
-// unpacking makes a block's bytes take twice the instructions, and side by side they read no faster
-// (bench/kernel_ab.py --cases quantized: a decode row's Q8_0 linears 1.1-1.25x faster with 4 tiles, Q4_0's
-// 0.95-1.0x).
+// unpacking makes a block's bytes take twice the instructions, and side by side they read no faster (a
+// decode row's Q8_0 linears of the 1.1B model 1.29x faster with 4 tiles in bench/kernel_ab.py --cases
+// quantized; Q4_0's 0.95-1.02x with 2 or 4 in A/Bs of the two builds).
 constexpr int kMaxStreams = 4;
 constexpr int streams(int32_t kind, int rn) { return kind == kQuantQ8 ? std::min(kMaxStreams, kTileX / rn) : 1; }
 
